@@ -1,0 +1,32 @@
+# Fresh-machine entry points: `make demo` and `make test` (README).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+export WANDB_MODE ?= offline
+export WANDB_SILENT ?= true
+
+.PHONY: demo test bench clean venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch/torchvision pinned to the releases this machine's pip can install from local disk
+	$(PY) -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1"
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m lightning_pgc.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/step_time.py
+
+clean:
+	rm -rf $(VENV) outputs lightning_logs wandb
