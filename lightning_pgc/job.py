@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -80,12 +81,17 @@ class LossRecorder(pl.Callback):
     def __init__(self, out: Path) -> None:
         self.out = out
         self.rows: list[tuple[float, int, float]] = []
+        self.batch_sizes: list[int] = []
         self.t0: float | None = None
         self.fit_start: float | None = None
         self.fit_end: float | None = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.fit_start = time.monotonic()
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        self.batch_sizes.append(len(batch[0]))
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -160,6 +166,8 @@ def run(spec: dict[str, Any]) -> None:
         "skipped_steps": getattr(trainer.strategy, "skipped_steps", 0),
         "injected_sleep_s": injector.total_sleep_s,
         "fit_wall_s": (recorder.fit_end or 0.0) - (recorder.fit_start or 0.0),
+        "batch_sizes": recorder.batch_sizes,
+        "pgc_threads_after_fit": [t.name for t in threading.enumerate() if t.name.startswith("pgc-")],
     }
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     if rank == 0:

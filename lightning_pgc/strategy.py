@@ -251,8 +251,7 @@ class PGCStrategy(DDPStrategy):
         numel = sum(p.numel() for p in self._params) + 1  # + the loss slot
         dtype = payload_dtype_for(self._params[0].dtype if self._params else torch.float32)
         scheme = self.scheme
-        max_age = 1 << 30 if scheme.name == "pgc_cr_naive" else scheme.c if scheme.pipelined else 1
-        self.cache = StaleCache(scheme.partitions(self.global_rank), max_age=max_age)
+        self.cache = StaleCache(scheme.partitions(self.global_rank), max_age=scheme.cache_max_age)
         self._version = trainer.global_step
         if self._warm_start_step() != trainer.global_step:
             raise RuntimeError(f"PGC: training starts at step {trainer.global_step}, data was laid out for step "

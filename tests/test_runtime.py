@@ -60,7 +60,7 @@ def test_aggregate_without_the_slow_rank_and_identical_everywhere():
         rts[3].submit(0, code(3, 0), (0,))
         assert _eventually(lambda: rts[0].coordinator.late_codes == 1)
         rec = rts[0].coordinator.record(0)
-        assert rec.admitted == [0, 1, 2]
+        assert sorted(rec.admitted) == [0, 1, 2]
         assert _eventually(lambda: 3 in rec.late)
     finally:
         _stop_all(rts)
@@ -72,7 +72,7 @@ def test_pgc_cr_weights_and_arrival_order():
     try:
         for r in (2, 0, 3):
             rts[r].submit(0, code(r, 0), (0, 0))
-            time.sleep(0.01)
+            time.sleep(0.05)
         agg = rts[0].wait(0)
         mu = 4 / (3 * 2)
         expected = (mu / 4) * (code(0, 0) + code(2, 0) + code(3, 0))

@@ -233,8 +233,9 @@ class Coordinator:
                             f"{self.version} is open; ranks are out of step (was the step counter changed?)"
                         )
 
-            # Close the open version as soon as enough codes are in and no live rank lags too far.
-            if len(pending) >= scheme.wait_for and self._lag_ok(last_seen, last_heard, now):
+            # Close the open version as soon as the codes in decode it (for FR: one rank per group, possibly
+            # fewer than n-s) and no live rank lags too far behind.
+            if pending and scheme.admits(list(pending)) and self._lag_ok(last_seen, last_heard, now):
                 order = list(pending)
                 weights = scheme.decoding_weights(order)
                 aggregate = torch.zeros(self.payload_numel, dtype=torch.float64)
@@ -279,7 +280,7 @@ class Coordinator:
 
             if first_arrival is not None and now - first_arrival > self.timeout:
                 have = sorted(pending)
-                if len(pending) < scheme.wait_for:
+                if not scheme.admits(list(pending)):
                     missing = sorted(set(range(self.world_size)) - set(pending))
                     raise CoordinatorError(
                         f"Missing ranks: {missing}. Version {self.version}: only ranks {have} sent their code "

@@ -1,0 +1,135 @@
+"""Tandon et al. (2017) cyclic gradient code ``B`` and its numerical health.
+
+``B`` is ``n x n``, row ``k`` supported on ``{k, ..., k+s} mod n``; any ``n-s``
+rows span the all-ones vector, so the coordinator can recover ``sum_j g_j``
+from any ``n-s`` codes ``f_k = sum_j B[k, j] g_j``. Decoding solves a linear
+system whose condition number grows fast with ``n`` and ``s``, hence the
+float64 construction, the worst-case condition check and the residual check.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from functools import lru_cache
+from typing import Sequence
+
+import numpy as np
+
+__all__ = [
+    "MAX_ENUMERATED_SUBSETS",
+    "SEED_TRIES",
+    "RESIDUAL_TOL",
+    "tandon_b",
+    "decoding_subsets",
+    "subset_conditions",
+    "worst_condition",
+    "best_tandon_b",
+    "solve_decoding_vector",
+]
+
+MAX_ENUMERATED_SUBSETS: int = 5000
+"""Enumerate all C(n, s) received subsets up to this many; above it, sample this many (seeded)."""
+
+SEED_TRIES: int = 8
+"""``best_tandon_b`` tries seeds ``seed .. seed + SEED_TRIES - 1`` and keeps the best-conditioned B."""
+
+RESIDUAL_TOL: float = 1e-6
+"""Largest accepted ``|a^T B_K - 1|_inf`` of a decoding vector ``a``."""
+
+
+def tandon_b(n: int, s: int, seed: int = 0) -> np.ndarray:
+    """Tandon's Algorithm 2: B (float64, ``n x n``) from a seeded random ``H`` (``s x n``) with ``H @ 1 = 0``.
+
+    Row ``k`` has ``B[k, k] = 1`` and its other support ``{k+1..k+s} mod n``
+    solves ``H b_k = 0``; every row lies in ``null(H)`` (dimension ``n-s``,
+    containing the all-ones vector), so generic ``n-s`` rows span it.
+    """
+    if n < 1 or not 0 <= s < n:
+        raise ValueError(f"tandon_b needs n >= 1 and 0 <= s < n, got n={n}, s={s}")
+    B = np.zeros((n, n), dtype=np.float64)
+    if s == 0:
+        np.fill_diagonal(B, 1.0)
+        return B
+    rng = np.random.default_rng(seed)
+    H = rng.standard_normal((s, n))
+    H[:, n - 1] = -H[:, : n - 1].sum(axis=1)
+    for k in range(n):
+        rest = [(k + i) % n for i in range(1, s + 1)]
+        B[k, k] = 1.0
+        B[k, rest] = np.linalg.solve(H[:, rest], -H[:, k])
+    return B
+
+
+def decoding_subsets(n: int, s: int, max_subsets: int = MAX_ENUMERATED_SUBSETS) -> np.ndarray:
+    """Received subsets (rows: sorted ranks, ``n-s`` each) used to measure conditioning.
+
+    All ``C(n, s)`` subsets when there are at most ``max_subsets``; otherwise
+    ``max_subsets`` random ones from a generator seeded by ``(n, s)`` only, so
+    every candidate ``B`` is judged on the same subsets (deterministic).
+    """
+    total = math.comb(n, s)
+    if total <= max_subsets:
+        rows = [sorted(set(range(n)) - set(drop)) for drop in itertools.combinations(range(n), s)]
+        return np.asarray(rows, dtype=np.int64).reshape(total, n - s)
+    rng = np.random.default_rng([n, s, 20170707])
+    keys = rng.random((max_subsets, n))
+    return np.sort(np.argsort(keys, axis=1)[:, : n - s], axis=1)
+
+
+def subset_conditions(B: np.ndarray, subsets: np.ndarray, chunk: int = 1024) -> np.ndarray:
+    """2-norm condition number ``sigma_max / sigma_min`` of ``B[K]`` for each row-subset ``K``."""
+    out = np.empty(len(subsets), dtype=np.float64)
+    for lo in range(0, len(subsets), chunk):
+        sub = B[subsets[lo : lo + chunk]]
+        sv = np.linalg.svd(sub, compute_uv=False)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cond = sv[:, 0] / sv[:, -1]
+        out[lo : lo + chunk] = np.where(np.isfinite(cond), cond, np.inf)
+    return out
+
+
+def worst_condition(B: np.ndarray, s: int, max_subsets: int = MAX_ENUMERATED_SUBSETS) -> float:
+    """Worst ``cond(B_K)`` over received sets of ``n-s`` ranks (exact if enumerated, else a sampled lower bound)."""
+    n = B.shape[0]
+    return float(subset_conditions(B, decoding_subsets(n, s, max_subsets)).max())
+
+
+@lru_cache(maxsize=64)
+def _best(n: int, s: int, seed: int, tries: int, max_subsets: int) -> tuple[np.ndarray, float, int]:
+    subsets = decoding_subsets(n, s, max_subsets)
+    best: tuple[np.ndarray, float, int] | None = None
+    for cand in range(seed, seed + tries):
+        B = tandon_b(n, s, cand)
+        worst = float(subset_conditions(B, subsets).max())
+        if best is None or worst < best[1]:
+            best = (B, worst, cand)
+    assert best is not None
+    best[0].setflags(write=False)
+    return best
+
+
+def best_tandon_b(
+    n: int, s: int, seed: int = 0, tries: int = SEED_TRIES, max_subsets: int = MAX_ENUMERATED_SUBSETS
+) -> tuple[np.ndarray, float, int]:
+    """Best-conditioned ``tandon_b`` over seeds ``seed..seed+tries-1``: ``(B copy, worst condition, seed used)``.
+
+    Deterministic and memoised per process (ranks and tests rebuild schemes often).
+    """
+    B, worst, used = _best(n, s, seed, tries, max_subsets)
+    return B.copy(), worst, used
+
+
+def solve_decoding_vector(B: np.ndarray, ranks: Sequence[int], tol: float = RESIDUAL_TOL) -> np.ndarray:
+    """Solve ``B_K^T a = 1`` (float64 least squares) for the received ranks ``K``; raise if the residual exceeds ``tol``."""
+    K = np.asarray(list(ranks), dtype=np.int64)
+    BK = np.asarray(B, dtype=np.float64)[K]
+    ones = np.ones(BK.shape[1], dtype=np.float64)
+    a, *_ = np.linalg.lstsq(BK.T, ones, rcond=None)
+    residual = float(np.max(np.abs(a @ BK - ones)))
+    if not residual <= tol:
+        raise ValueError(
+            f"cannot decode from ranks {sorted(K.tolist())}: residual |a^T B_K - 1|_inf = {residual:.3g} "
+            f"> {tol:g} (B_K is numerically singular); lower s, use fewer ranks, or use pgc_cr / gc_fr"
+        )
+    return a

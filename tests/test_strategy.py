@@ -1,0 +1,161 @@
+"""The pgc strategy on real processes: 4 CPU ranks over gloo, the digits CNN, Lightning's own launcher."""
+
+from __future__ import annotations
+
+import statistics
+from types import SimpleNamespace
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+import lightning_pgc  # noqa: F401
+from lightning_pgc import PGCDiagnostics, PGCStrategy
+from tests.jobs import run_job
+
+N_SLOW = 6  # steps in the straggler comparison; the slow rank sleeps 1 s in each
+
+
+def _assert_identical_replicas(job):
+    ranks = job["ranks"]
+    assert len({r["checksum"] for r in ranks}) == 1, [r["checksum"][:12] for r in ranks]
+    assert len({r["global_step"] for r in ranks}) == 1
+    for r in ranks:
+        assert r["pgc_threads_after_fit"] == [], r
+
+
+def test_pgc_does_not_wait_for_a_slow_rank_while_ddp_and_dgd_do(tmp_path):
+    slow = "slowranks(ranks=[3], seconds=1.0)"
+    common = dict(devices=4, max_steps=N_SLOW, delay=slow, check_val_every_n_epoch=100)
+    pgc = run_job(tmp_path, "pgc", strategy="pgc", **common)
+    dgd = run_job(tmp_path, "dgd", strategy="dgd", **common)
+    ddp = run_job(tmp_path, "ddp", strategy="ddp", **common)
+
+    # The slow rank really slept on every step it computed, under every strategy.
+    for job in (pgc, dgd, ddp):
+        assert job["ranks"][3]["injected_sleep_s"] >= 1.0
+    # ddp and dgd wait for it every step; pgc (s=1) does not wait for it at all.
+    assert ddp["summary"]["fit_wall_s"] >= N_SLOW * 0.95
+    assert dgd["summary"]["fit_wall_s"] >= N_SLOW * 0.95
+    assert pgc["summary"]["fit_wall_s"] < 0.5 * N_SLOW
+    assert pgc["summary"]["fit_wall_s"] < 0.5 * min(ddp["summary"]["fit_wall_s"], dgd["summary"]["fit_wall_s"])
+    # The slow rank caught up by applying published aggregates without computing (Invariant 3).
+    assert pgc["ranks"][3]["skipped_steps"] >= 1
+    assert all(r["skipped_steps"] == 0 for r in pgc["ranks"][:3])
+    _assert_identical_replicas(pgc)
+    _assert_identical_replicas(dgd)
+    # The coordinator admitted the three fast ranks.
+    admitted = [h["pgc/admitted/rank3"] for h in pgc["summary"]["diagnostics"][1:]]
+    assert sum(admitted) == 0
+
+
+@pytest.mark.parametrize(
+    "strategy, kwargs, evals_per_step",
+    [
+        ("pgc", {}, [2] + [1] * 29),  # full warm-up: both held partitions at the first step
+        ("pgc_fr", {}, [2] + [1] * 29),
+        ("gc_cr", {}, [2] * 30),
+        ("gc_fr", {}, [2] * 30),
+        ("ignore_stragglers", {}, [1] * 30),
+        ("dgd", {}, [1] * 30),
+        ("pgc_cr", {"warmup": "gradual"}, [1] * 30),
+        ("pgc_cr", {"scheme": "pgc_cr_naive"}, [2] + [1] * 29),
+    ],
+)
+def test_every_scheme_keeps_replicas_identical_and_lays_out_partitions(tmp_path, strategy, kwargs, evals_per_step):
+    job = run_job(
+        tmp_path, strategy, strategy=strategy, strategy_kwargs=kwargs, devices=4, max_steps=30, batch_size=8,
+        delay="lognormal(median=0.005, sigma=1.0)", check_val_every_n_epoch=100,
+    )
+    _assert_identical_replicas(job)
+    for r in job["ranks"]:
+        assert r["global_step"] == 30
+        assert r["batch_sizes"] == [8 * e for e in evals_per_step]
+    losses = [loss for _, _, loss in job["curve"]]
+    assert all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_loss_goes_down_and_validation_runs(tmp_path):
+    job = run_job(
+        tmp_path, "train", strategy="pgc", devices=4, max_steps=150, batch_size=16, lr=0.05,
+        delay="lognormal(median=0.002, sigma=0.5)", val_check_interval=None, check_val_every_n_epoch=2,
+    )
+    losses = [loss for _, _, loss in job["curve"]]
+    first, last = statistics.mean(losses[:10]), statistics.mean(losses[-10:])
+    assert first > 2.0  # ten balanced classes: ln(10) = 2.30 at initialization
+    assert last < 0.5 * first
+    metrics = job["summary"]["metrics"]
+    assert metrics["val_acc"] > 0.8
+    # The decoded loss is what the module logged as train_loss, identical on every rank.
+    assert job["summary"]["diagnostics"][-1]["pgc/train_loss"] == pytest.approx(losses[-1], rel=1e-5)
+    _assert_identical_replicas(job)
+
+
+def test_checkpoint_and_resume_continue_at_the_same_step(tmp_path):
+    ckpt = tmp_path / "mid.ckpt"
+    first = run_job(tmp_path, "first", strategy="pgc", devices=4, max_steps=20, save_checkpoint=str(ckpt),
+                    checkpoint_every_n_steps=10, check_val_every_n_epoch=100)
+    assert ckpt.exists()
+    assert (first["out"] / "checkpoints" / "last.ckpt").exists()
+    assert torch.load(ckpt, weights_only=False)["global_step"] == 20
+    resumed = run_job(tmp_path, "resumed", strategy="pgc", devices=4, max_steps=30, ckpt_path=str(ckpt),
+                      check_val_every_n_epoch=100)
+    steps = [step for _, step, _ in resumed["curve"]]
+    assert steps[0] == 21 and steps[-1] == 30  # global_step after each of steps 20..29
+    # The cache restarts empty at the resumed step: full warm-up there, then one partition per step.
+    assert resumed["ranks"][0]["batch_sizes"] == [32] + [16] * 9
+    _assert_identical_replicas(resumed)
+
+
+# ------------------------------------------------------------------------------------ configuration errors
+def _trainer(strategy, devices=4):
+    return pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False,
+                      enable_progress_bar=False, enable_checkpointing=False)
+
+
+def test_registered_names():
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    for name in ("pgc", "pgc_fr", "pgc_cr", "gc_fr", "gc_cr", "ignore_stragglers", "dgd"):
+        assert StrategyRegistry[name]["strategy"] is PGCStrategy
+    trainer = _trainer("pgc")
+    assert isinstance(trainer.strategy, PGCStrategy)
+    assert trainer.strategy.scheme_name == "pgc_cr" and trainer.strategy.stragglers == 1
+    assert _trainer("ignore_stragglers").strategy.scheme_name == "ignore"
+    import importlib
+
+    importlib.reload(lightning_pgc)  # registering twice is harmless
+
+
+def test_bad_configurations_fail_before_any_rank_starts():
+    with pytest.raises(ValueError, match="divide"):
+        _trainer(PGCStrategy(scheme="pgc_fr", stragglers=1), devices=3)
+    with pytest.raises(ValueError, match="stragglers|s >= n|s=3"):
+        _trainer(PGCStrategy(scheme="pgc_cr", stragglers=3), devices=3)
+    with pytest.raises(ValueError, match="condition"):
+        _trainer(PGCStrategy(scheme="gc_cr", stragglers=8), devices=64)
+    with pytest.raises(ValueError, match="unknown scheme"):
+        PGCStrategy(scheme="pgc_xx")
+    with pytest.raises(ValueError, match="warmup"):
+        PGCStrategy(warmup="lazy")
+    with pytest.raises(ValueError, match="timeout"):
+        PGCStrategy(timeout=0)
+
+
+def test_unsupported_training_setups_are_refused():
+    strategy = PGCStrategy()
+    module = SimpleNamespace(automatic_optimization=True)
+    ok = SimpleNamespace(lightning_module=module, accumulate_grad_batches=1, precision="32-true")
+    strategy._check_supported(ok)
+    with pytest.raises(ValueError, match="accumulate_grad_batches"):
+        strategy._check_supported(SimpleNamespace(**{**vars(ok), "accumulate_grad_batches": 2}))
+    with pytest.raises(ValueError, match="16-mixed"):
+        strategy._check_supported(SimpleNamespace(**{**vars(ok), "precision": "16-mixed"}))
+    manual = SimpleNamespace(**{**vars(ok), "lightning_module": SimpleNamespace(automatic_optimization=False)})
+    with pytest.raises(ValueError, match="automatic optimization"):
+        strategy._check_supported(manual)
+
+
+def test_diagnostics_validates_its_arguments():
+    with pytest.raises(ValueError):
+        PGCDiagnostics(every_n_steps=0)
