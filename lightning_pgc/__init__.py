@@ -1,0 +1,43 @@
+"""lightning_pgc: straggler-tolerant data-parallel training for PyTorch Lightning (pipelined gradient coding).
+
+Importing the package registers the strategy names ``pgc``, ``pgc_cr``, ``pgc_fr``, ``gc_cr``, ``gc_fr``,
+``ignore_stragglers`` and ``dgd`` in Lightning's ``StrategyRegistry``, so ``Trainer(strategy="pgc")`` works.
+"""
+
+from lightning.pytorch.strategies import StrategyRegistry
+
+from lightning_pgc.callbacks import PGCDiagnostics
+from lightning_pgc.codes import SCHEMES, Scheme, make_scheme
+from lightning_pgc.strategy import PGCStrategy
+from lightning_pgc.stragglers import (
+    Constant,
+    DelayModel,
+    Exponential,
+    LogNormal,
+    NoDelay,
+    SlowRanks,
+    Spikes,
+    StragglerInjector,
+    parse_delay,
+)
+
+__version__ = "0.1.0"
+
+PGCStrategy.register_strategies(StrategyRegistry)  # skips names already registered (re-imports)
+
+__all__ = [
+    "Constant",
+    "DelayModel",
+    "Exponential",
+    "LogNormal",
+    "NoDelay",
+    "PGCDiagnostics",
+    "PGCStrategy",
+    "SCHEMES",
+    "Scheme",
+    "SlowRanks",
+    "Spikes",
+    "StragglerInjector",
+    "make_scheme",
+    "parse_delay",
+]
