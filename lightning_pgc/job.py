@@ -50,6 +50,7 @@ DEFAULTS: dict[str, Any] = {
     "ckpt_path": None,
     "save_checkpoint": None,
     "checkpoint_every_n_steps": None,
+    "final_validation": False,
     "out": "outputs/job",
 }
 
@@ -106,6 +107,8 @@ class LossRecorder(pl.Callback):
         if self.t0 is None:
             self.t0 = now
         self.rows.append((now - self.t0, trainer.global_step, float(loss)))
+        if trainer.global_rank == 0 and trainer.global_step % 10 == 0:
+            (self.out / "progress.txt").write_text(str(trainer.global_step))  # read by the demo's progress bars
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.fit_end = time.monotonic()
@@ -155,6 +158,8 @@ def run(spec: dict[str, Any]) -> None:
     trainer.fit(model, datamodule=data, ckpt_path=spec["ckpt_path"])
     if spec["save_checkpoint"]:
         trainer.save_checkpoint(spec["save_checkpoint"])
+    if spec["final_validation"]:
+        trainer.validate(model, datamodule=data, verbose=False)
 
     recorder = callbacks[0]
     injector = callbacks[1]
@@ -168,6 +173,7 @@ def run(spec: dict[str, Any]) -> None:
         "fit_wall_s": (recorder.fit_end or 0.0) - (recorder.fit_start or 0.0),
         "batch_sizes": recorder.batch_sizes,
         "pgc_threads_after_fit": [t.name for t in threading.enumerate() if t.name.startswith("pgc-")],
+        "buffers": getattr(trainer.strategy, "buffer_stats", {}),
     }
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     if rank == 0:

@@ -141,6 +141,7 @@ class PGCStrategy(DDPStrategy):
         self.cache: Optional[StaleCache] = None
         self.last_step: Optional[StepInfo] = None
         self.skipped_steps = 0
+        self.buffer_stats: dict[str, int] = {}
         self._params: list[torch.nn.Parameter] = []
         self._warm_start: Optional[int] = None
         self._version = 0
@@ -279,6 +280,9 @@ class PGCStrategy(DDPStrategy):
     def _stop_runtime(self) -> None:
         if self.runtime is not None:
             self.runtime.stop()
+            self.buffer_stats = self.runtime.buffer_stats()
+            if self.cache is not None:
+                self.buffer_stats["cache_bytes"] = self.cache.nbytes
             self.runtime = None
         self.cache = None
 
@@ -293,6 +297,7 @@ class PGCStrategy(DDPStrategy):
         if len(evals) <= 1 or not args:
             return super().training_step(*args, **kwargs)
         chunks = split_batch(args[0], len(evals))
+        self._zero_grad()  # Lightning zeroes grads only after training_step: drop the previous aggregate now
         for partition, chunk in zip(evals[:-1], chunks[:-1]):
             output = super().training_step(chunk, *args[1:], **kwargs)
             loss = _loss_of(output)

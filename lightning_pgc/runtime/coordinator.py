@@ -93,6 +93,8 @@ class Coordinator:
         self._outboxes: dict[int, queue.Queue] = {p: queue.Queue() for p in self.peers}
         self._stopping = threading.Event()
         self._byes: set[int] = set()
+        self._outbox_high_water = 0
+        self._inbox_high_water = 0
         self._threads: list[threading.Thread] = []
         self._loop: Optional[threading.Thread] = None
 
@@ -123,6 +125,10 @@ class Coordinator:
                 if rec.version < version:
                     return None
         return None
+
+    def buffer_stats(self) -> dict[str, int]:
+        """High-water marks: queued aggregates per peer and codes waiting to be read."""
+        return {"outbox_high_water": self._outbox_high_water, "inbox_high_water": self._inbox_high_water}
 
     def stop(self, timeout: float) -> None:
         """Serve until every live peer said BYE (or ``timeout``), then say BYE to all and join the threads."""
@@ -170,6 +176,7 @@ class Coordinator:
         for peer in self.peers:
             if peer not in self.dead:
                 self._outboxes[peer].put(message)
+                self._outbox_high_water = max(self._outbox_high_water, self._outboxes[peer].qsize())
 
     # --------------------------------------------------------------------------------------------- main loop
     def _run(self) -> None:
@@ -196,6 +203,7 @@ class Coordinator:
         stop_deadline: Optional[float] = None
 
         while True:
+            self._inbox_high_water = max(self._inbox_high_water, self._inbox.qsize())
             try:
                 item = self._inbox.get(timeout=0.05)
             except queue.Empty:

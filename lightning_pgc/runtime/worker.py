@@ -33,10 +33,12 @@ class Mailbox:
         self._items: dict[int, Tensor] = {}
         self._cond = threading.Condition()
         self._abort: Optional[BaseException] = None
+        self.high_water = 0  # most aggregates held at once (bounded by the coordinator's max_lag)
 
     def put(self, version: int, aggregate: Tensor) -> None:
         with self._cond:
             self._items[version] = aggregate
+            self.high_water = max(self.high_water, len(self._items))
             self._cond.notify_all()
 
     def abort(self, reason: str | BaseException) -> None:
@@ -162,6 +164,13 @@ class PGCRuntime:
         """The aggregate of ``version``; blocks up to the liveness timeout plus a grace period, so that the
         coordinator, whose clock starts at the first code, reports missing ranks before a worker gives up."""
         return self.mailbox.take(version, self.timeout + max(1.0, 0.5 * self.timeout))
+
+    def buffer_stats(self) -> dict[str, int]:
+        """High-water marks of the message buffers this rank held (for the memory benchmark)."""
+        stats = {"mailbox_high_water": self.mailbox.high_water}
+        if self.coordinator is not None:
+            stats.update(self.coordinator.buffer_stats())
+        return stats
 
     def stop(self) -> None:
         """Say BYE, let the coordinator drain, join every thread, release the transport."""
