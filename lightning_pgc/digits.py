@@ -56,7 +56,7 @@ class DigitsDataModule(pl.LightningDataModule):
 class DigitsCNN(pl.LightningModule):
     """Two 3x3 convolutions and two linear layers (about 38k parameters): quick on CPU, not trivial."""
 
-    def __init__(self, lr: float = 0.05, momentum: float = 0.9, width: int = 16) -> None:
+    def __init__(self, lr: float = 0.05, momentum: float = 0.9, width: int = 16, sync_train_loss: bool = True) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(
@@ -80,7 +80,7 @@ class DigitsCNN(pl.LightningModule):
         return F.cross_entropy(self(x), y)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        log_train_loss(self, outputs)
+        log_train_loss(self, outputs, sync=self.hparams.sync_train_loss)
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         x, y = batch
@@ -93,11 +93,12 @@ class DigitsCNN(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=self.hparams.momentum)
 
 
-def log_train_loss(module: pl.LightningModule, outputs: Any) -> None:
+def log_train_loss(module: pl.LightningModule, outputs: Any, sync: bool = True) -> None:
     """Log ``train_loss`` on the mean scale of all ranks, the same value on every rank, under any strategy.
 
     Under :class:`~lightning_pgc.PGCStrategy` the step output already is the decoded aggregate loss, so no
-    collective is needed (one would wait for stragglers); under ``ddp`` the local losses are averaged.
+    collective is needed (one would wait for stragglers); under ``ddp`` the local losses are averaged, an
+    extra all-reduce per step unless ``sync=False`` (then each rank logs its own loss, as plain Lightning does).
     """
     from lightning_pgc.strategy import PGCStrategy
 
@@ -105,4 +106,4 @@ def log_train_loss(module: pl.LightningModule, outputs: Any) -> None:
     if loss is None:
         return
     synced = isinstance(module.trainer.strategy, PGCStrategy)
-    module.log("train_loss", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=not synced)
+    module.log("train_loss", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=sync and not synced)
