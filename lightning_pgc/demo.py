@@ -82,10 +82,20 @@ def job_spec(args: argparse.Namespace, strategy: str, out: Path) -> dict[str, An
     }
 
 
+def selected_runs(args: argparse.Namespace) -> list[tuple[str, str]]:
+    if not args.only:
+        return RUNS
+    wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+    unknown = sorted(set(wanted) - {label for label, _ in RUNS})
+    if unknown:
+        raise SystemExit(f"--only: unknown {unknown}; choose from {[label for label, _ in RUNS]}")
+    return [(label, strategy) for label, strategy in RUNS if label in wanted]
+
+
 def run_all(args: argparse.Namespace) -> list[Outcome]:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    root = Path(args.out)
+    root = Path(args.out).resolve()
     root.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     outcomes = []
@@ -93,8 +103,9 @@ def run_all(args: argparse.Namespace) -> list[Outcome]:
         TextColumn("{task.description:<18}"), BarColumn(), TextColumn("{task.completed:>4.0f}/{task.total:.0f} steps"),
         TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
     ) as progress:
-        tasks = {label: progress.add_task(label, total=args.steps, status="waiting") for label, _ in RUNS}
-        for label, strategy in RUNS:
+        runs = selected_runs(args)
+        tasks = {label: progress.add_task(label, total=args.steps, status="waiting") for label, _ in runs}
+        for label, strategy in runs:
             out = root / label
             out.mkdir(parents=True, exist_ok=True)
             for stale in ("progress.txt", "summary.json"):
@@ -197,6 +208,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--window", type=int, default=10, help="steps in the trailing mean of the loss")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="outputs/demo")
+    p.add_argument("--only", default="", help="comma-separated subset of " + ",".join(label for label, _ in RUNS))
     p.add_argument("--docs", action="store_true", help="also write docs/demo.md and docs/demo_loss.png")
     return p.parse_args(argv)
 
@@ -208,7 +220,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args(argv)
     console = Console()
     console.print(
-        f"[bold]lightning_pgc demo[/]: {len(RUNS)} strategies x {args.steps} steps on {args.devices} CPU processes "
+        f"[bold]lightning_pgc demo[/]: {len(selected_runs(args))} strategies x {args.steps} steps on {args.devices} CPU processes "
         f"(rank {args.devices - 1} is {args.slow_seconds}s/step slower; every rank has log-normal jitter)"
     )
     outcomes = run_all(args)
@@ -225,7 +237,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         )
     console.print(table)
 
-    root = Path(args.out)
+    root = Path(args.out).resolve()
     png = root / "loss_vs_wall_clock.png"
     plot(outcomes, args, png)
     md = markdown_table(outcomes, args)

@@ -336,7 +336,7 @@ class PGCStrategy(DDPStrategy):
                 raise RuntimeError("PGCStrategy needs a loss from every training_step; it returned None")
             self._fresh[self._evaluations[-1]] = self._flat_gradient(result.loss if result is not None else None)
             for partition, payload in self._fresh.items():
-                cache.put(partition, payload, version)
+                cache.put(partition, payload, version, copy=False)  # payload is a fresh tensor
             self._fresh = {}
             valid = cache.valid(version)
             ages = tuple(version - v for p, v in cache.versions().items() if p in valid)
