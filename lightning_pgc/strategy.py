@@ -143,6 +143,7 @@ class PGCStrategy(DDPStrategy):
         self.skipped_steps = 0
         self.buffer_stats: dict[str, int] = {}
         self._params: list[torch.nn.Parameter] = []
+        self._payload_dtype = torch.float32
         self._warm_start: Optional[int] = None
         self._version = 0
         self._evaluations: tuple[int, ...] = ()
@@ -250,7 +251,7 @@ class PGCStrategy(DDPStrategy):
         trainer = self.lightning_module.trainer
         self._params = [p for p in self.lightning_module.parameters() if p.requires_grad]
         numel = sum(p.numel() for p in self._params) + 1  # + the loss slot
-        dtype = payload_dtype_for(self._params[0].dtype if self._params else torch.float32)
+        dtype = self._payload_dtype = payload_dtype_for(self._params[0].dtype if self._params else torch.float32)
         scheme = self.scheme
         self.cache = StaleCache(scheme.partitions(self.global_rank), max_age=scheme.cache_max_age)
         self._version = trainer.global_step
@@ -339,7 +340,7 @@ class PGCStrategy(DDPStrategy):
                 cache.put(partition, payload, version, copy=False)  # payload is a fresh tensor
             self._fresh = {}
             valid = cache.valid(version)
-            ages = tuple(version - v for p, v in cache.versions().items() if p in valid)
+            ages = tuple(cache.ages(version).values())
             code = self.scheme.encode(self.global_rank, valid)
             start = time.monotonic()
             runtime.submit(version, code, ages)
@@ -361,13 +362,13 @@ class PGCStrategy(DDPStrategy):
 
     def _flat_gradient(self, loss: Optional[Tensor]) -> Tensor:
         """This rank's current ``param.grad`` as one flat vector, with the loss value appended."""
+        dtype = self._payload_dtype
         parts = [
-            (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).to(torch.float32)
+            (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).to("cpu", dtype)
             for p in self._params
         ]
-        value = torch.zeros(1) if loss is None else loss.detach().reshape(1).to(torch.float32).cpu()
-        flat = torch.cat([t.cpu() for t in parts] + [value])
-        return flat.to(torch.float64) if self._params and self._params[0].dtype == torch.float64 else flat
+        value = torch.zeros(1, dtype=dtype) if loss is None else loss.detach().reshape(1).to("cpu", dtype)
+        return torch.cat(parts + [value])
 
     def _zero_grad(self) -> None:
         for p in self._params:
