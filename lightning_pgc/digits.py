@@ -54,13 +54,22 @@ class DigitsDataModule(pl.LightningDataModule):
 
 
 class DigitsCNN(pl.LightningModule):
-    """Two 3x3 convolutions and two linear layers (about 38k parameters): quick on CPU, not trivial."""
+    """Two 3x3 convolutions and two linear layers (about 38k parameters): quick on CPU, not trivial.
+    ``batch_norm`` adds a BatchNorm layer (buffers that every replica must keep identical)."""
 
-    def __init__(self, lr: float = 0.05, momentum: float = 0.9, width: int = 16, sync_train_loss: bool = True) -> None:
+    def __init__(
+        self,
+        lr: float = 0.05,
+        momentum: float = 0.9,
+        width: int = 16,
+        sync_train_loss: bool = True,
+        batch_norm: bool = False,
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.net = nn.Sequential(
             nn.Conv2d(1, width, 3, padding=1),
+            nn.BatchNorm2d(width) if batch_norm else nn.Identity(),
             nn.ReLU(),
             nn.Conv2d(width, 2 * width, 3, padding=1),
             nn.ReLU(),

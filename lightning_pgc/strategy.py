@@ -143,6 +143,7 @@ class PGCStrategy(DDPStrategy):
         self.skipped_steps = 0
         self.buffer_stats: dict[str, int] = {}
         self._params: list[torch.nn.Parameter] = []
+        self._buffers: list[Tensor] = []
         self._payload_dtype = torch.float32
         self._warm_start: Optional[int] = None
         self._version = 0
@@ -250,7 +251,11 @@ class PGCStrategy(DDPStrategy):
         super().on_train_start()
         trainer = self.lightning_module.trainer
         self._params = [p for p in self.lightning_module.parameters() if p.requires_grad]
-        numel = sum(p.numel() for p in self._params) + 1  # + the loss slot
+        # Buffers (BatchNorm statistics) travel as a plain tail, averaged over the received ranks, so that the
+        # replicas stay identical buffers included (DDP broadcasts rank 0's buffers instead).
+        self._buffers = [b for b in self.lightning_module.buffers() if b.numel() > 0]
+        buffer_numel = sum(b.numel() for b in self._buffers)
+        numel = sum(p.numel() for p in self._params) + 1 + buffer_numel  # gradient, loss slot, buffers
         dtype = self._payload_dtype = payload_dtype_for(self._params[0].dtype if self._params else torch.float32)
         scheme = self.scheme
         self.cache = StaleCache(scheme.partitions(self.global_rank), max_age=scheme.cache_max_age)
@@ -270,6 +275,7 @@ class PGCStrategy(DDPStrategy):
             start_version=trainer.global_step,
             timeout=self.liveness_timeout,
             max_lag=max_lag,
+            plain_numel=buffer_numel,
         )
         self.runtime.start()
         self.skipped_steps = 0
@@ -342,6 +348,8 @@ class PGCStrategy(DDPStrategy):
             valid = cache.valid(version)
             ages = tuple(cache.ages(version).values())
             code = self.scheme.encode(self.global_rank, valid)
+            if self._buffers:
+                code = torch.cat([code, self._flat_buffers(code.dtype)])
             start = time.monotonic()
             runtime.submit(version, code, ages)
             aggregate = runtime.wait(version)
@@ -349,8 +357,10 @@ class PGCStrategy(DDPStrategy):
         else:
             self.skipped_steps += 1
             aggregate = runtime.wait(version)
-        gradient, loss = aggregate[:-1], aggregate[-1]
+        n_grad = aggregate.numel() - 1 - sum(b.numel() for b in self._buffers)
+        gradient, loss, buffers = aggregate[:n_grad], aggregate[n_grad], aggregate[n_grad + 1 :]
         self._apply(gradient)
+        self._load_buffers(buffers)
         loss_t = loss.to(torch.float32).clone()
         if hasattr(closure, "_result"):
             if skipped:
@@ -369,6 +379,18 @@ class PGCStrategy(DDPStrategy):
         ]
         value = torch.zeros(1, dtype=dtype) if loss is None else loss.detach().reshape(1).to("cpu", dtype)
         return torch.cat(parts + [value])
+
+    def _flat_buffers(self, dtype: torch.dtype) -> Tensor:
+        return torch.cat([b.detach().reshape(-1).to("cpu", dtype) for b in self._buffers])
+
+    def _load_buffers(self, flat: Tensor) -> None:
+        offset = 0
+        for b in self._buffers:
+            values = flat[offset : offset + b.numel()].view_as(b)
+            if not b.dtype.is_floating_point:
+                values = values.round()
+            b.copy_(values.to(device=b.device, dtype=b.dtype))
+            offset += b.numel()
 
     def _zero_grad(self) -> None:
         for p in self._params:

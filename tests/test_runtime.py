@@ -173,3 +173,22 @@ def _eventually(pred, timeout=3.0):
             return True
         time.sleep(0.01)
     return pred()
+
+
+def test_plain_tail_is_averaged_not_decoded():
+    """Buffers (e.g. BatchNorm statistics) ride as a plain tail: averaged over the received ranks."""
+    scheme = make_scheme("pgc_cr", 3, 1)
+    hub = QueueHub(3)
+    rts = [PGCRuntime(scheme, hub.endpoint(r), rank=r, world_size=3, payload_numel=D, down_dtype=torch.float32,
+                      start_version=0, timeout=5.0, max_lag=10, plain_numel=2) for r in range(3)]
+    for rt in rts:
+        rt.start()
+    try:
+        for r in (0, 1):
+            rts[r].submit(0, code(r, 0), (0, 0))
+        agg = rts[0].wait(0)
+        mu_over_n = 1 / (2 * 2)  # mu/n = 1/(|R| c)
+        torch.testing.assert_close(agg[:-2], mu_over_n * (code(0, 0) + code(1, 0))[:-2])
+        torch.testing.assert_close(agg[-2:], ((code(0, 0) + code(1, 0)) / 2)[-2:])
+    finally:
+        _stop_all(rts)

@@ -93,8 +93,9 @@ def test_every_scheme_keeps_replicas_identical_and_lays_out_partitions(tmp_path,
 
 
 def test_loss_goes_down_and_validation_runs(tmp_path):
+    # with BatchNorm: its running statistics (buffers) must stay identical on every rank too
     job = run_job(
-        tmp_path, "train", strategy="pgc", devices=4, max_steps=150, batch_size=16, lr=0.05,
+        tmp_path, "train", strategy="pgc", devices=4, max_steps=150, batch_size=16, lr=0.05, batch_norm=True,
         delay="lognormal(median=0.002, sigma=0.5)", val_check_interval=None, check_val_every_n_epoch=2,
     )
     losses = [loss for _, _, loss in job["curve"]]

@@ -62,6 +62,7 @@ class Coordinator:
         world_size: int,
         rank: int,
         payload_numel: int,
+        plain_numel: int,
         up_dtype: torch.dtype,
         down_dtype: torch.dtype,
         start_version: int,
@@ -76,6 +77,7 @@ class Coordinator:
         self.world_size = world_size
         self.rank = rank
         self.payload_numel = payload_numel
+        self.plain_numel = plain_numel  # trailing elements averaged over the received ranks, not decoded
         self.up_dtype = up_dtype
         self.down_dtype = down_dtype
         self.version = start_version
@@ -246,11 +248,7 @@ class Coordinator:
             if pending and scheme.admits(list(pending)) and self._lag_ok(last_seen, last_heard, now):
                 order = list(pending)
                 weights = scheme.decoding_weights(order)
-                aggregate = torch.zeros(self.payload_numel, dtype=torch.float64)
-                for r, w in weights.items():
-                    if w != 0.0:
-                        aggregate.add_(pending[r].to(torch.float64), alpha=w)
-                aggregate = aggregate.to(self.down_dtype)
+                aggregate = self._decode(pending, order, weights)
                 closed_at = time.monotonic()
                 with self._records_lock:
                     self.records.append(
@@ -295,6 +293,18 @@ class Coordinator:
                         f"within {self.timeout:g} s; scheme '{scheme.name}' needs {scheme.wait_for} of "
                         f"{self.world_size} (tolerates {self.world_size - scheme.wait_for} missing)."
                     )
+
+    def _decode(self, pending: dict[int, Tensor], order: list[int], weights: dict[int, float]) -> Tensor:
+        """Decode the coded region in float64; average the plain tail (e.g. BatchNorm buffers) over ``order``."""
+        coded = self.payload_numel - self.plain_numel
+        aggregate = torch.zeros(self.payload_numel, dtype=torch.float64)
+        for r, w in weights.items():
+            if w != 0.0:
+                aggregate[:coded].add_(pending[r][:coded].to(torch.float64), alpha=w)
+        if self.plain_numel:
+            for r in order:
+                aggregate[coded:].add_(pending[r][coded:].to(torch.float64), alpha=1.0 / len(order))
+        return aggregate.to(self.down_dtype)
 
     def _lag_ok(self, last_seen: dict[int, int], last_heard: dict[int, float], now: float) -> bool:
         """True unless a live, responsive rank would fall more than ``max_lag`` versions behind."""

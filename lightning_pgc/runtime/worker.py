@@ -89,6 +89,7 @@ class PGCRuntime:
         timeout: float,
         max_lag: int,
         coordinator_rank: int = 0,
+        plain_numel: int = 0,
     ) -> None:
         self.scheme = scheme
         self.transport = transport
@@ -109,6 +110,7 @@ class PGCRuntime:
                 world_size=world_size,
                 rank=rank,
                 payload_numel=payload_numel,
+                plain_numel=plain_numel,
                 up_dtype=self.up_dtype,
                 down_dtype=down_dtype,
                 start_version=start_version,
