@@ -18,6 +18,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 from torchmetrics.classification import MulticlassAccuracy
+from torchvision import transforms as T
+from torchvision.datasets import CIFAR10
+from torchvision.models import resnet18
 
 from lightning_pgc.digits import log_train_loss
 
@@ -26,31 +29,25 @@ CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 
-def _cifar10_class(check_integrity: bool) -> type:
-    """torchvision's ``CIFAR10``, or a subclass that only checks the files exist (``check_integrity=False``).
+class UncheckedCIFAR10(CIFAR10):
+    """torchvision's ``CIFAR10`` that checks only that the files exist, not their MD5.
 
     torchvision compares every file's MD5 with the official release's. A copy re-packed in the same format
-    (a subset, or the tiny set the tests write) has other checksums; the subclass keeps the real loader and
+    (a subset, or the tiny set the tests write) has other checksums; this subclass keeps the real loader and
     file layout and skips only the checksum comparison (``check_integrity(path, md5=None)`` checks existence).
+    Module-level, so DataLoader workers started with spawn/forkserver can unpickle it.
     """
-    from torchvision.datasets import CIFAR10
 
-    if check_integrity:
-        return CIFAR10
-
-    class UncheckedCIFAR10(CIFAR10):
-        train_list = [[name, None] for name, _ in CIFAR10.train_list]
-        test_list = [[name, None] for name, _ in CIFAR10.test_list]
-        meta = {**CIFAR10.meta, "md5": None}
-
-    return UncheckedCIFAR10
+    train_list = [[name, None] for name, _ in CIFAR10.train_list]
+    test_list = [[name, None] for name, _ in CIFAR10.test_list]
+    meta = {**CIFAR10.meta, "md5": None}
 
 
 class _Indexed(Dataset):
     """``base``'s raw images at ``indices`` with ``transform`` applied (train and validation views of one
     loaded array, with different transforms, without loading the files twice)."""
 
-    def __init__(self, base: Any, indices: np.ndarray, transform: Callable[[Any], Tensor]) -> None:
+    def __init__(self, base: CIFAR10, indices: np.ndarray, transform: Callable[[Any], Tensor]) -> None:
         self.base = base
         self.indices = indices
         self.transform = transform
@@ -108,15 +105,17 @@ class CIFAR10DataModule(pl.LightningDataModule):
     @staticmethod
     def transforms(train: bool) -> Callable[[Any], Tensor]:
         """The augmentation (``train=True``) or the evaluation transform."""
-        from torchvision import transforms as T
-
         normalize = [T.ToTensor(), T.Normalize(CIFAR10_MEAN, CIFAR10_STD)]
         if train:
             return T.Compose([T.RandomCrop(32, padding=4), T.RandomHorizontalFlip(), *normalize])
         return T.Compose(normalize)
 
-    def _dataset(self, train: bool) -> Any:
-        cls = _cifar10_class(self.check_integrity)
+    @property
+    def _loader_class(self) -> type[CIFAR10]:
+        return CIFAR10 if self.check_integrity else UncheckedCIFAR10
+
+    def _dataset(self, train: bool) -> CIFAR10:
+        cls = self._loader_class
         try:
             return cls(self.data_dir, train=train, download=False)
         except RuntimeError as err:
@@ -133,9 +132,8 @@ class CIFAR10DataModule(pl.LightningDataModule):
 
     def prepare_data(self) -> None:
         if self.download:
-            cls = _cifar10_class(self.check_integrity)
-            cls(self.data_dir, train=True, download=True)
-            cls(self.data_dir, train=False, download=True)
+            self._loader_class(self.data_dir, train=True, download=True)
+            self._loader_class(self.data_dir, train=False, download=True)
 
     def setup(self, stage: str) -> None:
         if stage in ("fit", "validate") and self.train_set is None:
@@ -177,8 +175,6 @@ class CIFAR10DataModule(pl.LightningDataModule):
 def resnet18_cifar(num_classes: int = 10) -> nn.Module:
     """torchvision's ResNet-18 adapted to 32x32 inputs: a 3x3 stride-1 first convolution and no max-pool
     (the ImageNet stem would shrink a CIFAR image to 8x8 before the first residual block)."""
-    from torchvision.models import resnet18
-
     net = resnet18(num_classes=num_classes)
     net.conv1 = nn.Conv2d(3, 64, kernel_size=3, stride=1, padding=1, bias=False)
     net.maxpool = nn.Identity()

@@ -39,6 +39,7 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 import lightning_pgc  # noqa: F401  (registers the strategy names before any Trainer is built)
+from lightning_pgc.strategy import REGISTERED
 
 #: What ``lightning-pgc fit`` trains when no ``--model`` / ``--data`` is given: the embedded digits task.
 DEFAULT_MODEL = "lightning_pgc.digits.DigitsCNN"
@@ -46,7 +47,7 @@ DEFAULT_DATA = "lightning_pgc.digits.DigitsDataModule"
 
 DESCRIPTION = (
     "Straggler-tolerant data-parallel training with pipelined gradient coding (Lightning's CLI). "
-    "Recipes: recipes/*.yaml; strategies: pgc, pgc_cr, pgc_fr, gc_cr, gc_fr, ignore_stragglers, dgd, ddp, ..."
+    f"Recipes: recipes/*.yaml. PGC strategy names: {', '.join(REGISTERED)}; Lightning's own (ddp, ...) work too."
 )
 
 #: Exceptions that, raised while the classes are built from the config, mean "bad configuration".
@@ -76,8 +77,11 @@ class PGCLightningCLI(LightningCLI):
             if os.environ.get("LIGHTNING_PGC_TRACEBACK"):
                 raise
             command = f"lightning-pgc {self.subcommand}" if self.subcommand else "lightning-pgc"
+            hint = ""
+            if "strategy" in str(err):
+                hint = f"PGC strategy names: {', '.join(REGISTERED)} (or class_path: lightning_pgc.PGCStrategy)\n"
             sys.stderr.write(
-                f"{command}: error: invalid configuration: {type(err).__name__}: {err}\n"
+                f"{command}: error: invalid configuration: {type(err).__name__}: {err}\n{hint}"
                 "(set LIGHTNING_PGC_TRACEBACK=1 for the traceback)\n"
             )
             raise SystemExit(2) from None
@@ -91,6 +95,7 @@ def build_cli(args: ArgsType = None, run: bool = True) -> PGCLightningCLI:
         LightningDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,
+        seed_everything_default=0,  # reproducible by default (Lightning's `True` picks 0 anyway, with a warning)
         save_config_callback=PGCSaveConfigCallback,
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"prog": "lightning-pgc", "description": DESCRIPTION},
