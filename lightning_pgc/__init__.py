@@ -6,7 +6,7 @@ Importing the package registers the strategy names ``pgc``, ``pgc_cr``, ``pgc_fr
 
 from lightning.pytorch.strategies import StrategyRegistry
 
-from lightning_pgc.callbacks import PGCDiagnostics
+from lightning_pgc.callbacks import PGCDiagnostics, StalenessValve
 from lightning_pgc.codes import SCHEMES, Scheme, make_scheme
 from lightning_pgc.strategy import PGCStrategy
 from lightning_pgc.stragglers import (
@@ -37,6 +37,7 @@ __all__ = [
     "Scheme",
     "SlowRanks",
     "Spikes",
+    "StalenessValve",
     "StragglerInjector",
     "make_scheme",
     "parse_delay",

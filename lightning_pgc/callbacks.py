@@ -5,19 +5,35 @@ per-rank arrival times, coordinator wait, step wall time, gradient ages, coeffic
 norm of the aggregate. Every ``every_n_steps`` steps, on a fixed probe batch: the parameter displacement to
 the oldest version in use and the local smoothness estimate ``L_hat = |g(b_t) - g(b_u)| / (|b_t - b_u| + eps)``,
 so the staleness term ``L_hat^2 * displacement`` can be compared with ``|g_hat|^2``.
+
+Optionally (``theory_every_n_steps``, off by default) the coordinator's rank also measures what the convergence
+theory of the paper only assumes (``docs/theory.md``): the staleness bias ``gamma_hat``, the noise ratio ``xi_hat``,
+the extra error of the received-subset estimator over the straggler pattern, the exact decomposition of the
+aggregate's error into subset-selection, sampling and staleness terms, and how correlated the copies of one
+partition are. :class:`StalenessValve` (every rank, off unless added) lowers the learning rate when the measured
+staleness term becomes a large fraction of ``|g_hat|^2``, with the same decision on every rank and no collective.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
+import numpy as np
 import torch
 from lightning.fabric.utilities.apply_func import apply_to_collection
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
+
+from lightning_pgc import theory
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PGCDiagnostics", "StalenessValve"]
 
 
 class PGCDiagnostics(Callback):
@@ -27,25 +43,59 @@ class PGCDiagnostics(Callback):
         every_n_steps: steps between probe-batch measurements (displacement, ``L_hat``, staleness term).
         per_rank: also log one scalar per rank (arrival time, admitted flag) for up to this many ranks.
         eps: the ``eps`` in ``L_hat``.
+        theory_every_n_steps: steps between the measurements of the theory's constants (``pgc/theory/...``, see
+            ``docs/theory.md``); ``None`` (default) turns them off. Rank 0 only; each costs about
+            one forward/backward pass over the (probe) training set per version in use (``c`` in the steady
+            state) plus about ``n c`` mini-batch gradients.
+        theory_probe_per_partition: samples of each partition used for ``grad F_j`` (a fixed, seeded subset, the
+            same at every measurement); ``None`` uses the whole partition (exact, fine for small data sets).
+        theory_window: how many recent coordinator records form the empirical straggler pattern.
+        theory_max_patterns: received sets enumerated exactly up to this many, sampled beyond.
+        theory_chunk: samples per forward pass when computing ``grad F_j``.
     """
 
-    def __init__(self, every_n_steps: int = 25, per_rank: int = 16, eps: float = 1e-12) -> None:
+    def __init__(
+        self,
+        every_n_steps: int = 25,
+        per_rank: int = 16,
+        eps: float = 1e-12,
+        theory_every_n_steps: Optional[int] = None,
+        theory_probe_per_partition: Optional[int] = None,
+        theory_window: int = 64,
+        theory_max_patterns: int = 5000,
+        theory_chunk: int = 512,
+    ) -> None:
         if every_n_steps < 1:
             raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        if theory_every_n_steps is not None and theory_every_n_steps < 1:
+            raise ValueError(f"theory_every_n_steps must be >= 1 or None, got {theory_every_n_steps}")
+        if theory_probe_per_partition is not None and theory_probe_per_partition < 1:
+            raise ValueError(f"theory_probe_per_partition must be >= 1 or None, got {theory_probe_per_partition}")
+        if theory_window < 1 or theory_max_patterns < 1 or theory_chunk < 1:
+            raise ValueError("theory_window, theory_max_patterns and theory_chunk must be >= 1")
         self.every_n_steps = every_n_steps
         self.per_rank = per_rank
         self.eps = eps
+        self.theory_every_n_steps = theory_every_n_steps
+        self.theory_probe_per_partition = theory_probe_per_partition
+        self.theory_window = theory_window
+        self.theory_max_patterns = theory_max_patterns
+        self.theory_chunk = theory_chunk
         self.history: list[dict[str, float]] = []  # what was logged, kept for benchmarks and tests
         self._last_end: Optional[float] = None
         self._snapshots: deque[tuple[int, Tensor]] = deque()
         self._probe: Any = None
         self._last_probe: Optional[tuple[int, Tensor, Tensor]] = None  # (version, params, probe gradient)
+        self._pending_probe: Optional[tuple[int, Tensor, Tensor]] = None
+        self._patterns: Optional[tuple[np.ndarray, np.ndarray]] = None
+        self._theory_warned = False
 
     # ------------------------------------------------------------------------------------------------ hooks
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._last_end = None
         self._snapshots.clear()
         self._last_probe = None
+        self._patterns = None
         self.history = []
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
@@ -94,6 +144,12 @@ class PGCDiagnostics(Callback):
         pending = getattr(self, "_pending_probe", None)
         if pending is not None:
             metrics.update(self._probe_metrics(pending, max_age, aggregate_sq))
+        if (
+            self.theory_every_n_steps is not None
+            and record is not None
+            and info.version % self.theory_every_n_steps == 0
+        ):
+            metrics.update(self._theory_metrics(trainer, pl_module, strategy, record, info))
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True, batch_size=1)
         self.history.append({"step": float(info.version), **metrics})
         if record is not None and info.version % self.every_n_steps == 0:
@@ -139,18 +195,148 @@ class PGCDiagnostics(Callback):
 
     def _probe_gradient(self, pl_module: LightningModule) -> Tensor:
         """Gradient of the training loss on the fixed probe batch, leaving no trace (grads, buffers, RNG, logs)."""
+        return _loss_gradient(pl_module, self._probe)
+
+    # ----------------------------------------------------------------------------------------- the theory
+    def _theory_metrics(self, trainer: Trainer, pl_module: LightningModule, strategy: Any, record: Any,
+                        info: Any) -> dict[str, float]:
+        """The theory's constants at version ``t`` from exact recomputation of every copy in every rank's cache.
+
+        Mini-batches are deterministic (``PartitionStreams``), so rank 0 recomputes ``g_j^(v)`` for every copy of
+        every rank at the snapshot of version ``v``, and ``grad F_j(beta_v)`` on the partition (or its fixed probe
+        subset). Nothing of the run changes: parameters are swapped back, buffers restored, RNG forked, logs muted.
+        """
+        started = time.perf_counter()
+        scheme = strategy.scheme
+        n, t = scheme.n, info.version
+        found = _partition_loader(trainer)
+        if found is None:
+            if not self._theory_warned:
+                rank_zero_warn("PGCDiagnostics(theory_every_n_steps=...) needs PGCStrategy's partition sampler; "
+                               "the theory measurements are skipped")
+                self._theory_warned = True
+            return {}
+        loader, sampler = found
+        start = int(sampler.warmup_step())
+        streams, batch_size = sampler.streams, sampler.batch_size
+
+        # Versions of every copy in every rank's cache: what the admitted codes report (a rank that skipped steps has
+        # fewer entries); for the other ranks the nominal pipeline (their cache had they computed every step).
+        versions = {k: theory.nominal_cache_versions(scheme, k, t, start) for k in range(n)}
+        exact = 1.0
+        for k in record.admitted:
+            ages = record.ages.get(k)
+            reported = None
+            # The header carries the first 16 ages, clamped at 15.
+            if ages is not None and record.valid.get(k) == len(ages) and all(a < 15 for a in ages):
+                reported = theory.versions_from_ages(scheme, k, t, ages, start)
+            if reported is None:
+                exact = 0.0  # keep the nominal pipeline for this rank
+            else:
+                versions[k] = reported
+        used = [k for k in record.admitted if record.weights.get(k, 0.0) != 0.0]
+        oldest = min((v for k in used for v in versions[k].values()), default=t)
+        needed = sorted({v for vs in versions.values() for v in vs.values()} | {t, oldest})
+        snapshots = dict(self._snapshots)
+        if any(v not in snapshots for v in needed):
+            return {"pgc/theory/missing_snapshot": 1.0}
+
         params = [p for p in pl_module.parameters() if p.requires_grad]
-        buffers = [b.detach().clone() for b in pl_module.buffers()]
-        probe = apply_to_collection(self._probe, Tensor, lambda t: t.to(pl_module.device))
-        with torch.random.fork_rng(devices=[]), torch.enable_grad(), _muted(pl_module):
-            output = pl_module.training_step(probe, 0)
-            loss = output["loss"] if isinstance(output, Mapping) else output
-            grads = torch.autograd.grad(loss, params, allow_unused=True)
-        for b, saved in zip(pl_module.buffers(), buffers):
-            b.data.copy_(saved)
-        return torch.cat(
-            [(g if g is not None else torch.zeros_like(p)).detach().reshape(-1).double().cpu() for g, p in zip(grads, params)]
-        )
+        members = [self._probe_members(streams, j) for j in range(n)]
+        minibatch: dict[tuple[int, int], Tensor] = {}
+        full: dict[tuple[int, int], Tensor] = {}
+        objective: dict[int, Tensor] = {}
+        for v in needed:
+            parts = sorted({j for vs in versions.values() for j, u in vs.items() if u == v})
+            with _swapped_params(params, snapshots[v]):
+                for j in parts:
+                    minibatch[(j, v)] = _loss_gradient(pl_module, _collate(loader, streams.batch(j, v, batch_size)))
+                for j in range(n):
+                    full[(j, v)] = self._mean_gradient(pl_module, loader, members[j])
+            objective[v] = torch.stack([full[(j, v)] for j in range(n)]).mean(dim=0)
+
+        present = {k: tuple(vs) for k, vs in versions.items()}
+        aggregate = info.aggregate.to(torch.float64).reshape(-1)
+        W_used = theory.copy_weights(scheme, record.admitted, present)
+        reconstructed = theory.weighted_copy_sum(W_used, versions, minibatch)
+        W_ref = theory.reference_copy_weights(scheme, present)
+        decomposition = theory.decompose_error(aggregate, W_ref, versions, minibatch, full, objective[t])
+        squares = decomposition.squared_norms()
+        grad_sq = float(objective[t].pow(2).sum())
+
+        out: dict[str, float] = {
+            "pgc/theory/total_sq": squares["total"],
+            "pgc/theory/subset_sq": squares["subset"],
+            "pgc/theory/sampling_sq": squares["sampling"],
+            "pgc/theory/staleness_sq": squares["staleness"],
+            "pgc/theory/decomp_residual": decomposition.residual,
+            "pgc/theory/recon_residual": float((reconstructed - aggregate).norm() / max(float(aggregate.norm()), 1e-300)),
+            "pgc/theory/grad_sq": grad_sq,
+            "pgc/theory/oldest_age": float(t - oldest),
+            "pgc/theory/gamma_hat": theory.gamma_hat(objective[t], objective[oldest]),
+            "pgc/theory/gamma_avg": squares["staleness"] / max(grad_sq, 1e-300),
+            "pgc/theory/exact": exact,
+            "pgc/theory/partial_caches": float(sum(len(vs) < len(scheme.partitions(k)) for k, vs in versions.items())),
+        }
+        for name, value in decomposition.cross_terms().items():
+            out["pgc/theory/cross_" + name.replace("*", "_")] = value
+        if oldest != t:
+            step = float((snapshots[t] - snapshots[oldest]).norm())
+            out["pgc/theory/L_full"] = float((objective[t] - objective[oldest]).norm()) / max(step, 1e-300)
+            out["pgc/theory/displacement_sq"] = step**2
+        in_use = {k: versions[k] for k in used}
+        xi = theory.xi_hat(in_use, minibatch, full, objective)
+        out["pgc/theory/xi_hat"] = xi["xi"]
+        out["pgc/theory/xi_within"] = xi["xi_within"]
+        for name, value in theory.copy_statistics(W_ref, versions, minibatch, full, objective).items():
+            out["pgc/theory/" + name] = value
+
+        # The received-subset estimator against the all-rank average, over the straggler pattern (Lemma 3).
+        codes = theory.codes_from_copies(scheme, versions, minibatch)
+        g_bar = theory.weighted_copy_sum(W_ref, versions, minibatch)
+        if self._patterns is None:
+            patterns = theory.received_patterns(scheme, self.theory_max_patterns, seed=0)
+            self._patterns = theory.pattern_rank_weights(scheme, patterns)
+        uniform = theory.subset_moments(codes, g_bar, *self._patterns)
+        out["pgc/theory/lemma3_mean_sq"] = uniform.mean_sq
+        out["pgc/theory/lemma3_ref_sq"] = uniform.reference_sq
+        out["pgc/theory/lemma3_gap_ratio"] = uniform.lemma3_gap / max(uniform.reference_sq, 1e-300)
+        out["pgc/theory/subset_mse_uniform"] = uniform.mse
+        out["pgc/theory/subset_bias_uniform"] = uniform.bias_sq
+        out["pgc/theory/subset_var_uniform"] = uniform.variance
+        coordinator = strategy.runtime.coordinator
+        recent = [coordinator.record(v) for v in range(max(t - self.theory_window + 1, 0), t + 1)]
+        recent = [r for r in recent if r is not None]
+        if recent:
+            rank_weights = np.zeros((len(recent), n))
+            for row, rec in enumerate(recent):
+                for k, w in rec.weights.items():
+                    rank_weights[row, k] = w
+            empirical = theory.subset_moments(codes, g_bar, np.full(len(recent), 1.0 / len(recent)), rank_weights)
+            out["pgc/theory/subset_mse_empirical"] = empirical.mse
+            out["pgc/theory/subset_bias_empirical"] = empirical.bias_sq
+            out["pgc/theory/subset_var_empirical"] = empirical.variance
+            out["pgc/theory/empirical_patterns"] = float(len(recent))
+        out["pgc/theory/cost_s"] = time.perf_counter() - started
+        return out
+
+    def _probe_members(self, streams: Any, j: int) -> np.ndarray:
+        members = np.asarray(streams.partitions[j])
+        cap = self.theory_probe_per_partition
+        if cap is None or cap >= len(members):
+            return members
+        return np.sort(np.random.default_rng([int(streams.seed), 7919, j]).choice(members, size=cap, replace=False))
+
+    def _mean_gradient(self, pl_module: LightningModule, loader: Any, members: np.ndarray) -> Tensor:
+        """Gradient of the mean training loss over ``members`` (chunked; assumes training_step returns a mean)."""
+        total: Optional[Tensor] = None
+        size = len(members)
+        for lo in range(0, size, self.theory_chunk):
+            chunk = members[lo : lo + self.theory_chunk].tolist()
+            g = _loss_gradient(pl_module, _collate(loader, chunk)) * (len(chunk) / size)
+            total = g if total is None else total + g
+        assert total is not None
+        return total
 
     def _log_histogram(self, trainer: Trainer, record: Any, version: int) -> None:
         try:
@@ -165,6 +351,199 @@ class PGCDiagnostics(Callback):
                 logger.experiment.log({"pgc/age_histogram": wandb.Histogram(ages), "trainer/global_step": version})
 
 
+class StalenessValve(Callback):
+    """Safety valve: lower the learning rate when the measured staleness term is a large part of ``|g_hat|^2``.
+
+    Every ``check_every_n_steps`` steps, at step ``t``, every rank computes the gradient of the training loss on a
+    fixed probe batch (the same ``probe_size`` training samples on every rank) at ``beta_t`` and at
+    ``beta_{t-a}``, ``a = scheme.max_staleness`` (``c - 1``: the oldest a gradient in a code can be), and
+
+        ``L_hat = |g(beta_t) - g(beta_{t-a})| / (|beta_t - beta_{t-a}| + eps)``,
+        ``ratio = L_hat^2 |beta_t - beta_{t-a}|^2 / mean |g_hat|^2``
+
+    where the mean runs over the gradients applied since the previous check (``param.grad`` when the optimizer
+    steps: under PGC the decoded aggregate, identical on every rank). When ``ratio > threshold`` it
+    multiplies every optimizer param group's ``lr`` by ``factor`` (down to ``min_scale`` times the original),
+    records the event and warns (rank 0) that ``c`` may be too large for this learning rate.
+
+    Replicas stay bit-identical without any collective: the inputs (parameters, aggregates, the probe batch and
+    ``scheme.max_staleness``) are identical on every rank and the computation is deterministic, so every rank takes
+    the same decision at the same step. That requires the same torch build and thread settings on every rank, as
+    Lightning's launchers give. Off unless added to the Trainer's callbacks.
+
+    Args:
+        threshold: act when ``ratio`` exceeds this.
+        factor: multiply ``lr`` by this on each action (``0 < factor < 1``).
+        check_every_n_steps: steps between checks (two probe gradients per check, on every rank).
+        min_scale: never scale ``lr`` below this fraction of its value when training started.
+        probe_size: samples in the probe batch (drawn once, seeded, from the training set).
+        probe_seed: seed of that draw.
+        action: ``"lr"`` lowers the learning rate; ``"warn"`` only warns and records.
+        recover_below: if set, raise ``lr`` back by ``1/factor`` (up to the original) when ``ratio`` falls below this.
+        staleness: the age ``a`` to measure over; default ``scheme.max_staleness`` (the valve is inert when 0).
+        eps: the ``eps`` in ``L_hat``.
+    """
+
+    def __init__(
+        self,
+        threshold: float = 0.5,
+        factor: float = 0.5,
+        check_every_n_steps: int = 10,
+        min_scale: float = 1.0 / 64,
+        probe_size: int = 256,
+        probe_seed: int = 0,
+        action: str = "lr",
+        recover_below: Optional[float] = None,
+        staleness: Optional[int] = None,
+        eps: float = 1e-12,
+    ) -> None:
+        if not threshold >= 0:
+            raise ValueError(f"threshold must be >= 0, got {threshold}")
+        if not 0.0 < factor < 1.0:
+            raise ValueError(f"factor must be in (0, 1), got {factor}")
+        if check_every_n_steps < 1:
+            raise ValueError(f"check_every_n_steps must be >= 1, got {check_every_n_steps}")
+        if not 0.0 < min_scale <= 1.0:
+            raise ValueError(f"min_scale must be in (0, 1], got {min_scale}")
+        if probe_size < 1:
+            raise ValueError(f"probe_size must be >= 1, got {probe_size}")
+        if action not in ("lr", "warn"):
+            raise ValueError(f"action must be 'lr' or 'warn', got {action!r}")
+        if recover_below is not None and not 0 <= recover_below < threshold:
+            raise ValueError(f"recover_below must be in [0, threshold), got {recover_below}")
+        if staleness is not None and staleness < 0:
+            raise ValueError(f"staleness must be >= 0 or None, got {staleness}")
+        self.threshold = float(threshold)
+        self.factor = float(factor)
+        self.check_every_n_steps = check_every_n_steps
+        self.min_scale = float(min_scale)
+        self.probe_size = probe_size
+        self.probe_seed = probe_seed
+        self.action = action
+        self.recover_below = recover_below
+        self.staleness = staleness
+        self.eps = eps
+        self.scale = 1.0  # current lr / lr at the start of training (checkpointed)
+        self.events: list[dict[str, float]] = []  # every lr change (checkpointed)
+        self.history: list[dict[str, float]] = []  # every check of this fit
+        self._age = 0
+        self._probe: Any = None
+        self._anchors: dict[int, tuple[Tensor, Tensor]] = {}
+        self._agg_sq: list[float] = []
+        self.rank = 0
+        self.final_lrs: list[float] = []  # every param group's lr at the end of fit
+
+    # ------------------------------------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        return {"scale": self.scale, "events": list(self.events)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.scale = float(state_dict.get("scale", 1.0))
+        self.events = list(state_dict.get("events", []))
+
+    # ------------------------------------------------------------------------------------------------ hooks
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.history = []
+        self._anchors = {}
+        self._agg_sq = []
+        self.rank = trainer.global_rank
+        scheme = getattr(trainer.strategy, "scheme", None)
+        self._age = int(self.staleness if self.staleness is not None else getattr(scheme, "max_staleness", 0) or 0)
+        if self._age == 0:
+            if self.rank == 0:
+                log.info("StalenessValve: no staleness to measure (max_staleness = 0); the valve is inert")
+            return
+        loader = trainer.train_dataloader
+        found = _partition_loader(trainer)
+        if found is not None:
+            loader = found[0]
+        dataset = getattr(loader, "dataset", None)
+        if dataset is None or not hasattr(dataset, "__len__"):
+            raise ValueError("StalenessValve needs a map-style training dataset to draw its probe batch from")
+        size = min(self.probe_size, len(dataset))
+        indices = np.random.default_rng(self.probe_seed).permutation(len(dataset))[:size].tolist()
+        self._probe = _collate(loader, indices)
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if self._age == 0 or self._probe is None:
+            return
+        t, a, every = trainer.global_step, self._age, self.check_every_n_steps
+        is_anchor = (t + a) % every == 0
+        is_check = t % every == 0 and (t - a) in self._anchors
+        if not (is_anchor or is_check):
+            return
+        params = _flat_params(pl_module)
+        gradient = _loss_gradient(pl_module, self._probe)
+        if is_check:
+            old_params, old_gradient = self._anchors.pop(t - a)
+            self._check(trainer, pl_module, t, params, gradient, old_params, old_gradient)
+        if is_anchor:
+            self._anchors[t] = (params, gradient)
+        for v in [v for v in self._anchors if v < t - a]:
+            del self._anchors[v]
+
+    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
+        """``|g_hat|^2`` of the gradient about to be applied: under PGC the decoded aggregate, the same on every rank."""
+        if self._age == 0:
+            return
+        total = 0.0
+        for p in pl_module.parameters():
+            if p.requires_grad and p.grad is not None:
+                total += float(p.grad.detach().to(torch.float64).pow(2).sum())
+        self._agg_sq.append(total)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.final_lrs = [float(g["lr"]) for opt in trainer.optimizers for g in opt.param_groups]
+
+    # ------------------------------------------------------------------------------------------- decision
+    def _check(self, trainer: Trainer, pl_module: LightningModule, t: int, params: Tensor, gradient: Tensor,
+               old_params: Tensor, old_gradient: Tensor) -> None:
+        if not self._agg_sq:
+            return
+        agg_sq = sum(self._agg_sq) / len(self._agg_sq)
+        self._agg_sq = []
+        step = float((params - old_params).norm())
+        l_hat = float((gradient - old_gradient).norm()) / (step + self.eps)
+        term = l_hat**2 * step**2
+        ratio = term / max(agg_sq, self.eps)
+        new_scale = self.scale
+        if self.action == "lr" and ratio > self.threshold:
+            new_scale = max(self.scale * self.factor, self.min_scale)
+        elif self.action == "lr" and self.recover_below is not None and ratio < self.recover_below:
+            new_scale = min(self.scale / self.factor, 1.0)
+        entry = {"step": float(t), "ratio": ratio, "staleness_term": term, "agg_sqnorm": agg_sq, "L_hat": l_hat,
+                 "displacement_sq": step**2, "lr_scale": new_scale}
+        self.history.append(entry)
+        changed = new_scale != self.scale
+        if changed:
+            change = new_scale / self.scale
+            for optimizer in trainer.optimizers:
+                for group in optimizer.param_groups:
+                    group["lr"] = group["lr"] * change
+            self.scale = new_scale
+            self.events.append(entry)
+        if ratio > self.threshold and self.rank == 0:
+            if self.action != "lr":
+                did = ""
+            elif changed:
+                did = f"learning rate scaled to {self.scale:g} x its initial value. "
+            else:
+                did = f"learning rate already at its floor ({self.scale:g} x its initial value). "
+            rank_zero_warn(
+                f"PGC staleness valve at step {t}: L_hat^2 * |beta_t - beta_(t-{self._age})|^2 = {term:.3g} is "
+                f"{ratio:.2f} x |g_hat|^2 (threshold {self.threshold:g}); {did}"
+                f"Gradients up to c-1 = {self._age} steps stale move this far: consider fewer tolerated "
+                f"stragglers (c = s+1 = {self._age + 1}) or a lower learning rate."
+            )
+        if self.rank == 0:
+            pl_module.log_dict(
+                {"pgc/valve/ratio": ratio, "pgc/valve/lr_scale": self.scale, "pgc/valve/L_hat": l_hat,
+                 "pgc/valve/staleness_term": term},
+                on_step=True, on_epoch=False, rank_zero_only=True, batch_size=1,
+            )
+
+
+# ================================================================================================== helpers
 def _is_coordinator(strategy: Any) -> bool:
     runtime = getattr(strategy, "runtime", None)
     return runtime is not None and runtime.is_coordinator
@@ -176,6 +555,66 @@ def _find_record(coordinator: Any, version: int) -> Any:
 
 def _flat_params(module: torch.nn.Module) -> Tensor:
     return torch.cat([p.detach().reshape(-1).double().cpu() for p in module.parameters() if p.requires_grad])
+
+
+def _loss_gradient(pl_module: LightningModule, batch: Any) -> Tensor:
+    """Flat float64 gradient of ``training_step(batch)``'s loss, leaving no trace (grads, buffers, RNG, logs)."""
+    params = [p for p in pl_module.parameters() if p.requires_grad]
+    buffers = [b.detach().clone() for b in pl_module.buffers()]
+    batch = apply_to_collection(batch, Tensor, lambda t: t.to(pl_module.device))
+    with torch.random.fork_rng(devices=[]), torch.enable_grad(), _muted(pl_module):
+        output = pl_module.training_step(batch, 0)
+        loss = output["loss"] if isinstance(output, Mapping) else output
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+    for b, saved in zip(pl_module.buffers(), buffers):
+        b.data.copy_(saved)
+    return torch.cat(
+        [(g if g is not None else torch.zeros_like(p)).detach().reshape(-1).double().cpu() for g, p in zip(grads, params)]
+    )
+
+
+@contextmanager
+def _swapped_params(params: Sequence[torch.nn.Parameter], flat: Tensor) -> Iterator[None]:
+    """Temporarily point every parameter's data at the values in ``flat`` (float64, from ``_flat_params``).
+
+    The original tensors are put back untouched, so the run's parameters (and the optimizer's references to them)
+    are bit-for-bit unchanged afterwards.
+    """
+    saved = [p.data for p in params]
+    offset = 0
+    try:
+        for p in params:
+            size = p.numel()
+            p.data = flat[offset : offset + size].view_as(p).to(device=p.device, dtype=p.dtype).clone()
+            offset += size
+        yield
+    finally:
+        for p, data in zip(params, saved):
+            p.data = data
+
+
+def _partition_loader(trainer: Trainer) -> Optional[tuple[Any, Any]]:
+    """``(DataLoader, PartitionBatchSampler)`` of the running fit, or ``None`` when the strategy is not PGC's."""
+    from lightning_pgc.data import PartitionBatchSampler
+
+    combined = getattr(trainer.fit_loop, "_combined_loader", None)
+    loaders = list(combined.flattened) if combined is not None else []
+    if not loaders and trainer.train_dataloader is not None:
+        loaders = [trainer.train_dataloader]
+    for loader in loaders:
+        sampler = getattr(loader, "batch_sampler", None)
+        if isinstance(sampler, PartitionBatchSampler):
+            return loader, sampler
+    return None
+
+
+def _collate(loader: Any, indices: Sequence[int]) -> Any:
+    """The batch ``loader`` would yield for these dataset indices."""
+    dataset = loader.dataset
+    collate = getattr(loader, "collate_fn", None)
+    if collate is None:
+        from torch.utils.data import default_collate as collate
+    return collate([dataset[int(i)] for i in indices])
 
 
 @contextmanager
