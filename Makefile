@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 export WANDB_MODE ?= offline
 export WANDB_SILENT ?= true
 
-.PHONY: demo test bench clean venv
+.PHONY: demo test bench bench-grid clean venv
 
 venv: $(STAMP)
 
@@ -27,6 +27,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/step_time.py
+
+bench-grid: $(STAMP)
+	$(PY) benchmarks/grid.py
 
 clean:
 	rm -rf $(VENV) outputs lightning_logs wandb
