@@ -105,16 +105,24 @@ class PGCDiagnostics(Callback):
         if self._probe is None:
             self._probe = apply_to_collection(batch, Tensor, lambda t: t.detach().clone())
         version = trainer.global_step
-        params = _flat_params(pl_module)
         c = getattr(strategy.scheme, "c", 1)
-        self._snapshots.append((version, params))
-        while len(self._snapshots) > max(c, 1) + 16:  # enough to reach the oldest version in use
+        params = _flat_params(pl_module) if self._snapshot_needed(version, c) else None
+        if params is not None:
+            self._snapshots.append((version, params))
+        while self._snapshots and self._snapshots[0][0] < version - max(c, 1) - 16:  # older than any use
             self._snapshots.popleft()
         if version % self.every_n_steps == 0:
             gradient = self._probe_gradient(pl_module)
             self._pending_probe = (version, params, gradient)
         else:
             self._pending_probe = None
+
+    def _snapshot_needed(self, version: int, c: int) -> bool:
+        """Copy the parameters only at versions a coming measurement can look back to (not every step)."""
+        windows = [(self.every_n_steps, max(c, 1))]  # probe: back to the oldest version in use, < c
+        if self.theory_every_n_steps is not None:
+            windows.append((self.theory_every_n_steps, max(c, 1) + 17))  # theory: every cached copy's version
+        return any((version + j) % every == 0 for every, window in windows for j in range(window))
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
