@@ -85,7 +85,7 @@ DEFAULTS: dict[str, Any] = {
 
 
 def parameter_checksum(module: torch.nn.Module) -> str:
-    """SHA-256 of every parameter's bytes: equal only for bit-identical replicas."""
+    """SHA-256 of the state dict (parameters and buffers): equal only for bit-identical replicas."""
     h = hashlib.sha256()
     for name, p in sorted(module.state_dict().items()):
         h.update(name.encode())
