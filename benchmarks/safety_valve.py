@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.theory_job import run_theory_job  # noqa: E402
+from tests.jobs import run_job  # noqa: E402  (the launcher the tests use)
 
 VALVE = {"threshold": 1.0, "factor": 0.5, "check_every_n_steps": 5, "min_scale": 1 / 64}
 
@@ -41,9 +41,9 @@ def configs(valve: dict) -> dict[str, dict]:
 
 def run_one(out: Path, cfg: dict, args: argparse.Namespace, seed: int) -> dict:
     started = time.time()
-    job = run_theory_job(out, devices=4, max_steps=args.steps, batch_size=16, lr=args.lr, seed=seed,
-                         delay=args.delay, check_val_every_n_epoch=10_000, final_validation=True,
-                         diagnostics={"every_n_steps": 10}, **cfg)
+    job = run_job(out.parent, out.name, timeout=900, devices=4, max_steps=args.steps, batch_size=16, lr=args.lr,
+                  seed=seed, delay=args.delay, check_val_every_n_epoch=10_000, final_validation=True,
+                  diagnostics={"every_n_steps": 10}, **cfg)
     metrics = job["summary"]["metrics"]
     losses = [loss for _, _, loss in job["curve"]]
     valve = job["valves"][0] if job["valves"] else None

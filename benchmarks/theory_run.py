@@ -3,7 +3,7 @@
     python benchmarks/theory_run.py [--steps 300] [--every 10] [--out outputs/theory_run]
 
 Runs the digits recipe on 4 real CPU processes (``lightning_pgc.job`` with
-``PGCDiagnostics(theory_every_n_steps=...)``, launched through ``benchmarks/theory_job.py``) for ``pgc_cr`` with
+``PGCDiagnostics(theory_every_n_steps=...)``, launched through ``python -m lightning_pgc.job``) for ``pgc_cr`` with
 ``s = 1`` and ``s = 3`` and for ``pgc_fr`` with ``s = 1``, under small log-normal delays; every ``--every`` steps rank 0
 recomputes every copy in every rank's cache and logs ``pgc/theory/...``. Also evaluates the quadratic mechanism
 checks (delayed-gradient stability boundary, staleness error against the delay). Writes
@@ -25,7 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.theory_job import run_theory_job  # noqa: E402
+from tests.jobs import run_job  # noqa: E402  (the launcher the tests use)
 from lightning_pgc import theory as th  # noqa: E402
 
 RUNS = {
@@ -200,8 +200,8 @@ def main() -> None:
     results = {}
     for name, cfg in RUNS.items():
         started = time.time()
-        job = run_theory_job(
-            out / name.split(" (")[0].replace(" ", "_").replace("=", ""), devices=4, max_steps=args.steps,
+        job = run_job(
+            out, name.split(" (")[0].replace(" ", "_").replace("=", ""), timeout=900, devices=4, max_steps=args.steps,
             batch_size=16, lr=args.lr, delay=args.delay, check_val_every_n_epoch=10_000, final_validation=True,
             diagnostics={"every_n_steps": args.every, "theory_every_n_steps": args.every}, **cfg,
         )

@@ -7,6 +7,7 @@ strategy name, ``ddp`` included) and straggler model, and writes into ``spec["ou
   injected sleep;
 - ``curve.csv`` from rank 0: wall-clock seconds since the first step, step, training loss on the mean scale
   of all ranks (the decoded aggregate under PGC, the all-rank mean under other strategies);
+- ``valve_rank{k}.json`` from every rank when the spec has a ``valve``: its checks, lr changes, final lrs;
 - ``summary.json`` from rank 0: the spec, final validation metrics, fit wall time and the diagnostics history.
 
 Optional spec keys (all off by default), used by ``benchmarks/grid.py``:
@@ -498,6 +499,11 @@ def run(spec: dict[str, Any]) -> None:
     if meter is not None:
         result["measure"] = meter.result(flops)
     (out / f"rank{rank}.json").write_text(json.dumps(result))
+    valve = next((cb for cb in trainer.callbacks if isinstance(cb, StalenessValve)), None)
+    if valve is not None:  # every rank: what its valve saw and did (all ranks must have decided alike)
+        record = {"rank": rank, "scale": valve.scale, "events": valve.events, "checks": valve.history,
+                  "final_lrs": valve.final_lrs}
+        (out / f"valve_rank{rank}.json").write_text(json.dumps(record))
     if rank == 0:
         diagnostics = next((cb for cb in trainer.callbacks if isinstance(cb, PGCDiagnostics)), None)
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_job(tmp_path: Path, name: str, timeout: float = 240, **spec: Any) -> dict[str, Any]:
-    """Run one job; return {"ranks": [rank0.json, ...], "summary": ..., "curve": [(wall, step, loss)]}."""
+    """Run one job; return {"ranks": [rank0.json, ...], "valves": [...], "summary": ..., "curve": [(wall, step, loss)]}."""
     out = tmp_path / name
     out.mkdir(parents=True, exist_ok=True)
     spec = {"out": str(out), **spec}
@@ -29,9 +29,11 @@ def run_job(tmp_path: Path, name: str, timeout: float = 240, **spec: Any) -> dic
         raise AssertionError(f"job {name} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
     devices = spec.get("devices", 4)
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(devices)]
+    valves = ([json.loads((out / f"valve_rank{r}.json").read_text()) for r in range(devices)]
+              if spec.get("valve") is not None else [])
     summary = json.loads((out / "summary.json").read_text())
     curve = []
     for line in (out / "curve.csv").read_text().splitlines()[1:]:
-        wall, step, loss = line.split(",")
+        wall, step, loss = line.split(",")[:3]
         curve.append((float(wall), int(step), float(loss)))
-    return {"ranks": ranks, "summary": summary, "curve": curve, "out": out, "stderr": proc.stderr}
+    return {"ranks": ranks, "valves": valves, "summary": summary, "curve": curve, "out": out, "stderr": proc.stderr}

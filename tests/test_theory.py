@@ -473,10 +473,10 @@ def test_valve_arguments_are_checked():
 # ============================================================================== one real 4-process job (< 60 s)
 def test_in_run_theory_estimates_and_valve_on_a_real_4_process_job(tmp_path):
     sys.path.insert(0, str(ROOT))
-    from benchmarks.theory_job import run_theory_job
+    from tests.jobs import run_job
 
-    job = run_theory_job(
-        tmp_path / "theory", timeout=240, strategy="pgc", devices=4, max_steps=20, batch_size=16, lr=0.05,
+    job = run_job(
+        tmp_path, "theory", timeout=240, strategy="pgc", devices=4, max_steps=20, batch_size=16, lr=0.05,
         delay="lognormal(median=0.003, sigma=1.0)", check_val_every_n_epoch=100,
         diagnostics={"every_n_steps": 5, "theory_every_n_steps": 5},
         valve={"threshold": 0.0, "factor": 0.5, "check_every_n_steps": 5, "min_scale": 0.25},
