@@ -137,7 +137,11 @@ def test_tiny_job_logs_one_offline_wandb_run(tmp_path):
         assert len(m["evals_per_step"]) == 6 and m["evals_per_step"][0] in (0, 2)
         assert set(m["evals_per_step"][1:]) <= {0, 1}
         assert m["flops_fwd_bwd_per_sample"] > m["flops_forward_per_sample"] > 0
-        assert 0 < m["busy_s"] <= m["wall_s"] * 1.05 and m["busy_s"] >= m["injected_sleep_s"]
+        # a rank that evaluated nothing (with n=2, s=1 the other rank can close every version alone, e.g. while
+        # W&B starts up on rank 0) was never busy; one that evaluated was busy for part of its wall time
+        assert (m["busy_s"] > 0) == (sum(m["evals_per_step"]) > 0)
+        assert 0 <= m["busy_s"] <= m["wall_s"] * 1.05 and m["busy_s"] >= m["injected_sleep_s"]
+    assert sum(r["measure"]["busy_s"] for r in job["ranks"]) > 0
     per_step = [sum(col) for col in zip(*(r["measure"]["evals_per_step"] for r in job["ranks"]))]
     assert all(e >= 1 for e in per_step)  # some rank computed every version
     assert "curve_offset_s" in job["summary"] and len(job["summary"]["val_curve"]) == 3
