@@ -1,12 +1,12 @@
-"""PGCDiagnostics: what the coordinator saw each step, logged through the Trainer's logger (W&B included).
+"""PGCDiagnostics: what the leader (rank 0) saw each step, logged through the Trainer's logger (W&B included).
 
-Every step (on the coordinator's rank, where the records are): the decoded training loss, admitted ranks,
-per-rank arrival times, coordinator wait, step wall time, gradient ages, coefficient range and the squared
+Every step (on the leader's rank, where the records are): the decoded training loss, admitted ranks,
+per-rank arrival times, leader wait (``pgc/coordinator_wait_s``), step wall time, gradient ages, coefficient range and the squared
 norm of the aggregate. Every ``every_n_steps`` steps, on a fixed probe batch: the parameter displacement to
 the oldest version in use and the local smoothness estimate ``L_hat = |g(b_t) - g(b_u)| / (|b_t - b_u| + eps)``,
 so the staleness term ``L_hat^2 * displacement`` can be compared with ``|g_hat|^2``.
 
-Optionally (``theory_every_n_steps``, off by default) the coordinator's rank also measures what the convergence
+Optionally (``theory_every_n_steps``, off by default) the leader's rank also measures what the convergence
 theory of the paper only assumes (``docs/theory.md``): the staleness bias ``gamma_hat``, the noise ratio ``xi_hat``,
 the extra error of the received-subset estimator over the straggler pattern, the exact decomposition of the
 aggregate's error into subset-selection, sampling and staleness terms, and how correlated the copies of one
@@ -49,7 +49,7 @@ class PGCDiagnostics(Callback):
             state) plus about ``n c`` mini-batch gradients.
         theory_probe_per_partition: samples of each partition used for ``grad F_j`` (a fixed, seeded subset, the
             same at every measurement); ``None`` uses the whole partition (exact, fine for small data sets).
-        theory_window: how many recent coordinator records form the empirical straggler pattern.
+        theory_window: how many recent leader records form the empirical straggler pattern.
         theory_max_patterns: received sets enumerated exactly up to this many, sampled beyond.
         theory_chunk: samples per forward pass when computing ``grad F_j``.
     """
@@ -141,13 +141,14 @@ class PGCDiagnostics(Callback):
         aggregate_sq = float(info.aggregate.to(torch.float64).pow(2).sum())
         metrics["pgc/agg_sqnorm"] = aggregate_sq
 
-        coordinator = strategy.runtime.coordinator if strategy.runtime is not None else None
-        record = _find_record(coordinator, info.version)
+        runtime = strategy.runtime
+        record = runtime.record(info.version) if runtime is not None else None
         max_age = 0
         if record is not None:
             metrics.update(self._record_metrics(strategy, record))
             max_age = int(metrics.get("pgc/max_age", 0))
-            metrics["pgc/late_codes"] = float(coordinator.late_codes)
+            metrics["pgc/late_codes"] = float(runtime.leader.late_codes)
+            metrics.update(_rank_metrics(strategy.rank_stats(), runtime.leader.closed))
 
         pending = getattr(self, "_pending_probe", None)
         if pending is not None:
@@ -312,8 +313,8 @@ class PGCDiagnostics(Callback):
         out["pgc/theory/subset_mse_uniform"] = uniform.mse
         out["pgc/theory/subset_bias_uniform"] = uniform.bias_sq
         out["pgc/theory/subset_var_uniform"] = uniform.variance
-        coordinator = strategy.runtime.coordinator
-        recent = [coordinator.record(v) for v in range(max(t - self.theory_window + 1, 0), t + 1)]
+        runtime = strategy.runtime
+        recent = [runtime.record(v) for v in range(max(t - self.theory_window + 1, 0), t + 1)]
         recent = [r for r in recent if r is not None]
         if recent:
             rank_weights = np.zeros((len(recent), n))
@@ -553,12 +554,21 @@ class StalenessValve(Callback):
 
 # ================================================================================================== helpers
 def _is_coordinator(strategy: Any) -> bool:
+    """Whether this rank runs the leader (rank 0), where the per-version records are."""
     runtime = getattr(strategy, "runtime", None)
-    return runtime is not None and runtime.is_coordinator
+    return runtime is not None and runtime.is_leader
 
 
-def _find_record(coordinator: Any, version: int) -> Any:
-    return None if coordinator is None else coordinator.record(version)
+def _rank_metrics(stats: list[dict[str, float]], closed: int) -> dict[str, float]:
+    """``pgc/rank{k}/admitted_rate``, ``late``, ``skipped`` and ``mean_lag_s`` from :meth:`PGCStrategy.rank_stats`."""
+    out: dict[str, float] = {}
+    for row in stats:
+        k = int(row["rank"])
+        out[f"pgc/rank{k}/admitted_rate"] = row["admitted"] / max(closed, 1)
+        out[f"pgc/rank{k}/late"] = float(row["late"])
+        out[f"pgc/rank{k}/skipped"] = float(row["skipped"])
+        out[f"pgc/rank{k}/mean_lag_s"] = float(row["mean_lag_s"])
+    return out
 
 
 def _flat_params(module: torch.nn.Module) -> Tensor:

@@ -5,9 +5,9 @@ Per optimizer step ``t`` (= the model version, Invariant 1) every rank:
 
 1. skips forward/backward if the aggregate of ``t`` is already published (it fell behind: Invariant 3);
 2. otherwise runs the training step on the partitions ``scheme.evaluations(rank, t)`` (one mini-batch chunk
-   per partition), stores each partition gradient in its stale cache, encodes the valid entries and sends
-   the code to the coordinator;
-3. writes the published aggregate into ``param.grad`` and lets its own optimizer step, so every replica
+   per partition), copies each partition gradient into its preallocated cache slot, encodes the valid entries
+   straight into a ready-to-send message and hands it to the runtime, which sends shard ``j`` to its owner;
+3. points ``param.grad`` at the published aggregate and lets its own optimizer step, so every replica
    applies the identical sequence of aggregates (Invariant 2).
 """
 
@@ -21,20 +21,25 @@ from typing import Any, Callable, Literal, Mapping, Optional, Union
 
 import torch
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
-from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
-from lightning.pytorch.loops.optimization.automatic import ClosureResult
-from lightning.pytorch.overrides.distributed import _sync_module_states
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from torch import Tensor
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
+from typing_extensions import override
 
 import lightning.pytorch as pl
-from lightning_pgc.codes import SCHEMES, StaleCache, make_scheme
+from lightning_pgc._lightning import (
+    closure_loss,
+    default_pg_timeout,
+    replace_sigterm_broadcast,
+    set_closure_loss,
+    sync_module_states,
+)
+from lightning_pgc.codes import SCHEMES, Scheme, StaleCache, make_scheme
 from lightning_pgc.data import PartitionBatchSampler, split_batch
-from lightning_pgc.runtime import GlooTransport, PGCRuntime
+from lightning_pgc.runtime import GlooTransport, PGCRuntime, ShardLayout, choose_num_shards
 from lightning_pgc.runtime.transport import payload_dtype_for
 
 log = logging.getLogger(__name__)
@@ -71,10 +76,15 @@ class PGCStrategy(DDPStrategy):
         stragglers: ``s``, how many of the slowest ranks each step may ignore (``c = s + 1`` copies per partition).
         warmup: ``"full"`` evaluates every held partition at the first step (the paper), ``"gradual"`` fills
             the cache over the first ``c`` steps at no extra cost.
-        timeout: liveness bound in seconds: the coordinator fails, naming the missing ranks, when it cannot
+        timeout: liveness bound in seconds: the leader (rank 0) fails, naming the missing ranks, when it cannot
             close a version this long after the first code arrived; a rank fails when no aggregate comes.
-        max_lag: how many versions a live rank may fall behind before the coordinator waits for it; bounds the
-            aggregates a slow rank buffers. Default: as many as fit in 512 MiB, between ``c`` and 1024.
+        max_lag: how many versions a live rank may fall behind before the leader waits for it; bounds the
+            aggregates a slow rank buffers. Default: as many as fit in 512 MiB, between ``c + 1`` and 1024. Lower it
+            if a slow rank's memory grows (``buffer_stats['mailbox_high_water']``); raise it if fast ranks wait.
+        shard_bytes: target bytes per shard of the data plane. Payloads up to this size go through one owner
+            (rank 0: fewest messages, best for small models); larger ones are split over up to ``n`` owners, so
+            each rank moves about a ring all-reduce's bytes. Lower it if rank 0's ``bytes_sent`` dominates;
+            raise it if a small model's pgc step is slower than ddp's.
         seed: seed of the partition split and of each partition's mini-batch stream.
         diagnostics: attach :class:`~lightning_pgc.PGCDiagnostics` unless one is already there.
         diagnostics_every: steps between the probe-batch diagnostics (displacement, ``L_hat``).
@@ -92,6 +102,7 @@ class PGCStrategy(DDPStrategy):
         warmup: Literal["full", "gradual"] = "full",
         timeout: float = 300.0,
         max_lag: Optional[int] = None,
+        shard_bytes: int = 256 * 1024,
         seed: int = 0,
         diagnostics: bool = True,
         diagnostics_every: int = 25,
@@ -115,6 +126,8 @@ class PGCStrategy(DDPStrategy):
             raise ValueError(f"timeout must be positive seconds, got {timeout}")
         if max_lag is not None and max_lag < 1:
             raise ValueError(f"max_lag must be >= 1 or None, got {max_lag}")
+        if shard_bytes < 1:
+            raise ValueError(f"shard_bytes must be >= 1, got {shard_bytes}")
         if diagnostics_every < 1:
             raise ValueError(f"diagnostics_every must be >= 1, got {diagnostics_every}")
         super().__init__(
@@ -132,26 +145,32 @@ class PGCStrategy(DDPStrategy):
         self.warmup = warmup
         self.liveness_timeout = float(timeout)
         self.max_lag = max_lag
+        self.shard_bytes = int(shard_bytes)
         self.seed = seed
         self.diagnostics = diagnostics
         self.diagnostics_every = diagnostics_every
         self.max_condition = max_condition
-        self.scheme: Any = None
+        self.scheme: Optional[Scheme] = None
         self.runtime: Optional[PGCRuntime] = None
         self.cache: Optional[StaleCache] = None
         self.last_step: Optional[StepInfo] = None
         self.skipped_steps = 0
         self.buffer_stats: dict[str, int] = {}
+        self._rank_stats: list[dict[str, float]] = []
         self._params: list[torch.nn.Parameter] = []
         self._buffers: list[Tensor] = []
+        self._grad_numel = 0
         self._payload_dtype = torch.float32
+        self._layout: Optional[ShardLayout] = None
+        self._slots: dict[int, Tensor] = {}  # partition -> preallocated flat gradient (the stale cache's storage)
+        self._held: Optional[Tensor] = None  # the aggregate param.grad currently views
         self._warm_start: Optional[int] = None
         self._version = 0
         self._evaluations: tuple[int, ...] = ()
-        self._fresh: dict[int, Tensor] = {}
+        self._fresh: set[int] = set()
 
     # ------------------------------------------------------------------------------------------ configuration
-    def _make_scheme(self, world_size: int) -> Any:
+    def _make_scheme(self, world_size: int) -> Scheme:
         return make_scheme(
             self.scheme_name,
             world_size,
@@ -161,12 +180,15 @@ class PGCStrategy(DDPStrategy):
             max_condition=self.max_condition,
         )
 
+    @override
     def _configure_launcher(self) -> None:
-        # Validate (n, s) in the launching process, before any rank starts.
+        # A private DDPStrategy hook (Lightning 2.6.6): validate (n, s) in the launching process, before any rank
+        # starts, so a bad configuration fails once instead of in every rank.
         if self.parallel_devices is not None:
             self._make_scheme(self.num_nodes * len(self.parallel_devices))
         super()._configure_launcher()
 
+    @override
     def setup_environment(self) -> None:
         super().setup_environment()
         self.scheme = self._make_scheme(self.world_size)
@@ -177,13 +199,14 @@ class PGCStrategy(DDPStrategy):
             self._warm_start = self.lightning_module.trainer.global_step
         return self._warm_start
 
+    @override
     def setup(self, trainer: "pl.Trainer") -> None:
         self._warm_start = None
         if trainer.state.fn == TrainerFn.FITTING:
             self._check_supported(trainer)
         super().setup(trainer)
         if trainer.state.fn == TrainerFn.FITTING:
-            _drop_per_step_sigterm_broadcast(trainer)
+            replace_sigterm_broadcast(trainer, _local_sigterm_check(trainer))
         if trainer.state.fn == TrainerFn.FITTING and self.diagnostics:
             from lightning_pgc.callbacks import PGCDiagnostics
 
@@ -205,12 +228,14 @@ class PGCStrategy(DDPStrategy):
                 "stale gradients); use '32-true' or 'bf16-mixed'"
             )
 
+    @override
     def configure_ddp(self) -> None:
         # No DistributedDataParallel wrapper (it would all-reduce every backward); just start from rank 0's weights.
         assert self.model is not None
-        _sync_module_states(self.model)
+        sync_module_states(self.model)
 
     # ------------------------------------------------------------------------------------------------- data
+    @override
     def process_dataloader(self, dataloader: object) -> object:
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         if trainer is None or trainer.state.stage != RunningStage.TRAINING or not isinstance(dataloader, DataLoader):
@@ -247,6 +272,7 @@ class PGCStrategy(DDPStrategy):
         )
 
     # ---------------------------------------------------------------------------------------------- runtime
+    @override
     def on_train_start(self) -> None:
         super().on_train_start()
         trainer = self.lightning_module.trainer
@@ -254,32 +280,45 @@ class PGCStrategy(DDPStrategy):
         # Buffers (BatchNorm statistics) travel as a plain tail, averaged over the received ranks, so that the
         # replicas stay identical buffers included (DDP broadcasts rank 0's buffers instead).
         self._buffers = [b for b in self.lightning_module.buffers() if b.numel() > 0]
+        self._grad_numel = sum(p.numel() for p in self._params)
         buffer_numel = sum(b.numel() for b in self._buffers)
-        numel = sum(p.numel() for p in self._params) + 1 + buffer_numel  # gradient, loss slot, buffers
+        numel = self._grad_numel + 1 + buffer_numel  # gradient, loss slot, buffers
         dtype = self._payload_dtype = payload_dtype_for(self._params[0].dtype if self._params else torch.float32)
         scheme = self.scheme
+        assert scheme is not None
         self.cache = StaleCache(scheme.partitions(self.global_rank), max_age=scheme.cache_max_age)
         self._version = trainer.global_step
         if self._warm_start_step() != trainer.global_step:
             raise RuntimeError(f"PGC: training starts at step {trainer.global_step}, data was laid out for step "
                                f"{self._warm_start}")
-        message_bytes = numel * torch.empty((), dtype=dtype).element_size()
+        wire_bytes = numel * torch.empty((), dtype=scheme.payload_dtype).element_size()
+        self._layout = ShardLayout(numel, self._grad_numel + 1,
+                                   choose_num_shards(wire_bytes, self.world_size, self.shard_bytes))
+        message_bytes = self._layout.padded_numel * torch.empty((), dtype=dtype).element_size()
         max_lag = self.max_lag or int(min(1024, max(scheme.c + 1, (512 << 20) // message_bytes)))
+        self._slots = {}
+        self._held = None
         self.runtime = PGCRuntime(
             scheme,
             GlooTransport(),
             rank=self.global_rank,
             world_size=self.world_size,
-            payload_numel=numel,
+            layout=self._layout,
             down_dtype=dtype,
             start_version=trainer.global_step,
             timeout=self.liveness_timeout,
             max_lag=max_lag,
-            plain_numel=buffer_numel,
+            pin_memory=self._pinned(),
         )
         self.runtime.start()
         self.skipped_steps = 0
+        self._rank_stats = []
 
+    def _pinned(self) -> bool:
+        """Stage CUDA gradients through pinned host buffers (asynchronous copies; gloo moves host memory)."""
+        return self.root_device.type == "cuda"
+
+    @override
     def on_train_end(self) -> None:
         self._stop_runtime()
         super().on_train_end()
@@ -288,31 +327,49 @@ class PGCStrategy(DDPStrategy):
         if self.runtime is not None:
             self.runtime.stop()
             self.buffer_stats = self.runtime.buffer_stats()
+            self._rank_stats = self.runtime.rank_stats()
             if self.cache is not None:
                 self.buffer_stats["cache_bytes"] = self.cache.nbytes
             self.runtime = None
         self.cache = None
+        self._slots = {}
+        self._held = None
 
+    @override
     def teardown(self) -> None:
         self._stop_runtime()
         super().teardown()
 
+    def rank_stats(self) -> list[dict[str, float]]:
+        """Who straggles: one dict per rank with ``rank``, ``admitted`` (codes used), ``late`` (codes that arrived
+        after their version closed), ``skipped`` (versions applied without computing) and ``mean_lag_s`` (mean
+        seconds after each version's first code).
+
+        During fit the table is live on rank 0 (the leader) and empty elsewhere; after fit every rank has the
+        final table. Also logged as ``pgc/rank{k}/...`` by :class:`~lightning_pgc.PGCDiagnostics`.
+        """
+        if self.runtime is not None:
+            return self.runtime.rank_stats()
+        return list(self._rank_stats)
+
     # ------------------------------------------------------------------------------------------ the step
+    @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         """Run the user's training step once per evaluated partition; all but the last are back-propagated here."""
         evals = self._evaluations
         if len(evals) <= 1 or not args:
             return super().training_step(*args, **kwargs)
         chunks = split_batch(args[0], len(evals))
-        self._zero_grad()  # Lightning zeroes grads only after training_step: drop the previous aggregate now
+        self._zero_grad()  # Lightning zeroes grads only after training_step
         for partition, chunk in zip(evals[:-1], chunks[:-1]):
             output = super().training_step(chunk, *args[1:], **kwargs)
             loss = _loss_of(output)
             self.backward(loss, None)
-            self._fresh[partition] = self._flat_gradient(loss)
+            self._store_gradient(partition, loss)
             self._zero_grad()
         return super().training_step(chunks[-1], *args[1:], **kwargs)
 
+    @override
     def optimizer_step(
         self,
         optimizer: Optimizer,
@@ -322,6 +379,7 @@ class PGCStrategy(DDPStrategy):
     ) -> Any:
         if self.runtime is None:  # e.g. an optimizer step outside fit's training loop
             return super().optimizer_step(optimizer, closure, model, **kwargs)
+        assert self.scheme is not None
         version = self._version = self.lightning_module.trainer.global_step
         self._evaluations = self.scheme.evaluations(self.global_rank, version, start=self._warm_start_step())
 
@@ -331,54 +389,71 @@ class PGCStrategy(DDPStrategy):
         return super().optimizer_step(optimizer, pgc_closure, model, **kwargs)
 
     def _exchange(self, version: int, closure: Callable[[], Any]) -> Tensor:
-        runtime, cache = self.runtime, self.cache
-        assert runtime is not None and cache is not None
+        runtime, cache, scheme = self.runtime, self.cache, self.scheme
+        assert runtime is not None and cache is not None and scheme is not None
         skipped = runtime.published(version)
         waited = 0.0
         if not skipped:
-            self._fresh = {}
+            self._fresh = set()
+            self._zero_grad()  # param.grad may view the previous aggregate: never accumulate into it
             closure()
-            result = getattr(closure, "_result", None)
-            if result is not None and result.loss is None:
+            loss = closure_loss(closure)
+            if hasattr(closure, "_result") and loss is None:
                 raise RuntimeError("PGCStrategy needs a loss from every training_step; it returned None")
-            self._fresh[self._evaluations[-1]] = self._flat_gradient(result.loss if result is not None else None)
-            for partition, payload in self._fresh.items():
-                cache.put(partition, payload, version, copy=False)  # payload is a fresh tensor
-            self._fresh = {}
-            valid = cache.valid(version)
+            self._store_gradient(self._evaluations[-1], loss)
+            for partition in self._fresh:
+                cache.put(partition, self._slots[partition], version, copy=False)  # the slot itself, no copy
             ages = tuple(cache.ages(version).values())
-            code = self.scheme.encode(self.global_rank, valid)
+            code = runtime.new_code(version)
+            scheme.encode(self.global_rank, cache.valid(version), out=code.shards)
             if self._buffers:
-                code = torch.cat([code, self._flat_buffers(code.dtype)])
+                code.write(self._grad_numel + 1, self._flat_buffers(code.shards.dtype))
             start = time.monotonic()
             runtime.submit(version, code, ages)
             aggregate = runtime.wait(version)
             waited = time.monotonic() - start
         else:
             self.skipped_steps += 1
+            runtime.skipped = self.skipped_steps
             aggregate = runtime.wait(version)
-        n_grad = aggregate.numel() - 1 - sum(b.numel() for b in self._buffers)
-        gradient, loss, buffers = aggregate[:n_grad], aggregate[n_grad], aggregate[n_grad + 1 :]
+        n_grad = self._grad_numel
+        gradient, loss_value, buffers = aggregate[:n_grad], aggregate[n_grad], aggregate[n_grad + 1 :]
         self._apply(gradient)
+        if self._held is not None:
+            runtime.release(self._held)  # nothing views the previous aggregate any more
+        self._held = aggregate
         self._load_buffers(buffers)
-        loss_t = loss.to(torch.float32).clone()
-        if hasattr(closure, "_result"):
-            if skipped:
-                closure._result = ClosureResult(None)
-            closure._result.loss = loss_t
+        loss_t = loss_value.to(torch.float32).clone()
+        set_closure_loss(closure, loss_t, skipped)
         self.last_step = StepInfo(version, float(loss_t), skipped, () if skipped else self._evaluations, waited,
                                   gradient)
         return loss_t
 
-    def _flat_gradient(self, loss: Optional[Tensor]) -> Tensor:
-        """This rank's current ``param.grad`` as one flat vector, with the loss value appended."""
-        dtype = self._payload_dtype
-        parts = [
-            (p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).to("cpu", dtype)
-            for p in self._params
-        ]
-        value = torch.zeros(1, dtype=dtype) if loss is None else loss.detach().reshape(1).to("cpu", dtype)
-        return torch.cat(parts + [value])
+    def _slot(self, partition: int) -> Tensor:
+        """The preallocated flat gradient of ``partition`` (one per held partition: the stale cache's storage)."""
+        slot = self._slots.get(partition)
+        if slot is None:
+            assert self._layout is not None
+            slot = torch.zeros(self._layout.padded_numel, dtype=self._payload_dtype, pin_memory=self._pinned())
+            self._slots[partition] = slot
+        return slot
+
+    def _store_gradient(self, partition: int, loss: Optional[Tensor]) -> None:
+        """Copy this rank's ``param.grad`` and the loss into the slot of ``partition`` (the one full-size copy)."""
+        slot = self._slot(partition)
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
+        target = slot[: self._grad_numel]
+        if grads and all(g.device.type == "cpu" and g.dtype == slot.dtype for g in grads):
+            torch.cat([g.reshape(-1) for g in grads], out=target)
+        else:
+            offset = 0
+            for g in grads:
+                target[offset : offset + g.numel()].copy_(g.detach().reshape(-1), non_blocking=True)
+                offset += g.numel()
+            if any(g.device.type == "cuda" for g in grads):
+                torch.cuda.current_stream().synchronize()  # the pinned slot is read by another thread next
+        slot[self._grad_numel] = 0.0 if loss is None else float(loss.detach())
+        self._fresh.add(partition)
 
     def _flat_buffers(self, dtype: torch.dtype) -> Tensor:
         return torch.cat([b.detach().reshape(-1).to("cpu", dtype) for b in self._buffers])
@@ -397,11 +472,12 @@ class PGCStrategy(DDPStrategy):
             p.grad = None
 
     def _apply(self, gradient: Tensor) -> None:
-        """Write the aggregate into ``param.grad`` (what clipping, callbacks and the optimizer then see)."""
+        """Point ``param.grad`` at the aggregate (views on CPU; asynchronous copies from pinned memory on CUDA):
+        what clipping, callbacks and the optimizer then see."""
         offset = 0
         for p in self._params:
             n = p.numel()
-            p.grad = gradient[offset : offset + n].view_as(p).to(device=p.device, dtype=p.dtype)
+            p.grad = gradient[offset : offset + n].view_as(p).to(device=p.device, dtype=p.dtype, non_blocking=True)
             offset += n
 
     # ------------------------------------------------------------------------------------------ registry
@@ -416,19 +492,17 @@ class PGCStrategy(DDPStrategy):
             strategy_registry.register(name, cls, description=description, **kwargs)
 
 
-def _drop_per_step_sigterm_broadcast(trainer: "pl.Trainer") -> None:
-    """Lightning 2.6 broadcasts a SIGTERM flag from rank 0 on the default group before *every* training batch;
-    that collective makes each rank wait for the slowest one and would defeat straggler tolerance. Under PGC a
-    SIGTERM is handled on the rank that received it (the others then stop on the runtime's timeout)."""
+def _local_sigterm_check(trainer: "pl.Trainer") -> Callable[[], None]:
+    """Lightning broadcasts a SIGTERM flag from rank 0 before *every* training batch; that collective makes each
+    rank wait for the slowest one and would defeat straggler tolerance. Under PGC a SIGTERM is handled on the
+    rank that received it (the others then stop on the runtime's timeout)."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-    epoch_loop = trainer.fit_loop.epoch_loop
-
-    def local_sigterm_check() -> None:
+    def check() -> None:
         if getattr(trainer, "received_sigterm", False):
             raise SIGTERMException()
 
-    epoch_loop._broadcast_sigterm_tensor = local_sigterm_check  # type: ignore[method-assign]
+    return check
 
 
 def _loss_of(output: Any) -> Tensor:

@@ -166,24 +166,39 @@ class Scheme(ABC):
                 f"missing {missing}"
             )
 
-    def _weighted_sum(self, grads: Mapping[int, Tensor], coeffs: Mapping[int, float]) -> Tensor:
-        """``sum_j coeffs[j] * grads[j]`` accumulated in ``payload_dtype`` (held order, deterministic)."""
+    def _weighted_sum(
+        self, grads: Mapping[int, Tensor], coeffs: Mapping[int, float], out: Tensor | None = None
+    ) -> Tensor:
+        """``sum_j coeffs[j] * grads[j]`` accumulated in ``payload_dtype`` (held order, deterministic).
+
+        ``out`` (any shape with the gradients' numel, e.g. the rows of a ready-to-send message) receives the
+        result in place instead of a new tensor.
+        """
         first = grads[next(iter(coeffs))]
-        out = torch.zeros(first.numel(), dtype=self.payload_dtype, device=first.device)
+        if out is None:
+            out = torch.zeros(first.numel(), dtype=self.payload_dtype, device=first.device)
+        else:
+            if out.numel() != first.numel() or out.dtype != self.payload_dtype:
+                raise ValueError(f"{self.name}: out must hold {first.numel()} {self.payload_dtype} elements, "
+                                 f"got {out.numel()} {out.dtype}")
+            out.zero_()
         for j, a in coeffs.items():
-            out.add_(grads[j].to(self.payload_dtype), alpha=a)
+            out.add_(grads[j].to(self.payload_dtype).view(out.shape), alpha=a)
         return out
 
     @abstractmethod
     def _copy_weights(self, worker: int) -> dict[int, float]:
         """Coefficient of each held partition in ``worker``'s code, assuming a full cache."""
 
-    def encode(self, worker: int, grads: Mapping[int, Tensor]) -> Tensor:
-        """Rank ``worker``'s code from ``grads`` (partition -> newest 1-D gradient); dtype ``payload_dtype``."""
+    def encode(self, worker: int, grads: Mapping[int, Tensor], out: Tensor | None = None) -> Tensor:
+        """Rank ``worker``'s code from ``grads`` (partition -> newest 1-D gradient); dtype ``payload_dtype``.
+
+        With ``out`` the code is written there (no new tensor); see :meth:`_weighted_sum`.
+        """
         self.placement.check_worker(worker)
         present = self._check_grads(worker, grads)
         self._require_all(worker, present)
-        return self._weighted_sum(grads, self._copy_weights(worker))
+        return self._weighted_sum(grads, self._copy_weights(worker), out)
 
     # -------------------------------------------------------------- decoding
     def _check_received(self, received: Iterable[int]) -> list[int]:
@@ -216,17 +231,24 @@ class Scheme(ABC):
             raise self._not_admitted(ranks)
         return self._weights(ranks)
 
-    def decode(self, coded: Mapping[int, Tensor]) -> Tensor:
-        """Aggregate ``sum_k w_k coded[k]`` in float64 (mapping order = arrival order)."""
+    def decode(self, coded: Mapping[int, Tensor], out: Tensor | None = None) -> Tensor:
+        """Aggregate ``sum_k w_k coded[k]`` (mapping order = arrival order).
+
+        Weights are computed in float64. Without ``out`` they are applied in float64 (a new tensor); with ``out``
+        (one shard of an aggregate, in the payload's dtype) they are applied in ``out``'s dtype, in place.
+        """
         weights = self.decoding_weights(list(coded))
         first = coded[next(iter(coded))]
-        out = torch.zeros(first.numel(), dtype=torch.float64, device=first.device)
+        if out is None:
+            out = torch.zeros(first.numel(), dtype=torch.float64, device=first.device)
+        else:
+            out.zero_()
         for k, w in weights.items():
             if w != 0.0:
                 code = coded[k]
                 if code.numel() != out.numel():
                     raise ValueError(f"{self.name}: codes have different sizes ({out.numel()} vs {code.numel()})")
-                out.add_(code.reshape(-1).to(torch.float64), alpha=w)
+                out.add_(code.reshape(-1).to(out.dtype), alpha=w)
         return out
 
     def copy_coefficients(self, received: Sequence[int]) -> Tensor:
@@ -351,9 +373,9 @@ class PGCFRScheme(_FRScheme):
             return held
         return (held[((worker % self.c) + step) % self.c],)
 
-    def encode(self, worker: int, grads: Mapping[int, Tensor]) -> Tensor:
+    def encode(self, worker: int, grads: Mapping[int, Tensor], out: Tensor | None = None) -> Tensor:
         """``(c/m) * sum`` of the ``m`` given held gradients (``m < c`` only in gradual warm-up or after expiry)."""
-        return _pipelined_encode(self, worker, grads)
+        return _pipelined_encode(self, worker, grads, out)
 
 
 # --------------------------------------------------------------- cyclic repetition
@@ -446,9 +468,9 @@ class PGCCRScheme(Scheme):
     def evaluations(self, worker: int, step: int, start: int = 0) -> tuple[int, ...]:
         return _cr_rotation(self, worker, step, start)
 
-    def encode(self, worker: int, grads: Mapping[int, Tensor]) -> Tensor:
+    def encode(self, worker: int, grads: Mapping[int, Tensor], out: Tensor | None = None) -> Tensor:
         """``(c/m) * sum`` of the ``m`` given held gradients (``m < c`` only in gradual warm-up or after expiry)."""
-        return _pipelined_encode(self, worker, grads)
+        return _pipelined_encode(self, worker, grads, out)
 
     def mu(self, num_received: int) -> float:
         """``mu = n / (|R| c)``; ``n / ((n-s) c)`` when exactly ``n-s`` codes are received."""
@@ -470,7 +492,7 @@ def _cr_rotation(scheme: Scheme, worker: int, step: int, start: int) -> tuple[in
     return (held[step % scheme.c],)
 
 
-def _pipelined_encode(scheme: Scheme, worker: int, grads: Mapping[int, Tensor]) -> Tensor:
+def _pipelined_encode(scheme: Scheme, worker: int, grads: Mapping[int, Tensor], out: Tensor | None = None) -> Tensor:
     """``(c/m) * sum`` of the ``m >= 1`` given cached gradients; the rescale keeps the code on the full-sum scale."""
     scheme.placement.check_worker(worker)
     present = scheme._check_grads(worker, grads)
@@ -481,7 +503,7 @@ def _pipelined_encode(scheme: Scheme, worker: int, grads: Mapping[int, Tensor]) 
         )
     m = len(present)
     scale = scheme.c / m
-    return scheme._weighted_sum(grads, {j: scale for j in present})
+    return scheme._weighted_sum(grads, {j: scale for j in present}, out)
 
 
 _CLASSES: dict[str, type[Scheme]] = {

@@ -1,18 +1,31 @@
-"""Runtime of the pgc strategy: a small per-rank manager, the coordinator service and pluggable transports."""
+"""Runtime of the pgc strategy: a sharded data plane with a small leader, on pluggable transports.
 
-from lightning_pgc.runtime.coordinator import Coordinator, CoordinatorError, StepRecord
-from lightning_pgc.runtime.transport import GlooTransport, QueueHub, QueueTransport, Transport
-from lightning_pgc.runtime.worker import Mailbox, PGCRuntime, PGCTimeoutError
+- :mod:`~lightning_pgc.runtime.shards`: how the flat payload is cut and who owns each shard;
+- :mod:`~lightning_pgc.runtime.leader`: the control plane (which codes close each version);
+- :mod:`~lightning_pgc.runtime.worker`: :class:`PGCRuntime`, every rank's manager (worker API + shard owner);
+- :mod:`~lightning_pgc.runtime.transport`: gloo and in-process streams.
+"""
+
+from lightning_pgc.runtime.leader import CoordinatorError, Leader, StepRecord
+from lightning_pgc.runtime.mailbox import Mailbox, PGCTimeoutError
+from lightning_pgc.runtime.shards import OwnerMap, ShardLayout, choose_num_shards
+from lightning_pgc.runtime.transport import Channel, GlooTransport, QueueHub, QueueTransport, Transport
+from lightning_pgc.runtime.worker import CodeMessage, PGCRuntime
 
 __all__ = [
-    "Coordinator",
+    "Channel",
+    "CodeMessage",
     "CoordinatorError",
     "GlooTransport",
+    "Leader",
     "Mailbox",
+    "OwnerMap",
     "PGCRuntime",
     "PGCTimeoutError",
     "QueueHub",
     "QueueTransport",
+    "ShardLayout",
     "StepRecord",
     "Transport",
+    "choose_num_shards",
 ]

@@ -1,13 +1,15 @@
-"""Wire format of the PGC streams: a small int64 header packed in front of a flat payload.
+"""Wire format of the PGC streams.
 
-The header is reinterpreted (not converted) to the payload dtype, so integers survive bit-exactly and one
-``send`` carries header and payload together.
+Data messages (codes and aggregate shards) are one flat tensor: a small int64 header reinterpreted (not
+converted) into the payload dtype, followed by one shard of the payload, so integers survive bit-exactly and one
+``send`` carries both. Control messages (the leader's decisions) are small int64 vectors.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -16,32 +18,39 @@ from torch import Tensor
 class Kind(IntEnum):
     """What a message carries."""
 
-    CODE = 0  # worker -> coordinator: an encoded gradient for one version
-    AGGREGATE = 1  # coordinator -> worker: the decoded aggregate of one version
-    BYE = 2  # either direction: the sender sends nothing more on this stream
-    ABORT = 3  # coordinator -> worker: the coordinator failed; stop training
+    CODE = 0  # worker -> shard owner: one shard of an encoded gradient for one version
+    AGGREGATE = 1  # shard owner -> every rank: one shard of the decoded aggregate of one version
+    BYE = 2  # the sender sends nothing more on this stream
+    ABORT = 3  # leader -> every rank: the leader failed; stop training (payload: the error text)
+    DECIDE = 4  # leader -> shard owners: version ``version`` closes with these ranks, in this order
+    ASSIGN = 5  # leader -> every rank: shard ``a`` is owned by rank ``b`` from version ``version`` on
+    STOP = 6  # leader -> every rank: every rank said BYE; ``version`` is the first version never opened
 
 
-HEADER_FIELDS = 6  # kind, version, sender, valid entries, max age, packed ages
+HEADER_FIELDS = 8  # kind, version, sender, shard, valid entries, max age, packed ages, skipped versions
 AGE_SLOTS = 16  # ages of the first 16 cache entries, 4 bits each, clamped at 15
+CONTROL_FIELDS = 4  # kind, version, a, b
+STAT_FIELDS = 4  # per rank in a STOP: admitted, late, skipped, summed lag (float64 bits)
 
 
 @dataclass(frozen=True)
 class Header:
-    """Decoded message header; ``ages`` are the ages (in versions) of the cache entries a code was built from."""
+    """Decoded header of a data message; ``ages`` are the ages (in versions) of the cache entries a code used."""
 
     kind: Kind
     version: int
     sender: int
+    shard: int = 0
     valid: int = 0
     max_age: int = 0
     ages: tuple[int, ...] = ()
+    skipped: int = 0  # versions the sender applied without computing so far (for rank statistics)
 
 
-def pack_ages(ages: tuple[int, ...]) -> int:
+def pack_ages(ages: Sequence[int]) -> int:
     """Ages as 4-bit nibbles in one int64 (first 16 entries, each clamped at 15)."""
     word = 0
-    for i, a in enumerate(ages[:AGE_SLOTS]):
+    for i, a in enumerate(tuple(ages)[:AGE_SLOTS]):
         word |= min(max(int(a), 0), 15) << (4 * i)
     return word - (1 << 64) if word >= (1 << 63) else word
 
@@ -59,32 +68,44 @@ def header_numel(dtype: torch.dtype) -> int:
     return HEADER_FIELDS * 8 // itemsize
 
 
-def message_numel(payload_numel: int, dtype: torch.dtype) -> int:
-    """Total elements of a message with a payload of ``payload_numel`` elements."""
-    return header_numel(dtype) + payload_numel
+def message_numel(shard_numel: int, dtype: torch.dtype) -> int:
+    """Total elements of a data message carrying one shard of ``shard_numel`` elements."""
+    return header_numel(dtype) + shard_numel
 
 
-def pack(header: Header, payload: Tensor | None, payload_numel: int, dtype: torch.dtype) -> Tensor:
-    """One flat tensor: header bits followed by the payload (zeros when ``payload`` is None)."""
-    fields = [int(header.kind), header.version, header.sender, header.valid, header.max_age, pack_ages(header.ages)]
-    h = torch.tensor(fields, dtype=torch.int64)
-    out = torch.zeros(message_numel(payload_numel, dtype), dtype=dtype)
-    hn = header_numel(dtype)
-    out[:hn] = h.view(dtype)
+def header_words(header: Header) -> list[int]:
+    return [int(header.kind), header.version, header.sender, header.shard, header.valid, header.max_age,
+            pack_ages(header.ages), header.skipped]
+
+
+def write_header(message: Tensor, header: Header) -> None:
+    """Write ``header`` into the first elements of ``message`` (a contiguous 1-D data message), in place."""
+    hn = header_numel(message.dtype)
+    message[:hn].view(torch.int64).copy_(torch.tensor(header_words(header), dtype=torch.int64))
+
+
+def read_header(message: Tensor) -> Header:
+    h = message[: header_numel(message.dtype)].view(torch.int64).tolist()
+    return Header(Kind(h[0]), h[1], h[2], h[3], h[4], h[5], unpack_ages(h[6], h[4]), h[7])
+
+
+def pack(header: Header, payload: Tensor | None, shard_numel: int, dtype: torch.dtype) -> Tensor:
+    """A new data message: ``header`` followed by ``payload`` (zeros when None). For control paths and tests;
+    the hot path writes headers into preallocated messages with :func:`write_header`."""
+    out = torch.zeros(message_numel(shard_numel, dtype), dtype=dtype)
+    write_header(out, header)
     if payload is not None:
-        out[hn:] = payload.reshape(-1).to(dtype)
+        out[header_numel(dtype) :] = payload.reshape(-1).to(dtype)
     return out
 
 
 def unpack(message: Tensor) -> tuple[Header, Tensor]:
-    """Split a message into its header and a view of its payload."""
-    hn = header_numel(message.dtype)
-    h = message[:hn].contiguous().view(torch.int64).tolist()
-    return Header(Kind(h[0]), h[1], h[2], h[3], h[4], unpack_ages(h[5], h[3])), message[hn:]
+    """Split a data message into its header and a view of its payload."""
+    return read_header(message), message[header_numel(message.dtype) :]
 
 
 def text_payload(text: str, payload_numel: int, dtype: torch.dtype) -> Tensor:
-    """Carry a (truncated) UTF-8 text in a payload, e.g. the coordinator's error for an ABORT."""
+    """Carry a (truncated) UTF-8 text in a payload, e.g. the leader's error for an ABORT."""
     size = payload_numel * torch.empty((), dtype=dtype).element_size()
     raw = text.encode("utf-8", errors="replace")[:size].ljust(size, b"\0")
     return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype)
@@ -93,3 +114,26 @@ def text_payload(text: str, payload_numel: int, dtype: torch.dtype) -> Tensor:
 def payload_text(payload: Tensor) -> str:
     """Inverse of :func:`text_payload`."""
     return payload.contiguous().view(torch.uint8).numpy().tobytes().rstrip(b"\0").decode("utf-8", errors="replace")
+
+
+# ------------------------------------------------------------------------------------------------ control plane
+def control_numel(world_size: int) -> int:
+    """int64 words of a control message: a fixed prefix, then room for ``STAT_FIELDS`` words per rank."""
+    return CONTROL_FIELDS + STAT_FIELDS * world_size
+
+
+def control(world_size: int, kind: Kind, version: int, a: int = 0, b: int = 0,
+            data: Sequence[int] | Tensor = ()) -> Tensor:
+    """A control message: ``kind``, ``version``, two small integers and up to ``4 n`` data words."""
+    out = torch.zeros(control_numel(world_size), dtype=torch.int64)
+    out[:CONTROL_FIELDS] = torch.tensor([int(kind), version, a, b], dtype=torch.int64)
+    if len(data):
+        words = data if isinstance(data, Tensor) else torch.tensor(list(data), dtype=torch.int64)
+        out[CONTROL_FIELDS : CONTROL_FIELDS + len(words)] = words
+    return out
+
+
+def read_control(message: Tensor) -> tuple[Kind, int, int, int, Tensor]:
+    """``(kind, version, a, b, data)`` of a control message (``data`` is a view)."""
+    kind, version, a, b = message[:CONTROL_FIELDS].tolist()
+    return Kind(kind), version, a, b, message[CONTROL_FIELDS:]

@@ -1,14 +1,17 @@
-"""Transports: how messages move between the workers and the coordinator.
+"""Transports: how messages move between ranks.
 
-The coordinator only needs four blocking point-to-point calls, so the transport is a small protocol with two
-implementations: gloo on two dedicated process groups (real runs) and in-process queues (unit tests of the
-protocol without processes). Each call is made from one dedicated thread per peer and direction.
+The runtime needs only two point-to-point calls on three independent channels (codes, aggregate shards,
+control), so a transport is a small protocol with two implementations: gloo on three dedicated process groups
+(real runs) and in-process queues (unit tests of the protocol without processes). Receives are blocking and
+made from one dedicated thread per (channel, peer); sends are asynchronous and return a handle whose ``wait``
+returns once the message left (the buffer must stay alive and unchanged until then).
 """
 
 from __future__ import annotations
 
 import queue
 from datetime import timedelta
+from enum import IntEnum
 from typing import Protocol
 
 import torch
@@ -16,68 +19,81 @@ import torch.distributed as dist
 from torch import Tensor
 
 
+class Channel(IntEnum):
+    """Independent ordered streams between every pair of ranks."""
+
+    CODE = 0  # worker -> shard owner (and the leader sees shard 0 of every code)
+    AGG = 1  # shard owner -> every rank
+    CTRL = 2  # leader -> every rank
+
+
+class Handle(Protocol):
+    def wait(self) -> None:
+        """Block until the message left this rank (its buffer may then be reused)."""
+
+
 class Transport(Protocol):
-    """Blocking point-to-point streams between every worker and the coordinator."""
+    """Ordered point-to-point streams per (channel, sender, receiver)."""
 
-    def recv_from(self, peer: int, buf: Tensor) -> None:
-        """Coordinator side: fill ``buf`` with the next message of worker ``peer``."""
+    rank: int
+    world_size: int
 
-    def send_to(self, peer: int, message: Tensor) -> None:
-        """Coordinator side: send ``message`` to worker ``peer``."""
+    def isend(self, channel: Channel, peer: int, message: Tensor) -> Handle:
+        """Start sending ``message`` to ``peer``; keep it unchanged until the handle's ``wait`` returned."""
 
-    def send_up(self, message: Tensor) -> None:
-        """Worker side: send ``message`` to the coordinator."""
-
-    def recv_down(self, buf: Tensor) -> None:
-        """Worker side: fill ``buf`` with the next message of the coordinator."""
+    def recv(self, channel: Channel, peer: int, buf: Tensor) -> None:
+        """Fill ``buf`` with the next message of ``peer`` on ``channel`` (blocks; raises if the peer is gone)."""
 
     def close(self) -> None:
-        """Release the transport's resources once every stream has said BYE."""
+        """Release the transport's resources once every stream said BYE."""
 
 
 class GlooTransport:
-    """Point-to-point gloo streams on two dedicated groups, never on Lightning's default group.
+    """Point-to-point gloo streams on three dedicated groups, never on Lightning's default group.
 
-    ``up`` carries codes (workers -> coordinator) and ``down`` carries aggregates, so each gloo pair is used by
-    at most one thread per direction. Gloo cannot poll a receive, and a timed-out wait closes every pair of the
-    group, so receives block without a deadline (the group timeout is set very long) and liveness is enforced by
-    the coordinator's own clock instead.
+    One group per channel, so each gloo pair of a group carries at most one receiving thread per direction.
+    Gloo cannot poll a receive and a timed-out wait closes every pair of the group, so receives block without a
+    deadline (the group timeout is very long) and liveness is enforced by the runtime's own clock instead.
+
+    Raises:
+        RuntimeError: ``torch.distributed`` is not initialized.
     """
 
-    def __init__(self, coordinator: int = 0, group_timeout: timedelta = timedelta(days=7)) -> None:
+    def __init__(self, group_timeout: timedelta = timedelta(days=7)) -> None:
         if not dist.is_initialized():
             raise RuntimeError("GlooTransport needs an initialized torch.distributed default group")
-        self.coordinator = coordinator
-        # Collective calls: every rank creates both groups in the same order.
-        self.up = dist.new_group(backend="gloo", timeout=group_timeout)
-        self.down = dist.new_group(backend="gloo", timeout=group_timeout)
+        self.rank = dist.get_rank()
+        self.world_size = dist.get_world_size()
+        # Collective calls: every rank creates the groups in the same order.
+        self.groups = {ch: dist.new_group(backend="gloo", timeout=group_timeout) for ch in Channel}
 
-    def recv_from(self, peer: int, buf: Tensor) -> None:
-        dist.recv(buf, src=peer, group=self.up)
+    def isend(self, channel: Channel, peer: int, message: Tensor) -> Handle:
+        return dist.isend(message, dst=peer, group=self.groups[channel])
 
-    def send_to(self, peer: int, message: Tensor) -> None:
-        dist.send(message, dst=peer, group=self.down)
-
-    def send_up(self, message: Tensor) -> None:
-        dist.send(message, dst=self.coordinator, group=self.up)
-
-    def recv_down(self, buf: Tensor) -> None:
-        dist.recv(buf, src=self.coordinator, group=self.down)
+    def recv(self, channel: Channel, peer: int, buf: Tensor) -> None:
+        dist.recv(buf, src=peer, group=self.groups[channel])
 
     def close(self) -> None:
-        for group in (self.up, self.down):
+        for group in self.groups.values():
             try:
                 dist.destroy_process_group(group)
             except Exception:  # already destroyed with the default group
                 pass
 
 
+class _Done:
+    def wait(self) -> None:
+        return None
+
+
 class QueueHub:
-    """In-process stand-in for a cluster: one queue per (direction, worker). For protocol tests."""
+    """In-process stand-in for a cluster: one queue per (channel, sender, receiver). For protocol tests."""
 
     def __init__(self, world_size: int) -> None:
-        self.up = {r: queue.Queue() for r in range(world_size)}
-        self.down = {r: queue.Queue() for r in range(world_size)}
+        self.world_size = world_size
+        self.queues = {(ch, s, d): queue.Queue() for ch in Channel for s in range(world_size)
+                       for d in range(world_size) if s != d}
+        self.sent_bytes = [0] * world_size
 
     def endpoint(self, rank: int) -> QueueTransport:
         return QueueTransport(self, rank)
@@ -89,23 +105,24 @@ class QueueTransport:
     def __init__(self, hub: QueueHub, rank: int) -> None:
         self.hub = hub
         self.rank = rank
+        self.world_size = hub.world_size
 
-    def recv_from(self, peer: int, buf: Tensor) -> None:
-        buf.copy_(self.hub.up[peer].get())
+    def isend(self, channel: Channel, peer: int, message: Tensor) -> Handle:
+        self.hub.queues[(channel, self.rank, peer)].put(message.clone())
+        return _Done()
 
-    def send_to(self, peer: int, message: Tensor) -> None:
-        self.hub.down[peer].put(message.clone())
-
-    def send_up(self, message: Tensor) -> None:
-        self.hub.up[self.rank].put(message.clone())
-
-    def recv_down(self, buf: Tensor) -> None:
-        buf.copy_(self.hub.down[self.rank].get())
+    def recv(self, channel: Channel, peer: int, buf: Tensor) -> None:
+        got = self.hub.queues[(channel, peer, self.rank)].get()
+        if isinstance(got, BaseException):
+            raise got
+        if got.numel() != buf.numel() or got.dtype != buf.dtype:
+            raise RuntimeError(f"message of {got.numel()} {got.dtype} into a buffer of {buf.numel()} {buf.dtype}")
+        buf.copy_(got)
 
     def close(self) -> None:
         pass
 
 
 def payload_dtype_for(params_dtype: torch.dtype) -> torch.dtype:
-    """The downlink dtype: float64 for double-precision models, float32 otherwise."""
+    """The aggregate's dtype: float64 for double-precision models, float32 otherwise."""
     return torch.float64 if params_dtype == torch.float64 else torch.float32

@@ -1,193 +1,565 @@
-"""The per-rank side of the runtime: a mailbox of published aggregates and the small manager every rank runs.
+"""The per-rank manager of the sharded data plane: what the strategy talks to on every rank.
 
-:class:`PGCRuntime` is what the strategy talks to: ``submit`` a code, ``published`` to learn whether the
-aggregate of a version is already out (the rank fell behind and may skip computing), ``wait`` for an
-aggregate, ``stop`` at the end of fit. On the coordinator's rank it also owns the :class:`Coordinator`.
+Every rank is a worker and the owner of one shard of the flat payload; rank ``leader`` also runs the control
+plane (:class:`~lightning_pgc.runtime.leader.Leader`). Per version ``t``:
+
+1. a worker encodes its code into a preallocated message (one row per shard) and sends shard ``j`` to owner
+   ``j`` (:meth:`PGCRuntime.submit`); the leader owns shard 0, so its arrival announces the code;
+2. the leader closes ``t`` with an ordered set of ranks and tells every owner (a few bytes);
+3. each owner decodes its shard with that set's weights and sends it to every rank;
+4. each rank assembles the shards into one flat buffer and applies it (:meth:`PGCRuntime.wait`).
+
+All receiving, decoding and sending runs on background threads, so a rank whose training thread is slow still
+serves its shard on time. Per rank and step, ``4 (n-1)/n`` times the payload crosses its links, as for a ring
+all-reduce.
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
-from typing import Any, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from lightning_pgc.runtime.coordinator import Coordinator
-from lightning_pgc.runtime.messages import Header, Kind, message_numel, pack, payload_text, unpack
-from lightning_pgc.runtime.transport import Transport
+from lightning_pgc.codes import Scheme
+from lightning_pgc.runtime.leader import CoordinatorError, Leader, StepRecord
+from lightning_pgc.runtime.mailbox import Mailbox, PGCTimeoutError
+from lightning_pgc.runtime.messages import (
+    STAT_FIELDS,
+    Header,
+    Kind,
+    control,
+    control_numel,
+    header_numel,
+    message_numel,
+    payload_text,
+    read_control,
+    read_header,
+    text_payload,
+    write_header,
+)
+from lightning_pgc.runtime.shards import OwnerMap, ShardLayout
+from lightning_pgc.runtime.transport import Channel, Handle, Transport
 
 log = logging.getLogger(__name__)
 
-
-class PGCTimeoutError(RuntimeError):
-    """No aggregate arrived within the liveness timeout."""
+__all__ = ["CodeMessage", "PGCRuntime", "PGCTimeoutError", "CoordinatorError", "Mailbox"]
 
 
-class Mailbox:
-    """Aggregates published by the coordinator, by version; holds only versions not yet applied."""
+class CodeMessage:
+    """One rank's code for one version, laid out as ``num_shards`` ready-to-send messages (header + shard).
 
-    def __init__(self) -> None:
-        self._items: dict[int, Tensor] = {}
-        self._cond = threading.Condition()
-        self._abort: Optional[BaseException] = None
-        self.high_water = 0  # most aggregates held at once (bounded by the coordinator's max_lag)
+    Encode straight into :attr:`shards` (a ``[num_shards, shard_numel]`` view): no copy is needed to send.
+    """
 
-    def put(self, version: int, aggregate: Tensor) -> None:
-        with self._cond:
-            self._items[version] = aggregate
-            self.high_water = max(self.high_water, len(self._items))
-            self._cond.notify_all()
+    def __init__(self, layout: ShardLayout, dtype: torch.dtype, pin_memory: bool = False) -> None:
+        self.layout = layout
+        self.hn = header_numel(dtype)
+        self.rows = torch.zeros(layout.num_shards, self.hn + layout.shard_numel, dtype=dtype, pin_memory=pin_memory)
+        self.shards = self.rows[:, self.hn :]
+        self.version = -1
+        self.sends_pending = 0  # isends not yet completed
+        self._lock = threading.Lock()
 
-    def abort(self, reason: str | BaseException) -> None:
-        """Make every current and future ``take`` raise ``reason``."""
-        with self._cond:
-            self._abort = reason if isinstance(reason, BaseException) else RuntimeError(reason)
-            self._cond.notify_all()
+    def write(self, start: int, flat: Tensor) -> None:
+        """Copy ``flat`` into the payload at global offset ``start`` (e.g. the averaged buffers region)."""
+        size = self.layout.shard_numel
+        pos, end = start, start + flat.numel()
+        while pos < end:
+            row, col = divmod(pos, size)
+            take = min(size - col, end - pos)
+            self.shards[row, col : col + take].copy_(flat[pos - start : pos - start + take])
+            pos += take
 
-    def has(self, version: int) -> bool:
-        with self._cond:
-            return version in self._items
+    def _sent(self) -> None:
+        with self._lock:
+            self.sends_pending -= 1
 
-    def take(self, version: int, timeout: float) -> Tensor:
-        """Remove and return the aggregate of ``version``, waiting up to ``timeout`` seconds for it."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            while version not in self._items:
-                if self._abort is not None:
-                    raise self._abort
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise PGCTimeoutError(
-                        f"no aggregate for version {version} within {timeout:g} s: the coordinator or too many "
-                        "ranks are unresponsive (raise the strategy's `timeout` if steps are legitimately slow)"
-                    )
-                self._cond.wait(min(left, 0.5))
-            for stale in [v for v in self._items if v < version]:
-                del self._items[stale]
-            return self._items.pop(version)
 
-    def __len__(self) -> int:
-        with self._cond:
-            return len(self._items)
+class _Pool:
+    """Free data-message buffers of one size and dtype (allocated on demand, reused forever)."""
+
+    def __init__(self, numel: int, dtype: torch.dtype) -> None:
+        self.numel, self.dtype = numel, dtype
+        self._free: list[Tensor] = []
+        self._lock = threading.Lock()
+        self.allocated = 0
+
+    def get(self) -> Tensor:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+            self.allocated += 1
+        return torch.zeros(self.numel, dtype=self.dtype)
+
+    def put(self, buf: Tensor) -> None:
+        with self._lock:
+            self._free.append(buf)
 
 
 class PGCRuntime:
-    """Every rank is a worker; the coordinator rank also runs the :class:`Coordinator` threads."""
+    """Every rank's runtime: worker API for the training thread plus the background service of one shard owner.
+
+    Call order: :meth:`start` once; per version ``t``: :meth:`published` (skip computing if True), else
+    :meth:`new_code` then :meth:`submit`; then :meth:`wait` and, once the returned aggregate is no longer
+    referenced, :meth:`release`; :meth:`stop` once at the end. :meth:`rank_stats`, :meth:`record` and
+    :meth:`buffer_stats` may be called at any time.
+
+    Args:
+        scheme: the straggler-tolerance scheme (placement, encoder, decoding weights).
+        transport: point-to-point streams to the other ranks.
+        rank: this rank; world_size: number of ranks.
+        layout: how the payload is cut into shards (``num_shards <= world_size``; shard ``j`` starts at rank ``j``).
+        down_dtype: dtype of the aggregate (float32, or float64 for double models). Codes travel in
+            ``scheme.payload_dtype`` (float64 for Tandon-coded schemes, whose decode needs it).
+        start_version: the first version of this fit (the global step).
+        timeout: liveness bound in seconds (see :class:`~lightning_pgc.runtime.leader.Leader`); a rank fails when
+            no aggregate comes within it plus a grace period.
+        max_lag: versions a live rank may fall behind before the leader waits for it.
+        leader: the rank that runs the control plane (owns shard 0).
+        pin_memory: allocate message and aggregate buffers in pinned host memory (CUDA models).
+    """
 
     def __init__(
         self,
-        scheme: Any,
+        scheme: Scheme,
         transport: Transport,
         rank: int,
         world_size: int,
-        payload_numel: int,
+        layout: ShardLayout,
         down_dtype: torch.dtype,
         start_version: int,
         timeout: float,
         max_lag: int,
-        coordinator_rank: int = 0,
-        plain_numel: int = 0,
+        leader: int = 0,
+        pin_memory: bool = False,
     ) -> None:
+        if leader != 0:
+            raise ValueError("the leader owns shard 0 and must be rank 0")
+        if layout.num_shards > world_size:
+            raise ValueError(f"{layout.num_shards} shards for {world_size} ranks: at most one shard per rank")
         self.scheme = scheme
         self.transport = transport
         self.rank = rank
         self.world_size = world_size
-        self.payload_numel = payload_numel
+        self.layout = layout
         self.up_dtype: torch.dtype = scheme.payload_dtype
         self.down_dtype = down_dtype
         self.timeout = timeout
-        self.mailbox = Mailbox()
-        self.coordinator: Optional[Coordinator] = None
-        self._receiver: Optional[threading.Thread] = None
+        self.pin_memory = pin_memory
+        self.leader_rank = leader
+        self.peers = [r for r in range(world_size) if r != rank]
+        self.owners = OwnerMap(layout.num_shards, world_size)
+        self.mailbox = Mailbox(layout.num_shards, layout.shard_numel, down_dtype, pin_memory=pin_memory)
+        self.leader: Optional[Leader] = (
+            Leader(scheme, world_size, start_version, timeout, max_lag) if rank == leader else None
+        )
+        self.error: Optional[BaseException] = None
+        self.skipped = 0
+        self.final_stats: Optional[list[dict[str, float]]] = None
+        self._hn_up = header_numel(self.up_dtype)
+        self._hn_down = header_numel(down_dtype)
+        self._code_pool = _Pool(message_numel(layout.shard_numel, self.up_dtype), self.up_dtype)
+        self._agg_pool = _Pool(message_numel(layout.shard_numel, down_dtype), down_dtype)
+        self._scratch: Optional[Tensor] = None
+        self._codes: list[CodeMessage] = []
+        self._inbox: queue.Queue = queue.Queue()
+        self._reaper_q: queue.Queue = queue.Queue()
+        self._send_lock = threading.Lock()
+        self._bytes_lock = threading.Lock()
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self._stopping = threading.Event()
         self._stopped = False
-        if rank == coordinator_rank:
-            self.coordinator = Coordinator(
-                scheme,
-                transport,
-                world_size=world_size,
-                rank=rank,
-                payload_numel=payload_numel,
-                plain_numel=plain_numel,
-                up_dtype=self.up_dtype,
-                down_dtype=down_dtype,
-                start_version=start_version,
-                deliver=self.mailbox.put,
-                on_error=self.mailbox.abort,
-                timeout=timeout,
-                max_lag=max_lag,
-            )
+        self._threads: list[threading.Thread] = []
+        self._service: Optional[threading.Thread] = None
 
     @property
-    def is_coordinator(self) -> bool:
-        return self.coordinator is not None
+    def is_leader(self) -> bool:
+        return self.leader is not None
 
+    # ----------------------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
-        if self.coordinator is not None:
-            self.coordinator.start()
-        else:
-            self._receiver = threading.Thread(target=self._receive, name="pgc-worker-recv", daemon=True)
-            self._receiver.start()
+        """Start the receiver threads (one per peer and channel), the service loop and the send reaper."""
+        for peer in self.peers:
+            self._spawn(self._receive_codes, peer, name=f"pgc-code-recv-{peer}")
+            self._spawn(self._receive_aggregates, peer, name=f"pgc-agg-recv-{peer}")
+        if not self.is_leader:
+            self._spawn(self._receive_control, self.leader_rank, name="pgc-ctrl-recv")
+        self._spawn(self._reap, -1, name="pgc-reaper")
+        self._service = threading.Thread(target=self._serve_safely, name="pgc-service", daemon=True)
+        self._service.start()
 
-    def _receive(self) -> None:
-        numel = message_numel(self.payload_numel, self.down_dtype)
-        while True:
-            buf = torch.empty(numel, dtype=self.down_dtype)
-            try:
-                self.transport.recv_down(buf)
-            except Exception as exc:
-                self.mailbox.abort(f"lost the connection to the PGC coordinator: {exc!r}")
-                return
-            header, payload = unpack(buf)
-            if header.kind == Kind.AGGREGATE:
-                self.mailbox.put(header.version, payload)
-            elif header.kind == Kind.ABORT:
-                self.mailbox.abort(f"the PGC coordinator failed: {payload_text(payload)}")
-                return
-            elif header.kind == Kind.BYE:
-                return
-
-    # ----------------------------------------------------------------------------------------------- worker
-    def published(self, version: int) -> bool:
-        """Whether the aggregate of ``version`` is already out (this rank fell behind)."""
-        return self.mailbox.has(version)
-
-    def submit(self, version: int, code: Tensor, ages: tuple[int, ...]) -> None:
-        """Send this rank's code for ``version`` (built from cache entries of these ages) to the coordinator."""
-        if self.coordinator is not None:
-            self.coordinator.submit_local(version, code.to(self.up_dtype), tuple(ages))
-        else:
-            header = Header(Kind.CODE, version, self.rank, len(ages), max(ages, default=0), tuple(ages))
-            self.transport.send_up(pack(header, code, self.payload_numel, self.up_dtype))
-
-    def wait(self, version: int) -> Tensor:
-        """The aggregate of ``version``; blocks up to the liveness timeout plus a grace period, so that the
-        coordinator, whose clock starts at the first code, reports missing ranks before a worker gives up."""
-        return self.mailbox.take(version, self.timeout + max(1.0, 0.5 * self.timeout))
-
-    def buffer_stats(self) -> dict[str, int]:
-        """High-water marks of the message buffers this rank held (for the memory benchmark)."""
-        stats = {"mailbox_high_water": self.mailbox.high_water}
-        if self.coordinator is not None:
-            stats.update(self.coordinator.buffer_stats())
-        return stats
+    def _spawn(self, fn: Callable[[int], None], peer: int, name: str) -> None:
+        t = threading.Thread(target=fn, args=(peer,), name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
 
     def stop(self) -> None:
-        """Say BYE, let the coordinator drain, join every thread, release the transport."""
+        """Say BYE on every code stream, serve until the leader's STOP (or ``timeout``), join every thread.
+
+        Every rank's training is over once all said BYE, so the last rank to finish sets when all return.
+        """
         if self._stopped:
             return
         self._stopped = True
-        if self.coordinator is not None:
-            self.coordinator.stop(self.timeout)
-        else:
-            try:
-                self.transport.send_up(pack(Header(Kind.BYE, -1, self.rank), None, self.payload_numel, self.up_dtype))
-            except Exception as exc:
-                log.warning("PGC: could not say BYE to the coordinator: %r", exc)
-            if self._receiver is not None:
-                self._receiver.join(self.timeout)
-                if self._receiver.is_alive():
-                    log.warning("PGC: rank %d's receiver did not finish", self.rank)
+        bye = torch.zeros(message_numel(self.layout.shard_numel, self.up_dtype), dtype=self.up_dtype)
+        write_header(bye, Header(Kind.BYE, -1, self.rank, skipped=self.skipped))
+        self._send_all(Channel.CODE, bye, self.peers)
+        self._stopping.set()
+        if self._service is not None:
+            self._service.join(self.timeout + 10.0)
+        self._reaper_q.put(None)
+        for t in self._threads:
+            t.join(min(self.timeout, 10.0))
+        alive = [t.name for t in self._threads + [self._service] if t is not None and t.is_alive()]
+        if alive:
+            log.warning("PGC rank %d: threads still running after stop: %s", self.rank, alive)
         self.transport.close()
+
+    # ------------------------------------------------------------------------------------------- worker API
+    def published(self, version: int) -> bool:
+        """Whether the aggregate of ``version`` is already complete here (this rank fell behind)."""
+        return self.mailbox.has(version)
+
+    def new_code(self, version: int) -> CodeMessage:
+        """A message to encode this rank's code for ``version`` into (reused once its sends completed and its
+        version closed; payload padding is zero)."""
+        for msg in self._codes:
+            if msg.version < version and msg.sends_pending == 0:
+                break
+        else:
+            msg = CodeMessage(self.layout, self.up_dtype, self.pin_memory)
+            self._codes.append(msg)
+        msg.version = version
+        return msg
+
+    def submit(self, version: int, code: CodeMessage, ages: Sequence[int]) -> None:
+        """Send shard ``j`` of ``code`` (this rank's code for ``version``, from cache entries of ``ages``) to the
+        owner of shard ``j``. Returns at once; the code stays kept until its version closes (for re-sends)."""
+        ages = tuple(int(a) for a in ages)
+        code.version = version
+        for j in range(self.layout.num_shards):
+            write_header(code.rows[j], Header(Kind.CODE, version, self.rank, j, len(ages), max(ages, default=0),
+                                              ages, self.skipped))
+        with self._send_lock:
+            for j in range(self.layout.num_shards):
+                self._send_code_shard(code, j, self.owners.owner(j, version))
+
+    def _send_code_shard(self, code: CodeMessage, shard: int, owner: int) -> None:
+        row = code.rows[shard]
+        if owner == self.rank:
+            self._inbox.put(("code", read_header(row), row, time.monotonic(), True))
+            return
+        with code._lock:
+            code.sends_pending += 1
+        self._count(sent=row.numel() * row.element_size())
+        self._reaper_q.put(([self.transport.isend(Channel.CODE, owner, row)], code._sent))
+
+    def wait(self, version: int) -> Tensor:
+        """The aggregate of ``version`` as a flat view of ``layout.numel`` elements (``down_dtype``).
+
+        Blocks up to the liveness timeout plus a grace period, so that the leader, whose clock starts at the
+        first code, reports missing ranks before a worker gives up.
+
+        Raises:
+            PGCTimeoutError: no aggregate in time.
+            RuntimeError: the leader failed (its error text) or a stream broke.
+        """
+        buf = self.mailbox.take(version, self.timeout + max(1.0, 0.5 * self.timeout))
+        return buf[: self.layout.numel]
+
+    def release(self, aggregate: Tensor) -> None:
+        """Return an aggregate from :meth:`wait` to the pool once nothing (e.g. ``param.grad``) views it."""
+        base = aggregate._base if aggregate._base is not None else aggregate
+        self.mailbox.release(base)
+
+    def reassign(self, shard: int, owner: int, from_version: int) -> None:
+        """Leader only: rank ``owner`` owns ``shard`` from version ``from_version`` (not closed yet) on.
+
+        Every rank is told; a worker whose kept code for such a version went to the old owner re-sends it.
+
+        Raises:
+            RuntimeError: called on a rank that is not the leader.
+        """
+        if not self.is_leader:
+            raise RuntimeError("only the leader reassigns shards")
+        self._inbox.put(("reassign", shard, owner, from_version))
+
+    # ------------------------------------------------------------------------------------------- statistics
+    def record(self, version: int) -> Optional[StepRecord]:
+        """The leader's record of a closed version (None on other ranks or once dropped)."""
+        return self.leader.record(version) if self.leader is not None else None
+
+    def rank_stats(self) -> list[dict[str, float]]:
+        """One dict per rank (``rank``, ``admitted``, ``late``, ``skipped``, ``mean_lag_s``): live on the leader;
+        on the other ranks the final table once the runtime stopped, else an empty list."""
+        if self.leader is not None:
+            return self.leader.rank_stats()
+        return list(self.final_stats or [])
+
+    def buffer_stats(self) -> dict[str, int]:
+        """High-water marks and totals of the buffers and bytes this rank handled."""
+        return {
+            "mailbox_high_water": self.mailbox.high_water,
+            "aggregate_buffers": self.mailbox.allocated,
+            "code_messages": len(self._codes),
+            "code_recv_buffers": self._code_pool.allocated,
+            "aggregate_send_buffers": self._agg_pool.allocated,
+            "bytes_sent": self.bytes_sent,
+            "bytes_received": self.bytes_received,
+        }
+
+    def _count(self, sent: int = 0, received: int = 0) -> None:
+        with self._bytes_lock:
+            self.bytes_sent += sent
+            self.bytes_received += received
+
+    # ---------------------------------------------------------------------------------------------- threads
+    def _send_all(self, channel: Channel, message: Tensor, peers: Sequence[int],
+                  done: Optional[Callable[[], None]] = None) -> None:
+        handles: list[Handle] = []
+        for p in peers:
+            try:
+                handles.append(self.transport.isend(channel, p, message))
+            except Exception as exc:  # a peer that is gone; its streams report it
+                log.warning("PGC rank %d: send to rank %d failed: %r", self.rank, p, exc)
+        self._count(sent=len(handles) * message.numel() * message.element_size())
+        self._reaper_q.put((handles, done))
+
+    def _reap(self, _: int) -> None:
+        """Wait for sends in order and release their buffers (gloo reads them asynchronously)."""
+        while True:
+            item = self._reaper_q.get()
+            if item is None:
+                return
+            handles, done = item
+            for h in handles:
+                try:
+                    h.wait()
+                except Exception as exc:
+                    log.debug("PGC rank %d: a send failed: %r", self.rank, exc)
+            if done is not None:
+                done()
+
+    def _receive_codes(self, peer: int) -> None:
+        while True:
+            buf = self._code_pool.get()
+            try:
+                self.transport.recv(Channel.CODE, peer, buf)
+            except Exception as exc:  # the peer's process is gone
+                self._inbox.put(("dead", peer, repr(exc)))
+                return
+            arrived = time.monotonic()
+            self._count(received=buf.numel() * buf.element_size())
+            header = read_header(buf)
+            if header.kind == Kind.BYE:
+                self._inbox.put(("bye", peer, header.skipped))
+                self._code_pool.put(buf)
+                return
+            self._inbox.put(("code", header, buf, arrived, False))
+
+    def _receive_aggregates(self, peer: int) -> None:
+        buf = self._agg_pool.get()
+        while True:
+            try:
+                self.transport.recv(Channel.AGG, peer, buf)
+            except Exception as exc:
+                if not self._stopping.is_set():
+                    self.mailbox.abort(f"lost the stream from shard owner {peer}: {exc!r}")
+                return
+            self._count(received=buf.numel() * buf.element_size())
+            header = read_header(buf)
+            if header.kind == Kind.BYE:
+                return
+            self.mailbox.put_shard(header.version, header.shard, buf[self._hn_down :])
+
+    def _receive_control(self, leader: int) -> None:
+        buf = torch.zeros(control_numel(self.world_size), dtype=torch.int64)
+        while True:
+            try:
+                self.transport.recv(Channel.CTRL, leader, buf)
+            except Exception as exc:
+                if not self._stopping.is_set():
+                    self.mailbox.abort(f"lost the connection to the PGC leader: {exc!r}")
+                self._inbox.put(("stop", None, None))
+                return
+            self._count(received=buf.numel() * 8)
+            kind, version, a, b, data = read_control(buf)
+            if kind == Kind.DECIDE:
+                self._inbox.put(("decide", version, data[:a].tolist()))
+            elif kind == Kind.ASSIGN:
+                self._apply_assign(a, b, version)
+            elif kind == Kind.STOP:
+                self._inbox.put(("stop", version, data.clone()))
+                return
+            elif kind == Kind.ABORT:
+                text = payload_text(data[1 : 1 + int(data[0])].clone())
+                self.mailbox.abort(f"the PGC leader failed: {text}")
+                self._inbox.put(("stop", None, None))
+                return
+
+    def _apply_assign(self, shard: int, owner: int, from_version: int) -> None:
+        """Take a reassignment into account and re-send kept codes that went to the old owner."""
+        with self._send_lock:
+            old = self.owners.owner(shard, from_version)
+            self.owners.reassign(shard, owner, from_version)
+            for code in self._codes:
+                if code.version >= from_version and old != owner and not self.mailbox.has(code.version):
+                    self._send_code_shard(code, shard, owner)
+
+    # ------------------------------------------------------------------------------------------- service loop
+    def _serve_safely(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # surfaced to the local worker, and by the leader to the peers as ABORT
+            self.error = exc
+            log.error("PGC rank %d runtime failed: %s", self.rank, exc)
+            self.mailbox.abort(exc)
+            if self.is_leader:
+                text = text_payload(f"{type(exc).__name__}: {exc}", 4 * self.world_size - 1, torch.int64)
+                version = self.leader.version if self.leader is not None else -1
+                self._send_all(Channel.CTRL, control(self.world_size, Kind.ABORT, version,
+                                                     data=torch.cat([torch.tensor([text.numel()]), text])),
+                               self.peers)
+            self._say_agg_bye()
+
+    def _say_agg_bye(self) -> None:
+        bye = torch.zeros(message_numel(self.layout.shard_numel, self.down_dtype), dtype=self.down_dtype)
+        write_header(bye, Header(Kind.BYE, -1, self.rank))
+        self._send_all(Channel.AGG, bye, self.peers)
+
+    def _serve(self) -> None:
+        pending: dict[int, dict[int, dict[int, tuple[Tensor, bool]]]] = {}  # version -> shard -> rank -> buf
+        decided: dict[int, list[int]] = {}
+        done_below = -1  # every version < done_below is aggregated here (or never will be)
+        leader = self.leader
+        stop_deadline: Optional[float] = None
+
+        def recycle(buf: Tensor, local: bool) -> None:
+            if not local:
+                self._code_pool.put(buf)
+
+        while True:
+            try:
+                item = self._inbox.get(timeout=0.05)
+            except queue.Empty:
+                item = None
+            now = time.monotonic()
+            if item is not None:
+                tag = item[0]
+                if tag == "code":
+                    _, header, buf, arrived, local = item
+                    if leader is not None and header.shard == 0:
+                        leader.on_code(header, arrived)
+                    if header.version < done_below:
+                        recycle(buf, local)  # late: its version is already aggregated
+                    else:
+                        slot = pending.setdefault(header.version, {}).setdefault(header.shard, {})
+                        if header.sender in slot:
+                            recycle(*slot[header.sender])
+                        slot[header.sender] = (buf, local)
+                elif tag == "decide":
+                    decided[item[1]] = item[2]
+                elif tag == "bye" and leader is not None:
+                    leader.on_bye(item[1], item[2])
+                elif tag == "dead" and leader is not None:
+                    log.warning("PGC: lost rank %d (%s)", item[1], item[2])
+                    leader.on_dead(item[1])
+                elif tag == "reassign" and leader is not None:
+                    _, shard, owner, from_version = item
+                    if from_version < leader.version:
+                        raise CoordinatorError(f"cannot reassign shard {shard} from version {from_version}: "
+                                               f"versions before {leader.version} are closed")
+                    if shard == 0:
+                        raise CoordinatorError("shard 0 belongs to the leader (its arrivals announce the codes)")
+                    self._send_all(Channel.CTRL, control(self.world_size, Kind.ASSIGN, from_version, shard, owner),
+                                   self.peers)
+                    self._apply_assign(shard, owner, from_version)
+                elif tag == "stop":
+                    _, final, stats = item
+                    if final is not None:
+                        self._read_final_stats(stats)
+                    self._say_agg_bye()
+                    return
+
+            if leader is not None:
+                rec = leader.try_close(now)
+                if rec is not None:
+                    owners = self.owners.owners(rec.version) - {self.rank}
+                    message = control(self.world_size, Kind.DECIDE, rec.version, len(rec.admitted),
+                                      data=rec.admitted)
+                    self._send_all(Channel.CTRL, message, sorted(owners))
+                    decided[rec.version] = rec.admitted
+                leader.check(now)
+            done_below = self._aggregate_ready(pending, decided, done_below, recycle)
+
+            if leader is not None and self._stopping.is_set():
+                if stop_deadline is None:
+                    stop_deadline = now + self.timeout
+                live = set(self.peers) - leader.dead
+                if live <= leader.byes or now > stop_deadline:
+                    missing = sorted(live - leader.byes)
+                    if missing:
+                        log.warning("PGC: ranks %s did not finish within %.0f s of the leader", missing, self.timeout)
+                    stats = torch.tensor(leader.stats_words(), dtype=torch.float64).view(torch.int64)
+                    self._send_all(Channel.CTRL, control(self.world_size, Kind.STOP, leader.version, data=stats),
+                                   self.peers)
+                    self._say_agg_bye()
+                    return
+
+    def _read_final_stats(self, words: Tensor) -> None:
+        values = words[: STAT_FIELDS * self.world_size].view(torch.float64).tolist()
+        self.final_stats = [
+            {"rank": r, "admitted": int(values[4 * r]), "late": int(values[4 * r + 1]),
+             "skipped": int(values[4 * r + 2]), "mean_lag_s": values[4 * r + 3]}
+            for r in range(self.world_size)
+        ]
+
+    def _aggregate_ready(self, pending: dict, decided: dict[int, list[int]], done_below: int,
+                         recycle: Callable[[Tensor, bool], None]) -> int:
+        """Decode and publish every decided version whose admitted codes all arrived, oldest first."""
+        while decided:
+            version = min(decided)
+            order = decided[version]
+            shards = self.owners.shards_of(self.rank, version)
+            got = pending.get(version, {})
+            if any(k not in got.get(j, {}) for j in shards for k in order):
+                break  # an admitted code's shard is still on its way
+            for j in shards:
+                self._publish_shard(version, j, [(k, got[j][k][0]) for k in order])
+            del decided[version]
+            done_below = max(done_below, version + 1)
+            for v in [v for v in pending if v < done_below]:
+                for slot in pending.pop(v).values():
+                    for buf, local in slot.values():
+                        recycle(buf, local)
+        return done_below
+
+    def _publish_shard(self, version: int, shard: int, codes: list[tuple[int, Tensor]]) -> None:
+        """Decode shard ``shard`` of ``version`` from the admitted codes (in admission order) and send it."""
+        layout, hn = self.layout, self._hn_up
+        ce, pe = layout.coded_end(shard), layout.plain_end(shard)
+        message = self._agg_pool.get()
+        payload = message[self._hn_down :]
+        if ce > 0:
+            coded = {k: buf[hn : hn + ce] for k, buf in codes}
+            if self.up_dtype == self.down_dtype:
+                self.scheme.decode(coded, out=payload[:ce])
+            else:  # Tandon codes: decode in float64, then round once
+                if self._scratch is None:
+                    self._scratch = torch.empty(layout.shard_numel, dtype=self.up_dtype)
+                payload[:ce].copy_(self.scheme.decode(coded, out=self._scratch[:ce]))
+        if pe > ce:  # buffers: the plain mean over the admitted ranks
+            tail = payload[ce:pe]
+            tail.zero_()
+            for _, buf in codes:
+                tail.add_(buf[hn + ce : hn + pe].to(self.down_dtype), alpha=1.0 / len(codes))
+        payload[pe:].zero_()
+        write_header(message, Header(Kind.AGGREGATE, version, self.rank, shard))
+        self.mailbox.put_shard(version, shard, payload)
+        self._send_all(Channel.AGG, message, self.peers, done=lambda: self._agg_pool.put(message))

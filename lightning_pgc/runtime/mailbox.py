@@ -1,0 +1,102 @@
+"""Aggregates arriving shard by shard, assembled per version into preallocated flat buffers."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+class PGCTimeoutError(RuntimeError):
+    """No aggregate arrived within the liveness timeout."""
+
+
+class Mailbox:
+    """Aggregates published by the shard owners, by version; holds only versions not yet applied.
+
+    A version is complete when all ``num_shards`` shards arrived. Buffers come from a pool and go back to it
+    through :meth:`release`, so a rank allocates at most as many as it holds at once (bounded by ``max_lag``).
+    """
+
+    def __init__(self, num_shards: int, shard_numel: int, dtype: torch.dtype, pin_memory: bool = False) -> None:
+        self.num_shards = num_shards
+        self.shard_numel = shard_numel
+        self.dtype = dtype
+        self.pin_memory = pin_memory
+        self._items: dict[int, list] = {}  # version -> [buffer, shards received]
+        self._free: list[Tensor] = []
+        self._cond = threading.Condition()
+        self._abort: Optional[BaseException] = None
+        self.high_water = 0  # most versions held at once (bounded by the leader's max_lag)
+        self.allocated = 0  # buffers ever allocated
+
+    def _buffer(self) -> Tensor:
+        if self._free:
+            return self._free.pop()
+        self.allocated += 1
+        return torch.zeros(self.num_shards * self.shard_numel, dtype=self.dtype, pin_memory=self.pin_memory)
+
+    def put_shard(self, version: int, shard: int, payload: Tensor) -> None:
+        """Copy ``payload`` into shard ``shard`` of version ``version``'s buffer (one copy, 1/num_shards of it)."""
+        with self._cond:
+            entry = self._items.get(version)
+            if entry is None:
+                entry = self._items[version] = [self._buffer(), 0]
+                self.high_water = max(self.high_water, len(self._items))
+        start = shard * self.shard_numel
+        entry[0][start : start + self.shard_numel].copy_(payload)  # outside the lock: owners write in parallel
+        with self._cond:
+            entry[1] += 1
+            if entry[1] == self.num_shards:
+                self._cond.notify_all()
+
+    def abort(self, reason: str | BaseException) -> None:
+        """Make every current and future ``take`` raise ``reason``."""
+        with self._cond:
+            self._abort = reason if isinstance(reason, BaseException) else RuntimeError(reason)
+            self._cond.notify_all()
+
+    def _complete(self, version: int) -> bool:
+        entry = self._items.get(version)
+        return entry is not None and entry[1] == self.num_shards
+
+    def has(self, version: int) -> bool:
+        """Whether the aggregate of ``version`` is complete."""
+        with self._cond:
+            return self._complete(version)
+
+    def take(self, version: int, timeout: float) -> Tensor:
+        """Remove and return the (padded, flat) aggregate of ``version``, waiting up to ``timeout`` seconds.
+
+        Raises:
+            PGCTimeoutError: nothing complete arrived in time.
+            RuntimeError: the runtime was aborted (the leader's error).
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not self._complete(version):
+                if self._abort is not None:
+                    raise self._abort
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise PGCTimeoutError(
+                        f"no aggregate for version {version} within {timeout:g} s: the leader, a shard owner or "
+                        "too many ranks are unresponsive (raise the strategy's `timeout` if steps are legitimately "
+                        "slow)"
+                    )
+                self._cond.wait(min(left, 0.5))
+            for stale in [v for v in self._items if v < version]:
+                self._free.append(self._items.pop(stale)[0])
+            return self._items.pop(version)[0]
+
+    def release(self, buffer: Tensor) -> None:
+        """Give a buffer returned by :meth:`take` back once nothing references it any more."""
+        with self._cond:
+            self._free.append(buffer)
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._items)
