@@ -1,131 +1,325 @@
-"""Steady-state step time of pgc vs ddp on 4 CPU ranks, with and without a slow rank, measured side by side.
+"""Throughput of pgc vs ddp on CPU ranks (gloo), measured side by side: step time, traffic, admission, memory.
 
-    python benchmarks/step_time.py [--rounds 2] [--steps 150] [--slow-seconds 0.5]
+    python benchmarks/step_time.py                 # the full comparison (about 25 min on 2 cores)
+    python benchmarks/step_time.py --rounds 1 --quick
 
-Runs the four configurations interleaved (round 1: ddp, pgc, ddp+slow, pgc+slow; round 2: the same ...) so
-machine noise hits all of them alike, and reports ratios of medians. The step time of a run is the median
-interval between consecutive optimizer steps on rank 0 after the first ``--skip`` steps (no validation runs).
-Writes docs/step_time.json, docs/step_time.md and docs/step_time.png, and prints every path it writes.
+Each configuration is one ``Trainer.fit`` on ``n`` real processes launched by Lightning, MLP models on
+synthetic data (nothing downloads). Configurations run interleaved (round 1: all of them, round 2: all again),
+so machine noise hits all alike. A run's step time is throughput: the wall time from the moment every rank
+finished step ``skip`` to the moment every rank finished the last step, divided by the steps in between
+(a rank that lags and catches up in bursts cannot make it look fast). Each rank also reports its bytes sent and
+received (the PGC runtime counts them), its peak RSS and, under pgc, the leader's per-rank admission table.
 
-Targets (issue 2): pgc <= 1.10x ddp with no delay; with one rank 0.5 s slower per step, pgc <= 0.15x ddp with the
-same slow rank and <= 1.5x ddp with no delay at all. Memory: message buffers stay bounded (high-water marks).
+Writes docs/step_time.json, docs/step_time.md and docs/step_time.png (every number in the .md is in the .json).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+DOCS = ROOT / "docs"
 
-from tests.jobs import run_job  # noqa: E402  (the same launcher the tests use)
+MODELS = {  # name -> (input, hidden, classes, batch per rank)
+    "tiny": (16, 32, 4, 32),
+    "10m": (1024, 10000, 4, 32),
+    "1m": (1024, 1000, 4, 32),
+}
+
+TARGETS = {  # issue 7
+    "tiny: pgc / ddp": 1.10,
+    "10m: pgc / ddp": 1.15,
+    "10m: pgc_slow / ddp_slow": 0.40,
+    "10m: pgc_slow / ddp (no delay)": 1.30,
+}
 
 
-def step_time(curve: list[tuple[float, int, float]], skip: int) -> float:
-    walls = [w for w, step, _ in curve if step > skip]
-    return statistics.median(b - a for a, b in zip(walls, walls[1:]))
+# ------------------------------------------------------------------------------------------------ one job
+def run_worker(args: argparse.Namespace) -> None:
+    """One fit (this process is rank 0 and Lightning re-launches the same command for the other ranks)."""
+    import lightning.pytorch as pl
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import lightning_pgc  # noqa: F401  (registers the strategy names)
+    from lightning_pgc import PGCStrategy
+    from lightning_pgc.stragglers import StragglerInjector
+
+    torch.set_num_threads(1)
+    d_in, hidden, classes, batch = MODELS[args.model]
+
+    class MLP(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    g = torch.Generator().manual_seed(0)
+    samples = batch * args.devices * 8
+    data = TensorDataset(torch.randn(samples, d_in, generator=g), torch.randint(0, classes, (samples,), generator=g))
+
+    class Clock(pl.Callback):
+        """Wall time (shared clock) at the end of every step on this rank."""
+
+        def __init__(self) -> None:
+            self.times: list[float] = []
+
+        def on_train_batch_end(self, trainer: pl.Trainer, *_: Any) -> None:
+            self.times.append(time.time())
+
+    clock = Clock()
+    callbacks: list[Any] = [clock]
+    if args.slow_seconds > 0:
+        callbacks.append(StragglerInjector(f"slowranks(ranks=[{args.slow_rank}], seconds={args.slow_seconds})"))
+    strategy: Any = "ddp"
+    if args.strategy != "ddp":
+        strategy = PGCStrategy(scheme=args.strategy, stragglers=0 if args.strategy == "dgd" else 1,
+                               diagnostics=False, timeout=600)
+    trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=args.steps,
+                         callbacks=callbacks, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, num_sanity_val_steps=0)
+    trainer.fit(MLP(), DataLoader(data, batch_size=batch, shuffle=True))
+    rank = trainer.global_rank
+    st = trainer.strategy
+    params = sum(p.numel() for p in trainer.lightning_module.parameters())
+    result = {
+        "rank": rank,
+        "times": clock.times,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "buffers": getattr(st, "buffer_stats", {}),
+        "rank_stats": st.rank_stats() if hasattr(st, "rank_stats") else [],
+        "params": params,
+        "skipped": getattr(st, "skipped_steps", 0),
+    }
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    Path(args.out, f"rank{rank}.json").write_text(json.dumps(result))
 
 
+def launch(out: Path, strategy: str, model: str, devices: int, steps: int, slow: float, slow_rank: int) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, __file__, "--worker", "--out", str(out), "--strategy", strategy, "--model", model,
+           "--devices", str(devices), "--steps", str(steps), "--slow-seconds", str(slow),
+           "--slow-rank", str(slow_rank)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK"):
+        env.pop(key, None)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{strategy}/{model} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return {"ranks": [json.loads((out / f"rank{r}.json").read_text()) for r in range(devices)]}
+
+
+def seconds_per_step(job: dict, skip: int) -> float:
+    """Wall time from every rank past step ``skip`` to every rank done, per step."""
+    ranks = job["ranks"]
+    last = len(ranks[0]["times"])
+    start = max(r["times"][skip - 1] for r in ranks)
+    end = max(r["times"][-1] for r in ranks)
+    return (end - start) / (last - skip)
+
+
+def traffic_ratio(job: dict, steps: int, devices: int) -> float:
+    """Busiest rank's bytes sent + received per step over a ring all-reduce's ``4 (n-1)/n`` payloads."""
+    payload = 4 * (job["ranks"][0]["params"] + 1)
+    ring = 4 * (devices - 1) / devices * payload
+    busiest = max(r["buffers"].get("bytes_sent", 0) + r["buffers"].get("bytes_received", 0) for r in job["ranks"])
+    return busiest / steps / ring
+
+
+def admission(job: dict, steps: int) -> list[float]:
+    """Share of the ``steps`` versions whose admitted set contained each rank (the leader's table)."""
+    return [s["admitted"] / steps for s in job["ranks"][0]["rank_stats"]]
+
+
+# ------------------------------------------------------------------------------------------------ the table
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--slow-steps", type=int, default=30, help="steps of ddp with the slow rank (each >= slow)")
-    p.add_argument("--slow-seconds", type=float, default=0.5)
-    p.add_argument("--skip", type=int, default=10)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default=str(ROOT / "outputs" / "step_time"))
+    p.add_argument("--strategy", default="pgc_cr")
+    p.add_argument("--model", default="tiny", choices=list(MODELS))
+    p.add_argument("--devices", type=int, default=4)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--slow-seconds", type=float, default=0.0)
+    p.add_argument("--slow-rank", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--skip", type=int, default=5)
+    p.add_argument("--quick", action="store_true", help="fewer steps (a smoke run; not for docs)")
     args = p.parse_args()
+    if args.worker:
+        run_worker(args)
+        return
 
     from rich.console import Console
     from rich.progress import Progress
-    from rich.table import Table
 
-    slow = f"slowranks(ranks=[3], seconds={args.slow_seconds})"
-    configs = {
-        "ddp": dict(strategy="ddp", max_steps=args.steps),
-        "pgc": dict(strategy="pgc", max_steps=args.steps),
-        "ddp_slow": dict(strategy="ddp", max_steps=args.slow_steps, delay=slow),
-        "pgc_slow": dict(strategy="pgc", max_steps=args.steps, delay=slow),
+    q = args.quick
+    tiny_steps, big_steps, slow_steps, scale_steps = (40, 20, 10, 10) if q else (200, 60, 20, 20)
+    slow = 0.5
+    configs = {  # name -> (strategy, model, devices, steps, slow seconds)
+        "tiny/ddp": ("ddp", "tiny", 4, tiny_steps, 0.0),
+        "tiny/pgc": ("pgc_cr", "tiny", 4, tiny_steps, 0.0),
+        "10m/ddp": ("ddp", "10m", 4, big_steps, 0.0),
+        "10m/pgc": ("pgc_cr", "10m", 4, big_steps, 0.0),
+        "10m/dgd": ("dgd", "10m", 4, big_steps, 0.0),
+        "10m/ddp_slow": ("ddp", "10m", 4, slow_steps, slow),
+        "10m/pgc_slow": ("pgc_cr", "10m", 4, big_steps, slow),
     }
-    times: dict[str, list[float]] = {k: [] for k in configs}
-    buffers: dict[str, list[dict]] = {k: [] for k in configs}
+    scaling = {f"1m/{s}/n{n}": (s, "1m", n, scale_steps, 0.0) for n in (2, 4, 8) for s in ("ddp", "pgc_cr")}
     out = Path(args.out)
+    runs: dict[str, list[dict]] = {k: [] for k in [*configs, *scaling]}
     console = Console()
+    started = time.time()
     with Progress(console=console) as progress:
-        task = progress.add_task("runs", total=args.rounds * len(configs))
+        task = progress.add_task("runs", total=args.rounds * len(configs) + len(scaling))
         for r in range(args.rounds):
-            for name, cfg in configs.items():
+            for name, (strategy, model, n, steps, delay) in configs.items():
                 progress.update(task, description=f"round {r + 1}: {name}")
-                job = run_job(out / f"round{r}", name, timeout=900, devices=4, batch_size=16,
-                              check_val_every_n_epoch=10_000, sync_loss=False, **cfg)
-                times[name].append(step_time(job["curve"], args.skip))
-                buffers[name].append({f"rank{x['rank']}": x["buffers"] for x in job["ranks"]})
+                job = launch(out / f"round{r}" / name.replace("/", "_"), strategy, model, n, steps, delay,
+                             args.slow_rank)
+                runs[name].append(job)
                 progress.advance(task)
+        for name, (strategy, model, n, steps, delay) in scaling.items():
+            progress.update(task, description=name)
+            runs[name].append(launch(out / name.replace("/", "_"), strategy, model, n, steps, delay, args.slow_rank))
+            progress.advance(task)
 
-    med = {k: statistics.median(v) for k, v in times.items()}
+    skip = args.skip
+    step_s = {k: [seconds_per_step(j, skip) for j in v] for k, v in runs.items()}
+    # Ratios per round (side by side), then the median over rounds.
+    def ratio(a: str, b: str) -> list[float]:
+        return [x / y for x, y in zip(step_s[a], step_s[b])]
+
     ratios = {
-        "pgc / ddp (no delay)": (med["pgc"] / med["ddp"], 1.10),
-        "pgc_slow / ddp_slow": (med["pgc_slow"] / med["ddp_slow"], 0.15),
-        "pgc_slow / ddp (no delay)": (med["pgc_slow"] / med["ddp"], 1.5),
+        "tiny: pgc / ddp": ratio("tiny/pgc", "tiny/ddp"),
+        "10m: pgc / ddp": ratio("10m/pgc", "10m/ddp"),
+        "10m: dgd / ddp": ratio("10m/dgd", "10m/ddp"),
+        "10m: pgc_slow / ddp_slow": ratio("10m/pgc_slow", "10m/ddp_slow"),
+        "10m: pgc_slow / ddp (no delay)": ratio("10m/pgc_slow", "10m/ddp"),
     }
+    every = {**configs, **scaling}
+    admit = {k: [min(admission(j, every[k][3])) for j in runs[k]] for k in ("tiny/pgc", "10m/pgc")}
+    traffic = {k: [traffic_ratio(j, every[k][3], every[k][2]) for j in v]
+               for k, v in runs.items() if every[k][0] != "ddp"}
+    rss = {k: [max(r["peak_rss_mb"] for r in j["ranks"]) for j in v] for k, v in runs.items()}
     result = {
         "command": "python benchmarks/step_time.py " + " ".join(sys.argv[1:]),
-        "median_step_s": med,
-        "per_round_step_s": times,
-        "ratios": {k: {"ratio": v, "target_max": t, "met": v <= t} for k, (v, t) in ratios.items()},
-        "buffer_high_water": buffers,
+        "machine": f"{os.cpu_count()} CPU cores, gloo, {args.rounds} interleaved rounds",
+        "minutes": (time.time() - started) / 60,
+        "skip": skip,
+        "slow": {"rank": args.slow_rank, "seconds": slow},
+        "configs": {k: {"strategy": v[0], "model": v[1], "devices": v[2], "steps": v[3], "slow_s": v[4]}
+                    for k, v in every.items()},
+        "params": {m: runs[f"{m}/ddp"][0]["ranks"][0]["params"] for m in ("tiny", "10m")} | {
+            "1m": runs["1m/ddp/n2"][0]["ranks"][0]["params"]},
+        "seconds_per_step": step_s,
+        "ratios": {k: {"per_round": v, "median": statistics.median(v), "target_max": TARGETS.get(k),
+                       "met": None if k not in TARGETS else statistics.median(v) <= TARGETS[k]}
+                   for k, v in ratios.items()},
+        "min_admission_rate": {k: {"per_round": v, "median": statistics.median(v), "target_min": 0.60}
+                               for k, v in admit.items()},
+        "admission_rates": {k: [admission(j, every[k][3]) for j in runs[k]]
+                            for k in ("tiny/pgc", "10m/pgc", "10m/pgc_slow")},
+        "traffic_over_ring": traffic,
+        "peak_rss_mb": rss,
+        "rank_stats": {k: runs[k][0]["ranks"][0]["rank_stats"] for k in runs if every[k][0] != "ddp"},
+        "buffers": {k: [r["buffers"] for r in runs[k][0]["ranks"]] for k in runs if every[k][0] != "ddp"},
     }
-    docs = ROOT / "docs"
-    (docs / "step_time.json").write_text(json.dumps(result, indent=1))
+    DOCS.mkdir(exist_ok=True)
+    (DOCS / "step_time.json").write_text(json.dumps(result, indent=1))
+    write_markdown(result)
+    plot(result)
+    for k, v in result["ratios"].items():
+        console.print(f"{k}: {v['median']:.3f} (per round {', '.join(f'{x:.3f}' for x in v['per_round'])})"
+                      + ("" if v["target_max"] is None else f", target <= {v['target_max']}"))
+    for path in ("step_time.json", "step_time.md", "step_time.png"):
+        console.print(f"wrote {DOCS / path}")
 
-    table = Table(title="steady-state step time (median over rounds)")
-    for col in ("configuration", "step time (ms)", "per round (ms)"):
-        table.add_column(col)
-    for k in configs:
-        table.add_row(k, f"{1000 * med[k]:.1f}", ", ".join(f"{1000 * t:.1f}" for t in times[k]))
-    console.print(table)
+
+def _fmt_list(values: list[float], digits: int = 3) -> str:
+    return ", ".join(f"{v:.{digits}f}" for v in values)
+
+
+def write_markdown(res: dict) -> None:
     md = [
         "# Step time: pgc vs ddp",
         "",
-        f"Produced by `{result['command'].strip()}` on 4 CPU ranks (gloo) of a 2-core machine, the digits CNN "
-        f"(batch 16 per rank; no per-step collective besides the strategy's own), configurations interleaved over {args.rounds} rounds. Step time: median interval "
-        f"between optimizer steps on rank 0 after step {args.skip}. `slow`: rank 3 sleeps {args.slow_seconds} s "
-        "after every backward.",
+        f"Produced by `{res['command'].strip()}` ({res['machine']}; {res['minutes']:.0f} min). "
+        "Step time is throughput: wall time from every rank past step "
+        f"{res['skip']} to every rank done, per step. MLPs on synthetic data, SGD, batch 32 per rank, "
+        f"`diagnostics=False`. `slow`: rank {res['slow']['rank']} sleeps {res['slow']['seconds']} s after every "
+        "backward it runs. 4 ranks share 2 cores, so a sleeping rank frees a core for the others: that flatters "
+        "every `*_slow` row of a straggler-tolerant strategy, and `pgc_slow / ddp (no delay)` most.",
         "",
-        "| configuration | median step (ms) | per round (ms) |",
-        "|---|---:|---|",
+        f"Models: tiny 16-32-4 ({res['params']['tiny']} parameters), 10m 1024-10000-4 ({res['params']['10m']}), "
+        f"1m 1024-1000-4 ({res['params']['1m']}).",
+        "",
+        "| configuration | seconds per step, per round |",
+        "|---|---|",
     ]
-    md += [f"| {k} | {1000 * med[k]:.1f} | {', '.join(f'{1000 * t:.1f}' for t in times[k])} |" for k in configs]
-    md += ["", "| ratio | measured | target | met |", "|---|---:|---:|---|"]
-    md += [f"| {k} | {v:.3f} | <= {t} | {'yes' if v <= t else 'NO'} |" for k, (v, t) in ratios.items()]
-    high = {k: max(max(b.values(), key=lambda d: d.get("mailbox_high_water", 0)).get("mailbox_high_water", 0)
-                   for b in v) if v and v[0] else 0 for k, v in buffers.items() if k.startswith("pgc")}
-    md += ["", "Message buffers (high-water marks, all ranks, all rounds): " +
-           ", ".join(f"{k}: at most {h} aggregate(s) queued on one rank" for k, h in high.items()) +
-           ". The coordinator's per-peer outboxes and inbox are in docs/step_time.json.", "",
-           "![step time](step_time.png)", ""]
-    (docs / "step_time.md").write_text("\n".join(md))
+    md += [f"| {k} | {_fmt_list(v, 4)} |" for k, v in res["seconds_per_step"].items()]
+    md += ["", "| ratio (same round) | median | per round | target | met |", "|---|---:|---|---:|---|"]
+    for k, v in res["ratios"].items():
+        target = "" if v["target_max"] is None else f"<= {v['target_max']}"
+        met = "" if v["met"] is None else ("yes" if v["met"] else "**no**")
+        md.append(f"| {k} | {v['median']:.3f} | {_fmt_list(v['per_round'])} | {target} | {met} |")
+    md += ["", "Admission rate of each rank (share of versions whose admitted set contained it; s = 1, n = 4, so "
+           "0.75 is the fair share), first round:", "", "| run | rank 0 | rank 1 | rank 2 | rank 3 |",
+           "|---|---:|---:|---:|---:|"]
+    for k, v in res["admission_rates"].items():
+        md.append(f"| {k} | " + " | ".join(f"{x:.2f}" for x in v[0]) + " |")
+    md += ["", "| least-admitted rank, no delay | median | per round | target |", "|---|---:|---|---:|"]
+    for k, v in res["min_admission_rate"].items():
+        md.append(f"| {k} | {v['median']:.2f} | {_fmt_list(v['per_round'], 2)} | >= {v['target_min']} |")
+    md += ["", "Traffic: the busiest rank's bytes sent + received per step, over a ring all-reduce's "
+           "`4 (n-1)/n` x payload (payloads below `shard_bytes`, 256 KiB, take one shard: rank 0 then carries "
+           "`2 (n-1)` payloads, which is what the tiny row shows):", "",
+           "| run | ratio per round |", "|---|---|"]
+    md += [f"| {k} | {_fmt_list(v, 2)} |" for k, v in res["traffic_over_ring"].items()]
+    md += ["", "Peak RSS, largest rank (MB):", "", "| run | per round |", "|---|---|"]
+    md += [f"| {k} | {_fmt_list(v, 0)} |" for k, v in res["peak_rss_mb"].items()]
+    md += ["", "![step time](step_time.png)", ""]
+    (DOCS / "step_time.md").write_text("\n".join(md))
 
+
+def plot(res: dict) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.bar(list(configs), [1000 * med[k] for k in configs], color=["C0", "C1", "C0", "C1"])
-    ax.set_ylabel("median step time (ms)")
-    ax.set_yscale("log")
-    ax.set_title("4 CPU ranks; 'slow' = rank 3 +%.1fs/step" % args.slow_seconds)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    names = [k for k in res["seconds_per_step"] if not k.startswith("1m/")]
+    axes[0].bar(names, [1000 * statistics.median(res["seconds_per_step"][k]) for k in names],
+                color=["C1" if "pgc" in k else "C0" for k in names])
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("ms per step (median over rounds)")
+    axes[0].tick_params(axis="x", rotation=45)
+    ns = [2, 4, 8]
+    for s, color in (("ddp", "C0"), ("pgc_cr", "C1")):
+        axes[1].plot(ns, [1000 * statistics.median(res["seconds_per_step"][f"1m/{s}/n{n}"]) for n in ns], "o-",
+                     color=color, label=s)
+    axes[1].set_xlabel("ranks (on 2 cores)")
+    axes[1].set_ylabel("ms per step, 1m model")
+    axes[1].legend()
     fig.tight_layout()
-    fig.savefig(docs / "step_time.png", dpi=110)
-    for path in ("step_time.json", "step_time.md", "step_time.png"):
-        console.print(f"wrote {docs / path}")
-    for k, (v, t) in ratios.items():
-        console.print(f"{k}: {v:.3f} (target <= {t}) {'met' if v <= t else 'NOT met'}")
+    fig.savefig(DOCS / "step_time.png", dpi=110)
 
 
 if __name__ == "__main__":

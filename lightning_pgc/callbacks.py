@@ -138,8 +138,11 @@ class PGCDiagnostics(Callback):
             metrics["pgc/step_time_s"] = now - self._last_end
         self._last_end = now
         metrics["pgc/worker_wait_s"] = info.worker_wait_s
-        aggregate_sq = float(info.aggregate.to(torch.float64).pow(2).sum())
-        metrics["pgc/agg_sqnorm"] = aggregate_sq
+        pending = getattr(self, "_pending_probe", None)
+        aggregate_sq = 0.0
+        if pending is not None:  # a full pass over the gradient: only at the probe cadence, not every step
+            aggregate_sq = float(torch.linalg.vector_norm(info.aggregate, dtype=torch.float64)) ** 2
+            metrics["pgc/agg_sqnorm"] = aggregate_sq
 
         runtime = strategy.runtime
         record = runtime.record(info.version) if runtime is not None else None
@@ -150,7 +153,6 @@ class PGCDiagnostics(Callback):
             metrics["pgc/late_codes"] = float(runtime.leader.late_codes)
             metrics.update(_rank_metrics(strategy.rank_stats(), runtime.leader.closed))
 
-        pending = getattr(self, "_pending_probe", None)
         if pending is not None:
             metrics.update(self._probe_metrics(pending, max_age, aggregate_sq))
         if (

@@ -468,3 +468,31 @@ def test_stale_cache_validity_and_memory() -> None:
     assert list(unbounded.valid(10**6)) == [0]
     with pytest.raises(ValueError, match="max_age"):
         StaleCache((0, 1), max_age=0)
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_encode_and_decode_in_place_match_the_allocating_versions(name: str) -> None:
+    """The runtime encodes into the rows of a ready-to-send message and decodes each shard into its send buffer:
+    same numbers as the allocating calls (decode: float64 weights applied in the output's dtype)."""
+    n, s = 6, 0 if name == "dgd" else 2  # c = 3 divides 6 (FR)
+    scheme = make_scheme(name, n, s)
+    g = torch.Generator().manual_seed(1)
+    grads = {j: torch.randn(12, generator=g) for j in range(n)}
+    for k in range(n):
+        held = {j: grads[j] for j in scheme.partitions(k)}
+        rows = torch.full((3, 5 + 4), 7.0, dtype=scheme.payload_dtype)  # 3 shards of 4, behind a 5-word header
+        out = scheme.encode(k, held, out=rows[:, 5:])
+        assert out.data_ptr() == rows[:, 5:].data_ptr()
+        assert torch.equal(rows[:, 5:].reshape(-1), scheme.encode(k, held))
+        assert torch.equal(rows[:, :5], torch.full((3, 5), 7.0, dtype=scheme.payload_dtype))  # headers untouched
+    codes = {k: scheme.encode(k, {j: grads[j] for j in scheme.partitions(k)}) for k in range(n)}
+    order = list(range(n))[::-1]
+    admitted = {k: codes[k] for k in order[: max(scheme.wait_for, 1)]}
+    reference = scheme.decode(admitted)
+    for dtype in (torch.float64, torch.float32):
+        shard = torch.full((12,), 3.0, dtype=dtype)
+        scheme.decode({k: c.to(dtype) for k, c in admitted.items()}, out=shard)
+        torch.testing.assert_close(shard.double(), reference, rtol=1e-5 if dtype == torch.float32 else 1e-12,
+                                   atol=1e-5 if dtype == torch.float32 else 1e-12)
+    with pytest.raises(ValueError, match="out must hold"):
+        scheme.encode(0, {j: grads[j] for j in scheme.partitions(0)}, out=torch.zeros(5, dtype=scheme.payload_dtype))

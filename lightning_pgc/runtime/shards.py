@@ -14,6 +14,9 @@ import threading
 from dataclasses import dataclass
 
 
+ALIGN = 8  # elements: shards are padded to a multiple of this (32 bytes in float32)
+
+
 def choose_num_shards(payload_bytes: int, world_size: int, shard_bytes: int) -> int:
     """Shards for a payload: one per ``shard_bytes`` (at least one, at most one per rank).
 
@@ -42,8 +45,9 @@ class ShardLayout:
 
     @property
     def shard_numel(self) -> int:
-        """Elements per shard (all shards have this size on the wire; the last is zero-padded)."""
-        return math.ceil(self.numel / self.num_shards)
+        """Elements per shard (all shards have this size on the wire; the last is zero-padded). A multiple of
+        ``ALIGN`` elements, so every row of a message matrix starts 8-byte aligned (its int64 header is a view)."""
+        return ALIGN * math.ceil(self.numel / (self.num_shards * ALIGN))
 
     @property
     def padded_numel(self) -> int:

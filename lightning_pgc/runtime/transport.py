@@ -93,7 +93,6 @@ class QueueHub:
         self.world_size = world_size
         self.queues = {(ch, s, d): queue.Queue() for ch in Channel for s in range(world_size)
                        for d in range(world_size) if s != d}
-        self.sent_bytes = [0] * world_size
 
     def endpoint(self, rank: int) -> QueueTransport:
         return QueueTransport(self, rank)

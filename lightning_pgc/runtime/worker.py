@@ -229,24 +229,25 @@ class PGCRuntime:
     def new_code(self, version: int) -> CodeMessage:
         """A message to encode this rank's code for ``version`` into (reused once its sends completed and its
         version closed; payload padding is zero)."""
-        for msg in self._codes:
-            if msg.version < version and msg.sends_pending == 0:
-                break
-        else:
-            msg = CodeMessage(self.layout, self.up_dtype, self.pin_memory)
-            self._codes.append(msg)
-        msg.version = version
+        with self._send_lock:
+            for msg in self._codes:
+                if 0 <= msg.version < version and msg.sends_pending == 0:
+                    break
+            else:
+                msg = CodeMessage(self.layout, self.up_dtype, self.pin_memory)
+                self._codes.append(msg)
+            msg.version = -1  # being written: never re-sent until submitted
         return msg
 
     def submit(self, version: int, code: CodeMessage, ages: Sequence[int]) -> None:
         """Send shard ``j`` of ``code`` (this rank's code for ``version``, from cache entries of ``ages``) to the
         owner of shard ``j``. Returns at once; the code stays kept until its version closes (for re-sends)."""
         ages = tuple(int(a) for a in ages)
-        code.version = version
         for j in range(self.layout.num_shards):
             write_header(code.rows[j], Header(Kind.CODE, version, self.rank, j, len(ages), max(ages, default=0),
                                               ages, self.skipped))
         with self._send_lock:
+            code.version = version
             for j in range(self.layout.num_shards):
                 self._send_code_shard(code, j, self.owners.owner(j, version))
 
