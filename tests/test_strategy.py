@@ -37,7 +37,7 @@ def test_pgc_does_not_wait_for_a_slow_rank_while_ddp_and_dgd_do(tmp_path):
     # ddp and dgd wait for it every step; pgc (s=1) does not wait for it at all.
     assert ddp["summary"]["fit_wall_s"] >= N_SLOW * 0.95
     assert dgd["summary"]["fit_wall_s"] >= N_SLOW * 0.95
-    assert pgc["summary"]["fit_wall_s"] < 0.5 * N_SLOW
+    # (a ratio measured side by side, never an absolute time: the machine may be loaded)
     assert pgc["summary"]["fit_wall_s"] < 0.5 * min(ddp["summary"]["fit_wall_s"], dgd["summary"]["fit_wall_s"])
     # The slow rank caught up by applying published aggregates without computing (Invariant 3).
     assert pgc["ranks"][3]["skipped_steps"] >= 1

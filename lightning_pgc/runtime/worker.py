@@ -446,12 +446,19 @@ class PGCRuntime:
                 self._code_pool.put(buf)
 
         while True:
+            # Drain everything that is already here before deciding: codes that arrived together are admitted
+            # together (no bias toward whichever receiver thread the scheduler woke first).
             try:
-                item = self._inbox.get(timeout=0.05)
+                batch = [self._inbox.get(timeout=0.05)]
             except queue.Empty:
-                item = None
+                batch = []
+            while True:
+                try:
+                    batch.append(self._inbox.get_nowait())
+                except queue.Empty:
+                    break
             now = time.monotonic()
-            if item is not None:
+            for item in batch:
                 tag = item[0]
                 if tag == "code":
                     _, header, buf, arrived, local = item
