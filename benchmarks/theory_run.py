@@ -2,8 +2,8 @@
 
     python benchmarks/theory_run.py [--steps 300] [--every 10] [--out outputs/theory_run]
 
-Runs the digits recipe on 4 real CPU processes (``lightning_pgc.job`` with
-``PGCDiagnostics(theory_every_n_steps=...)``, launched through ``python -m lightning_pgc.job``) for ``pgc_cr`` with
+Runs the digits recipe on 4 real CPU processes (:func:`lightning_pgc.experiments.launch` with
+``PGCDiagnostics(theory_every_n_steps=...)``) for ``pgc_cr`` with
 ``s = 1`` and ``s = 3`` and for ``pgc_fr`` with ``s = 1``, under small log-normal delays; every ``--every`` steps rank 0
 recomputes every copy in every rank's cache and logs ``pgc/theory/...``. Also evaluates the quadratic mechanism
 checks (delayed-gradient stability boundary, staleness error against the delay). Writes
@@ -22,11 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from lightning_pgc import theory as th
+from lightning_pgc.experiments import launch
 
-from tests.jobs import run_job  # noqa: E402  (the launcher the tests use)
-from lightning_pgc import theory as th  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RUNS = {
     "pgc_cr s=1 (c=2)": dict(strategy="pgc", strategy_kwargs={"scheme": "pgc_cr", "stragglers": 1}),
@@ -200,21 +199,21 @@ def main() -> None:
     results = {}
     for name, cfg in RUNS.items():
         started = time.time()
-        job = run_job(
-            out, name.split(" (")[0].replace(" ", "_").replace("=", ""), timeout=900, devices=4, max_steps=args.steps,
-            batch_size=16, lr=args.lr, delay=args.delay, check_val_every_n_epoch=10_000, final_validation=True,
+        job = launch(dict(
+            out=str(out / name.split(" (")[0].replace(" ", "_").replace("=", "")), devices=4, max_steps=args.steps,
+            batch_size=16, lr=args.lr, delay=args.delay, check_val_every_n_epoch=10_000, val_every_n_steps=args.steps,
             diagnostics={"every_n_steps": args.every, "theory_every_n_steps": args.every}, **cfg,
-        )
-        hist = job["summary"]["diagnostics"]
+        ), timeout=900)
+        hist = job.diagnostics
         theory_rows = [h for h in hist if "pgc/theory/total_sq" in h]
         admitted = {r: statistics.mean(h.get(f"pgc/admitted/rank{r}", 0.0) for h in hist) for r in range(4)}
         results[name] = {
-            "spec": {k: v for k, v in job["summary"]["spec"].items() if k != "out"},
+            "spec": {k: v for k, v in job.spec.items() if k != "out"},
             "medians": summarize(hist, args.skip),
             "admitted_fraction": admitted,
-            "skipped_steps": [r["skipped_steps"] for r in job["ranks"]],
-            "val_acc": job["summary"]["metrics"].get("val_acc"),
-            "identical_replicas": len({r["checksum"] for r in job["ranks"]}) == 1,
+            "skipped_steps": [r["skipped_steps"] for r in job.ranks],
+            "val_acc": job.val_curve[-1][3],  # rank 0, whole validation set, after the last step
+            "identical_replicas": job.identical_replicas,
             "wall_s": time.time() - started,
             "history": [{"step": h["step"], **{k[len("pgc/theory/"):]: v for k, v in h.items()
                                                if k.startswith("pgc/theory/")}} for h in theory_rows],
