@@ -285,7 +285,8 @@ def test_lemma4_same_partition_copies_on_a_quadratic_with_n_equal_c_equal_2():
     for j in range(2):
         va, ga, vb, gb = _copy_pair(run, t, j)
         assert {va, vb} == {t, t - 1}  # the two copies: one fresh, one a step old
-        # The raw copies are correlated through the trajectory (beta_t depends on the older copy's noise) ...
+        # The raw copies can be correlated through the shared trajectory (beta_t and beta_(t-1) carry the same
+        # earlier noise; for one partition beta_t also moved against the stale copy's noise, which cancels it) ...
         corr = run.cov(ga, gb) / math.sqrt(run.cov(ga, ga) * run.cov(gb, gb))
         covs.append(corr)
         # ... but their noise about grad F(beta_v) is uncorrelated: Lemma 4's cross terms do vanish here.
