@@ -253,6 +253,9 @@ def test_pgc_cr_coefficients(n: int, s: int) -> None:
     assert worst <= 1.0 / (n - s) + 1e-15
     if c <= n - s:  # all c holders of some partition can be received: the max is attained
         assert worst == pytest.approx(1.0 / (n - s), rel=1e-14)
+    # in general the largest coefficient is min(c, n-s) / ((n-s) c) = 1 / max(n-s, c), below 2n/(n+1) x ideal
+    assert worst == pytest.approx(1.0 / max(n - s, c), rel=1e-14)
+    assert worst * n < 2 * n / (n + 1) + 1e-12
     # The same average, read from the scheme's floats.
     mean = sum(sc.coefficients(list(R)) for R in subsets(n, n - s)) / count
     assert torch.allclose(mean, torch.full((n,), 1.0 / n, dtype=torch.float64), rtol=1e-12, atol=0)
