@@ -155,7 +155,8 @@ def main() -> None:
         f"Command: `{command.strip()}` (4 CPU ranks, digits CNN, SGD momentum 0.9, lr {args.lr}, "
         f"{args.steps} steps, batch 16 per partition, delays `{args.delay}`).",
         f"Valve: `StalenessValve(threshold={VALVE['threshold']}, factor={VALVE['factor']}, "
-        f"check_every_n_steps={VALVE['check_every_n_steps']}, min_scale=1/64)`. One value per repeat (seed 0 / 1 / ...).",
+        f"check_every_n_steps={VALVE['check_every_n_steps']}, min_scale=1/64)`. One value per repeat (seed 0 / 1 / ...). "
+        "Every number below is in [safety_valve.json](safety_valve.json) (`summary`).",
         "",
         "| configuration | val acc | val loss | train loss (last 20) | final lr | valve actions (first at step) | "
         "replicas identical | valve decisions equal on all ranks |",
