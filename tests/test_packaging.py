@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import email
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -34,9 +35,14 @@ def _run(args: list[str], cwd: Path, timeout: float = 240) -> str:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # build from a copy of the sources, so no stale build/ folder of the checkout can leak into the wheel
+    src = tmp_path_factory.mktemp("src") / "lightning_pgc"
+    ignore = shutil.ignore_patterns(".venv", ".git", "build", "dist", "outputs", "*.egg-info", "__pycache__",
+                                    "wandb", "lightning_logs")
+    shutil.copytree(ROOT, src, ignore=ignore)
     dist = tmp_path_factory.mktemp("dist")
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(dist),
-          str(ROOT)], cwd=dist)
+          str(src)], cwd=dist)
     (path,) = dist.glob("lightning_pgc-*.whl")
     return path
 
