@@ -212,6 +212,21 @@ def test_seeds_fragment_and_strategy_fragments(tmp_path: Path, strategy: str) ->
         assert "scheme: pgc_fr" in config and "warmup: gradual" in config
 
 
+def test_wandb_fragment_composes_with_a_recipe_and_logs_the_flat_run_keys(tmp_path: Path) -> None:
+    """`--config wandb.yaml` after the digits recipe (or the ddp fragment): an offline W&B run whose config has
+    the same flat keys the demo and the grid give their runs."""
+    for strategy in ("pgc", "ddp"):
+        work = tmp_path / strategy
+        extra = ["--config", "strategies/ddp.yaml"] if strategy == "ddp" else []
+        out = check_ok(run_cli(work, "fit", "--config", DIGITS, *extra, "--config", "wandb.yaml", *FAST,
+                               "--trainer.max_steps=2"))
+        assert "`max_steps=2` reached" in out
+        records = only(list((work / "outputs" / "wandb").glob("offline-run-*/run-*.wandb"))).read_bytes()
+        for key in (b"scheme", b"delay_seed", b"delay_scale", b"lognormal(median=0.005, sigma=0.5)", b"cli"):
+            assert key in records, key
+        assert (b"pgc_cr" if strategy == "pgc" else b"ddp") in records
+
+
 def test_cifar_recipe_on_tiny_cifar(tmp_path: Path) -> None:
     write_tiny_cifar10(tmp_path / "data" / "cifar10")
     out = check_ok(run_cli(
