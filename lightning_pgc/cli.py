@@ -68,10 +68,6 @@ DESCRIPTION = (
 #: Exceptions that, raised while the classes are built from the config, mean "bad configuration".
 CONFIG_ERRORS = (ValueError, TypeError, KeyError, MisconfigurationException)
 
-#: The flat keys every W&B run gets (see :func:`run_config`).
-RUN_CONFIG_KEYS = ("strategy", "scheme", "n", "s", "c", "delay", "delay_seed", "delay_scale", "seed")
-
-
 def run_config(trainer: Trainer, seed: Optional[int] = None) -> dict[str, Any]:
     """The flat description of a run that every W&B run carries, read from the live trainer.
 
@@ -90,12 +86,12 @@ def run_config(trainer: Trainer, seed: Optional[int] = None) -> dict[str, Any]:
     n = int(trainer.world_size)
     name = str(getattr(strategy, "strategy_name", type(strategy).__name__))
     if isinstance(strategy, PGCStrategy):
-        from lightning_pgc.codes import make_scheme
+        scheme = getattr(strategy, "scheme", None)  # built once the ranks are set up
+        if scheme is None:
+            from lightning_pgc.codes import make_scheme
 
-        scheme_name = str(strategy.scheme_name)
-        s = int(strategy.stragglers)
-        scheme = getattr(strategy, "scheme", None)
-        c = int(scheme.c) if scheme is not None else int(make_scheme(scheme_name, n, s).c)
+            scheme = make_scheme(strategy.scheme_name, n, strategy.stragglers)
+        scheme_name, s, c = str(scheme.name), int(scheme.s), int(scheme.c)
     else:
         scheme_name, s, c = name, 0, 1
     injector = next((cb for cb in trainer.callbacks if isinstance(cb, StragglerInjector)), None)

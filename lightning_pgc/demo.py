@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from lightning_pgc.experiments import JobResult, crossing, launch, smoothed
+from lightning_pgc.experiments import FILES, JobResult, crossing, launch, smoothed
 
 #: (label, strategy name) in the order they run.
 RUNS: list[tuple[str, str]] = [
@@ -97,7 +97,7 @@ def run_all(args: argparse.Namespace) -> list[Outcome]:
             result = launch(job_spec(args, strategy, root / label), check=False, on_progress=report)
             if not result.ok:
                 progress.update(task, status="[red]failed")
-                raise SystemExit(f"{label} failed ({result.error}); see {result.out / 'job.log'}")
+                raise SystemExit(f"{label} failed ({result.error}); see {result.out / FILES['log']}")
             progress.update(task, completed=args.steps, status="[green]done")
             outcomes.append(outcome(label, result, args))
     return outcomes
