@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch/torchvision pinned to the releases this machine's pip can install from local disk
 	$(PY) -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1"
-	$(PY) -m pip install --quiet -e ".[test]"
+	# every extra: the CLI and example data, W&B, the demo/benchmark tools, the test runner
+	$(PY) -m pip install --quiet -e ".[examples,wandb,bench,test]"
 	touch $(STAMP)
 
 demo: $(STAMP)

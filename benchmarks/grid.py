@@ -2,7 +2,8 @@
 
     WANDB_MODE=offline python benchmarks/grid.py [--devices 4] [--steps 200] [--seeds 0 1] [--c 2 4 8]
 
-Runs, one after the other, the digits CNN job (``python -m lightning_pgc.job``) under ``ddp``, ``dgd``,
+Runs, one after the other, the digits CNN job (:func:`lightning_pgc.experiments.launch`: the packaged
+``digits_cnn.yaml`` recipe plus a job config, run by ``lightning-pgc fit``) under ``ddp``, ``dgd``,
 ``ignore_stragglers`` and ``gc_fr``/``gc_cr``/``pgc_fr``/``pgc_cr`` with ``c = s + 1`` copies for every ``c`` in
 ``--c`` that ``n = --devices`` allows (``c <= n``; FR also needs ``c | n``; ``ignore_stragglers`` is run with the
 same ``s``). For a given seed every scheme sees the same injected delays (they are a function of (seed, rank,
@@ -31,17 +32,25 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from lightning_pgc.experiments import (
+    JobResult,
+    at_index,
+    cumulative_at,
+    first_crossing,
+    interpolate,
+    launch,
+    read_result,
+    smoothed,
+)
+from lightning_pgc.experiments.spec import resolve_spec
 
-from lightning_pgc.demo import smoothed  # noqa: E402  (the demo's trailing mean: one definition)
+ROOT = Path(__file__).resolve().parents[1]
 
 #: scheme families in table order; "c" says whether the scheme is run for every c (with s = c - 1).
 FAMILIES: list[tuple[str, bool]] = [
@@ -135,6 +144,7 @@ def job_spec(cfg: Config, seed: int, args: argparse.Namespace, out: Path, group:
         "check_val_every_n_epoch": 100_000,  # no Lightning validation loop (its metric sync is a collective)
         "val_every_n_steps": args.val_every,
         "sync_loss": False,  # no extra per-step collective under ddp
+        "model": {"sync_train_loss": False},
         "measure": True,
         "out": str(out),
     }
@@ -151,50 +161,6 @@ def job_spec(cfg: Config, seed: int, args: argparse.Namespace, out: Path, group:
 
 
 # ============================================================================================ measurements
-def interpolate(xs: Sequence[float], ys: Sequence[float], x: float) -> Optional[float]:
-    """Linear interpolation of the piecewise-linear curve (xs increasing) at ``x``; ``None`` outside it."""
-    if not xs or x < xs[0] or x > xs[-1]:
-        return None
-    for i in range(1, len(xs)):
-        if x <= xs[i]:
-            x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-            return y1 if x1 == x0 else y0 + (y1 - y0) * (x - x0) / (x1 - x0)
-    return ys[0]  # a single point, x == xs[0]
-
-
-def first_crossing(values: Sequence[float], target: float) -> Optional[float]:
-    """Fractional index at which the piecewise-linear ``values`` first reach ``<= target`` (``None``: never).
-
-    Between the last point above the target and the first at or below it the curve is taken as linear, so the
-    crossing of a curve sampled every k steps is not rounded up to the next sample.
-    """
-    for i, v in enumerate(values):
-        if v <= target:
-            if i == 0:
-                return 0.0
-            above = values[i - 1]
-            return (i - 1) + (above - target) / (above - v)
-    return None
-
-
-def at_index(xs: Sequence[float], index: float) -> float:
-    """``xs`` linearly interpolated at a fractional index."""
-    i = min(int(math.floor(index)), len(xs) - 1)
-    if i >= len(xs) - 1:
-        return float(xs[-1])
-    return xs[i] + (xs[i + 1] - xs[i]) * (index - i)
-
-
-def cumulative_at(per_step: Sequence[float], step: float) -> float:
-    """Sum of ``per_step[t]`` over the steps ``t < step`` (the work that produced model version ``step``),
-    linear within a step."""
-    whole = int(math.floor(step))
-    total = float(sum(per_step[:whole]))
-    if whole < len(per_step):
-        total += per_step[whole] * (step - whole)
-    return total
-
-
 @dataclass
 class Run:
     """What one job wrote, read back."""
@@ -211,24 +177,14 @@ class Run:
     error: str = ""
 
 
-def read_run(cfg: Config, seed: int, out: Path, devices: int, job_wall_s: float = float("nan")) -> Run:
-    """Read a finished job's files (``ok=False`` with the reason when something is missing)."""
-    try:
-        summary = json.loads((out / "summary.json").read_text())
-        ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(devices)]
-        val = []
-        for line in (out / "val_curve.csv").read_text().splitlines()[1:]:
-            wall, step, loss, acc, _ = line.split(",")
-            val.append((float(wall), int(step), float(loss), float(acc)))
-        offset = float(summary.get("curve_offset_s", 0.0))
-        train = []
-        for line in (out / "curve.csv").read_text().splitlines()[1:]:
-            wall, step, loss = line.split(",")
-            train.append((float(wall) + offset, int(step), float(loss)))
-    except (OSError, ValueError, KeyError) as err:
-        return Run(cfg, seed, out, ok=False, job_wall_s=job_wall_s, error=f"{type(err).__name__}: {err}")
-    return Run(cfg, seed, out, ok=True, job_wall_s=job_wall_s, val=val, train=train, ranks=ranks,
-               diagnostics=summary.get("diagnostics", []))
+def read_run(cfg: Config, seed: int, result: JobResult) -> Run:
+    """A grid run from a job's result (``ok=False`` with the reason when something is missing)."""
+    if not result.ok or not result.val_curve:
+        return Run(cfg, seed, result.out, ok=False, job_wall_s=result.job_wall_s,
+                   error=result.error or "no validation curve")
+    val = [(wall, step, loss, acc) for wall, step, loss, acc, _ in result.val_curve]
+    return Run(cfg, seed, result.out, ok=True, job_wall_s=result.job_wall_s, val=val,
+               train=result.train_on_val_clock(), ranks=result.ranks, diagnostics=result.diagnostics)
 
 
 def run_row(run: Run, target: float, equal_wall_s: Optional[float]) -> dict[str, Any]:
@@ -533,41 +489,21 @@ def update_markdown(path: Path, generated: str) -> None:
 
 
 # ==================================================================================================== main
-def run_job(spec: dict[str, Any], out: Path, progress: Any, task: Any) -> tuple[bool, float]:
-    """Launch one job (its ranks are started by Lightning), follow its steps, return (ok, wall seconds)."""
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in ("progress.txt", "summary.json", "val_curve.csv", "curve.csv", "job_done.json"):
-        (out / stale).unlink(missing_ok=True)
-    spec_file = out / "spec.json"
-    spec_file.write_text(json.dumps(spec, indent=1))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "WANDB_SILENT": "true"}
-    online = bool(spec.get("wandb")) and not spec["wandb"].get("offline", True)
-    env.setdefault("WANDB_MODE", "online" if online else "offline")
-    env.pop("LOCAL_RANK", None)
-    started = time.monotonic()
-    with open(out / "job.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "lightning_pgc.job", str(spec_file)], cwd=out, env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
-        while proc.poll() is None:
-            time.sleep(0.5)
-            done = (out / "progress.txt").read_text().strip() if (out / "progress.txt").exists() else ""
-            progress.update(task, completed=int(done or 0), status="training" if done else "starting ranks")
-    wall = time.monotonic() - started
-    ok = proc.returncode == 0
-    (out / "job_done.json").write_text(json.dumps({"returncode": proc.returncode, "job_wall_s": wall, "spec": spec}))
-    return ok, wall
+def run_job(spec: dict[str, Any], progress: Any, task: Any) -> JobResult:
+    """Launch one job (its ranks are started by Lightning) and follow its steps on the progress bar."""
+    def report(step: int) -> None:
+        progress.update(task, completed=step, status="training" if step else "starting ranks")
+
+    return launch(spec, check=False, on_progress=report)
 
 
-def reusable(out: Path, spec: dict[str, Any]) -> Optional[float]:
-    """The job wall time of a finished job in ``out`` run with the same spec (ignoring W&B naming), else None."""
-    try:
-        done = json.loads((out / "job_done.json").read_text())
-    except (OSError, ValueError):
+def reusable(out: Path, spec: dict[str, Any]) -> Optional[JobResult]:
+    """The result of a finished job in ``out`` run with the same spec (ignoring W&B naming), else None."""
+    previous = read_result(out)
+    strip = lambda s: {k: v for k, v in resolve_spec(s).items() if k not in ("wandb", "out")}  # noqa: E731
+    if not previous.ok or strip(previous.spec) != strip(spec):
         return None
-    strip = lambda s: {k: v for k, v in s.items() if k != "wandb"}  # noqa: E731
-    if done.get("returncode") != 0 or strip(done.get("spec", {})) != strip(spec):
-        return None
-    return float(done["job_wall_s"])
+    return previous
 
 
 def carry_over(result: dict[str, Any], previous_json: Path) -> None:
@@ -653,14 +589,12 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             spec = job_spec(cfg, seed, args, out, args.wandb_group)
             what = f"{cfg.label} (c={cfg.c}) seed {seed}" + ("" if cfg.condition == "stragglers" else " no delay")
             progress.reset(current, total=args.steps, description=what, status="starting ranks")
-            wall = reusable(out, spec) if args.reuse else None
-            if wall is None:
-                ok, wall = run_job(spec, out, progress, current)
+            result = reusable(out, spec) if args.reuse else None
+            if result is None:
+                result = run_job(spec, progress, current)
                 jobs_run += 1
-            else:
-                ok = True
-            run = read_run(cfg, seed, out, args.devices, wall) if ok else \
-                Run(cfg, seed, out, ok=False, job_wall_s=wall, error=f"failed: see {out / 'job.log'}")
+            run = read_run(cfg, seed, result)
+            ok, wall = run.ok, run.job_wall_s
             runs.append(run)
             progress.update(current, completed=args.steps if ok else 0, status="done" if ok else "[red]failed")
             if run.ok:

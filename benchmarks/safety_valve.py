@@ -21,10 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from lightning_pgc.experiments import launch
 
-from tests.jobs import run_job  # noqa: E402  (the launcher the tests use)
+ROOT = Path(__file__).resolve().parents[1]
 
 VALVE = {"threshold": 1.0, "factor": 0.5, "check_every_n_steps": 5, "min_scale": 1 / 64}
 
@@ -41,25 +40,25 @@ def configs(valve: dict) -> dict[str, dict]:
 
 def run_one(out: Path, cfg: dict, args: argparse.Namespace, seed: int) -> dict:
     started = time.time()
-    job = run_job(out.parent, out.name, timeout=900, devices=4, max_steps=args.steps, batch_size=16, lr=args.lr,
-                  seed=seed, delay=args.delay, check_val_every_n_epoch=10_000, final_validation=True,
-                  diagnostics={"every_n_steps": 10}, **cfg)
-    metrics = job["summary"]["metrics"]
-    losses = [loss for _, _, loss in job["curve"]]
-    valve = job["valves"][0] if job["valves"] else None
+    # validation: rank 0 on the whole validation set after the last step (ValidationCurve)
+    job = launch(dict(out=str(out), devices=4, max_steps=args.steps, batch_size=16, lr=args.lr, seed=seed,
+                      delay=args.delay, check_val_every_n_epoch=10_000, val_every_n_steps=args.steps,
+                      diagnostics={"every_n_steps": 10}, **cfg), timeout=900)
+    losses = [loss for _, _, loss in job.curve]
+    valve = job.valves[0] if job.valves else None
     return {
         "seed": seed,
-        "val_acc": metrics.get("val_acc"),
-        "val_loss": metrics.get("val_loss"),
+        "val_acc": job.val_curve[-1][3],
+        "val_loss": job.val_curve[-1][2],
         "train_loss_last20": statistics.mean(losses[-20:]),
-        "curve": [(step, loss) for _, step, loss in job["curve"]],
-        "identical_replicas": len({r["checksum"] for r in job["ranks"]}) == 1,
-        "valves_agree": all(v["events"] == job["valves"][0]["events"] and v["checks"] == job["valves"][0]["checks"]
-                            for v in job["valves"]),
+        "curve": [(step, loss) for _, step, loss in job.curve],
+        "identical_replicas": job.identical_replicas,
+        "valves_agree": all(v["events"] == job.valves[0]["events"] and v["checks"] == job.valves[0]["checks"]
+                            for v in job.valves),
         "valve_events": [(e["step"], e["lr_scale"], e["ratio"]) for e in valve["events"]] if valve else [],
         "valve_checks": [(c["step"], c["ratio"], c["lr_scale"]) for c in valve["checks"]] if valve else [],
         "final_lr": valve["final_lrs"][0] if valve else args.lr,
-        "fit_wall_s": job["summary"]["fit_wall_s"],
+        "fit_wall_s": job.fit_wall_s,
         "wall_s": time.time() - started,
     }
 
@@ -156,7 +155,8 @@ def main() -> None:
         f"Command: `{command.strip()}` (4 CPU ranks, digits CNN, SGD momentum 0.9, lr {args.lr}, "
         f"{args.steps} steps, batch 16 per partition, delays `{args.delay}`).",
         f"Valve: `StalenessValve(threshold={VALVE['threshold']}, factor={VALVE['factor']}, "
-        f"check_every_n_steps={VALVE['check_every_n_steps']}, min_scale=1/64)`. One value per repeat (seed 0 / 1 / ...).",
+        f"check_every_n_steps={VALVE['check_every_n_steps']}, min_scale=1/64)`. One value per repeat (seed 0 / 1 / ...). "
+        "Every number below is in [safety_valve.json](safety_valve.json) (`summary`).",
         "",
         "| configuration | val acc | val loss | train loss (last 20) | final lr | valve actions (first at step) | "
         "replicas identical | valve decisions equal on all ranks |",

@@ -1,4 +1,4 @@
-"""CIFAR-10 with ResNet-18: the realistic recipe (``recipes/cifar10_resnet18.yaml``).
+"""CIFAR-10 with ResNet-18: the realistic recipe (the packaged ``cifar10_resnet18.yaml``).
 
 Data comes from torchvision's own ``CIFAR10`` loader (the python-pickle release, ``cifar-10-batches-py/``).
 Nothing is downloaded unless the user asks (``--data.download true``): the machines this project is tested

@@ -2,22 +2,25 @@
 
 Every rank gets log-normal jitter and one rank is persistently slow; the delays are drawn from the same seeded
 realisation under every strategy. Prints a table (wall time and steps to a target training loss, final
-validation accuracy) and writes a loss-vs-wall-clock PNG and a markdown table.
+validation accuracy) and writes a loss-vs-wall-clock PNG, a markdown table and ``results.json``.
 
     python -m lightning_pgc.demo [--steps 300] [--out outputs/demo] [--docs]
+
+Each strategy is one job of the experiments harness (:func:`lightning_pgc.experiments.launch`: the packaged
+digits recipe plus a job config, run by ``lightning-pgc fit``); the time to the target is
+:func:`lightning_pgc.experiments.crossing` of the smoothed training loss. Needs the ``[bench]`` extra.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
+
+from lightning_pgc.experiments import FILES, JobResult, crossing, launch, smoothed
 
 #: (label, strategy name) in the order they run.
 RUNS: list[tuple[str, str]] = [
@@ -36,33 +39,13 @@ class Outcome:
     label: str
     wall_s: float
     steps: int
-    time_to_target: Optional[float]
-    steps_to_target: Optional[int]
+    time_to_target: Optional[float]  # wall seconds at the first crossing of the target (linear between steps)
+    steps_to_target: Optional[float]  # the step at that crossing (fractional)
     val_acc: float
     final_loss: float
     curve: list[tuple[float, int, float]]
     skipped: list[int]
     identical: bool
-
-
-def smoothed(values: list[float], window: int) -> list[float]:
-    """Trailing mean over ``window`` steps (the target must be reached by the loss, not by one lucky batch)."""
-    out, acc = [], 0.0
-    for i, v in enumerate(values):
-        acc += v
-        if i >= window:
-            acc -= values[i - window]
-        out.append(acc / min(i + 1, window))
-    return out
-
-
-def first_crossing(curve: list[tuple[float, int, float]], target: float, window: int) -> tuple[Optional[float], Optional[int]]:
-    """(wall seconds, step) at which the smoothed training loss first reaches ``target``."""
-    losses = smoothed([loss for _, _, loss in curve], window)
-    for (wall, step, _), loss in zip(curve, losses):
-        if loss <= target:
-            return wall, step
-    return None, None
 
 
 def job_spec(args: argparse.Namespace, strategy: str, out: Path) -> dict[str, Any]:
@@ -76,8 +59,8 @@ def job_spec(args: argparse.Namespace, strategy: str, out: Path) -> dict[str, An
         "delay": delay,
         "delay_seed": args.seed,
         "seed": args.seed,
-        "check_val_every_n_epoch": 1000,  # validate once, at the end (identical cost for every strategy)
-        "final_validation": True,
+        "check_val_every_n_epoch": 100_000,  # no Lightning validation loop (its metric sync is a collective)
+        "val_every_n_steps": args.steps,  # rank 0 evaluates the validation set before the first and after the last step
         "out": str(out),
     }
 
@@ -97,7 +80,6 @@ def run_all(args: argparse.Namespace) -> list[Outcome]:
 
     root = Path(args.out).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     outcomes = []
     with Progress(
         TextColumn("{task.description:<18}"), BarColumn(), TextColumn("{task.completed:>4.0f}/{task.total:.0f} steps"),
@@ -106,48 +88,37 @@ def run_all(args: argparse.Namespace) -> list[Outcome]:
         runs = selected_runs(args)
         tasks = {label: progress.add_task(label, total=args.steps, status="waiting") for label, _ in runs}
         for label, strategy in runs:
-            out = root / label
-            out.mkdir(parents=True, exist_ok=True)
-            for stale in ("progress.txt", "summary.json"):
-                (out / stale).unlink(missing_ok=True)
-            spec_file = out / "spec.json"
-            spec_file.write_text(json.dumps(job_spec(args, strategy, out), indent=1))
             task = tasks[label]
             progress.update(task, status="starting ranks")
-            with open(out / "job.log", "w") as log:
-                proc = subprocess.Popen([sys.executable, "-m", "lightning_pgc.job", str(spec_file)], cwd=out,
-                                        env=env, stdout=log, stderr=subprocess.STDOUT)
-                while proc.poll() is None:
-                    time.sleep(0.5)
-                    done = (out / "progress.txt").read_text() if (out / "progress.txt").exists() else "0"
-                    progress.update(task, completed=int(done or 0), status="training" if done != "0" else "starting ranks")
-            if proc.returncode != 0:
+
+            def report(step: int, task: Any = task) -> None:
+                progress.update(task, completed=step, status="training" if step else "starting ranks")
+
+            result = launch(job_spec(args, strategy, root / label), check=False, on_progress=report)
+            if not result.ok:
                 progress.update(task, status="[red]failed")
-                raise SystemExit(f"{label} failed; see {out / 'job.log'}")
+                raise SystemExit(f"{label} failed ({result.error}); see {result.out / FILES['log']}")
             progress.update(task, completed=args.steps, status="[green]done")
-            outcomes.append(read_outcome(label, out, args))
+            outcomes.append(outcome(label, result, args))
     return outcomes
 
 
-def read_outcome(label: str, out: Path, args: argparse.Namespace) -> Outcome:
-    summary = json.loads((out / "summary.json").read_text())
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(args.devices)]
-    curve = []
-    for line in (out / "curve.csv").read_text().splitlines()[1:]:
-        wall, step, loss = line.split(",")
-        curve.append((float(wall), int(step), float(loss)))
-    t, s = first_crossing(curve, args.target_loss, args.window)
+def outcome(label: str, result: JobResult, args: argparse.Namespace) -> Outcome:
+    """One strategy's row: time and step at which the smoothed training loss first reaches the target."""
+    losses = smoothed([loss for _, _, loss in result.curve], args.window)
+    walls = [wall for wall, _, _ in result.curve]
+    steps = [float(step) for _, step, _ in result.curve]
     return Outcome(
         label=label,
-        wall_s=summary["fit_wall_s"],
-        steps=summary["global_step"],
-        time_to_target=t,
-        steps_to_target=s,
-        val_acc=summary["metrics"].get("val_acc", float("nan")),
-        final_loss=smoothed([loss for _, _, loss in curve], args.window)[-1],
-        curve=curve,
-        skipped=[r["skipped_steps"] for r in ranks],
-        identical=len({r["checksum"] for r in ranks}) == 1,
+        wall_s=result.fit_wall_s,
+        steps=int(result.summary["global_step"]),
+        time_to_target=crossing(walls, losses, args.target_loss),
+        steps_to_target=crossing(steps, losses, args.target_loss),
+        val_acc=result.val_curve[-1][3] if result.val_curve else float("nan"),
+        final_loss=losses[-1],
+        curve=result.curve,
+        skipped=[r["skipped_steps"] for r in result.ranks],
+        identical=result.identical_replicas,
     )
 
 
@@ -162,7 +133,7 @@ def markdown_table(outcomes: list[Outcome], args: argparse.Namespace) -> str:
     ]
     for o in outcomes:
         lines.append(
-            f"| {o.label} | {fmt(o.time_to_target, '.1f')} | {fmt(o.steps_to_target, 'd')} | {o.wall_s:.1f} | "
+            f"| {o.label} | {fmt(o.time_to_target, '.1f')} | {fmt(o.steps_to_target, '.0f')} | {o.wall_s:.1f} | "
             f"{o.steps} | {o.val_acc:.3f} | {'yes' if o.identical else 'NO'} |"
         )
     return "\n".join(lines)
@@ -232,7 +203,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         table.add_row(
             o.label,
             "-" if o.time_to_target is None else f"{o.time_to_target:.1f}",
-            "-" if o.steps_to_target is None else str(o.steps_to_target),
+            "-" if o.steps_to_target is None else f"{o.steps_to_target:.0f}",
             f"{o.wall_s:.1f}", str(o.steps), f"{o.val_acc:.3f}", "yes" if o.identical else "NO",
         )
     console.print(table)
@@ -248,11 +219,15 @@ def main(argv: Optional[list[str]] = None) -> None:
         docs = Path(__file__).resolve().parents[1] / "docs"
         plot(outcomes, args, docs / "demo_loss.png")
         command = "python -m lightning_pgc.demo " + " ".join(argv if argv is not None else sys.argv[1:])
+        (docs / "demo.json").write_text(json.dumps(
+            {"command": command.strip(), "settings": vars(args),
+             "results": [{k: v for k, v in vars(o).items() if k != "curve"} for o in outcomes]}, indent=1))
         (docs / "demo.md").write_text(
             "# The demo's results\n\nProduced by `make demo` (here: `" + command.strip() + "`) on a 2-core, no-GPU "
-            "machine; timings are noisy, compare rows of the same run.\n\n" + md + "\n\n![loss vs wall clock](demo_loss.png)\n"
+            "machine; timings are noisy, compare rows of the same run. Every number below is in "
+            "[demo.json](demo.json).\n\n" + md + "\n\n![loss vs wall clock](demo_loss.png)\n"
         )
-        written += [docs / "demo.md", docs / "demo_loss.png"]
+        written += [docs / "demo.md", docs / "demo.json", docs / "demo_loss.png"]
     for path in written:
         console.print(f"wrote {path}")
 

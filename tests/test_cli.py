@@ -18,11 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-RECIPES = ROOT / "recipes"
-DIGITS = RECIPES / "digits_cnn.yaml"
-CIFAR = RECIPES / "cifar10_resnet18.yaml"
-SEEDS = RECIPES / "stragglers" / "seeds.yaml"
+# Packaged recipe names: the CLI resolves them inside the installed package (the runs' cwd has no such files).
+DIGITS = "digits_cnn.yaml"
+CIFAR = "cifar10_resnet18.yaml"
+SEEDS = "stragglers/seeds.yaml"
 FAST = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.enable_progress_bar=false"]
 CIFAR_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
@@ -84,12 +83,41 @@ def test_help_lists_subcommands(tmp_path: Path) -> None:
     assert "pgc_cr" in out  # the registered PGC names are advertised
 
 
+def test_version_and_recipes_listing(tmp_path: Path) -> None:
+    import lightning_pgc
+    from lightning_pgc import recipes
+
+    assert check_ok(run_cli(tmp_path, "--version")).strip() == f"lightning-pgc {lightning_pgc.__version__}"
+    listing = check_ok(run_cli(tmp_path, "recipes"))
+    names = recipes.available()
+    assert {"digits_cnn.yaml", "cifar10_resnet18.yaml", "wandb.yaml", "strategies/ddp.yaml",
+            "stragglers/seeds.yaml"} <= set(names)
+    for name in names:
+        assert name in listing
+    assert recipes.resolve("recipes/digits_cnn.yaml") == recipes.resolve("digits_cnn.yaml")  # the old spelling
+    assert recipes.resolve("nope.yaml") is None
+
+
+def test_local_file_shadows_the_packaged_recipe(tmp_path: Path) -> None:
+    from lightning_pgc.cli import resolve_configs
+    from lightning_pgc.recipes import resolve
+
+    packaged = str(resolve("digits_cnn.yaml"))
+    assert resolve_configs(["fit", "--config", "digits_cnn.yaml", "-c=x"]) == ["fit", "--config", packaged, "-c=x"]
+    assert resolve_configs(["--config=strategies/ddp.yaml"]) == ["--config=" + str(resolve("strategies/ddp.yaml"))]
+    assert resolve_configs(["--config", "missing.yaml"]) == ["--config", "missing.yaml"]  # LightningCLI reports it
+    # a local digits_cnn.yaml (here: one that asks for an unknown strategy) is what runs, not the packaged one
+    (tmp_path / "digits_cnn.yaml").write_text("trainer:\n  strategy: pgc_local_copy\n")
+    proc = run_cli(tmp_path, "fit", "--config", "digits_cnn.yaml", "--trainer.accelerator=cpu", timeout=120)
+    assert proc.returncode == 2 and "pgc_local_copy" in proc.stdout, proc.stdout[-3000:]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
         (["--trainer.strategy=pgc_nope"], "invalid strategy name"),
         # pgc_fr needs c = s+1 to divide n: 2 does not divide 3 ranks. Refused before any rank starts.
-        (["--config", str(RECIPES / "strategies" / "pgc_fr_gradual.yaml"), "--trainer.devices=3"], "divide"),
+        (["--config", "strategies/pgc_fr_gradual.yaml", "--trainer.devices=3"], "divide"),
     ],
     ids=["unknown-name", "fr-on-3-ranks"],
 )
@@ -165,7 +193,7 @@ def test_digits_recipe_fit_then_validate_checkpoint(tmp_path: Path) -> None:
 def test_seeds_fragment_and_strategy_fragments(tmp_path: Path, strategy: str) -> None:
     """The documented comparison: recipe + the seeds' stragglers (tiny scale) + a strategy fragment, either PGC
     by class_path or the ddp baseline; the same delay draws in both."""
-    fragment = RECIPES / "strategies" / f"{strategy}.yaml"
+    fragment = f"strategies/{strategy}.yaml"
     out = check_ok(run_cli(
         tmp_path, "fit", "--config", str(DIGITS), "--config", str(SEEDS), "--config", str(fragment),
         *FAST, "--trainer.callbacks.init_args.scale=0.001", "--trainer.max_steps=3",  # devices=2 beats its 8
@@ -182,6 +210,21 @@ def test_seeds_fragment_and_strategy_fragments(tmp_path: Path, strategy: str) ->
     else:  # the class_path form reached the Trainer with its init_args
         assert "class_path: lightning_pgc.PGCStrategy" in config
         assert "scheme: pgc_fr" in config and "warmup: gradual" in config
+
+
+def test_wandb_fragment_composes_with_a_recipe_and_logs_the_flat_run_keys(tmp_path: Path) -> None:
+    """`--config wandb.yaml` after the digits recipe (or the ddp fragment): an offline W&B run whose config has
+    the same flat keys the demo and the grid give their runs."""
+    for strategy in ("pgc", "ddp"):
+        work = tmp_path / strategy
+        extra = ["--config", "strategies/ddp.yaml"] if strategy == "ddp" else []
+        out = check_ok(run_cli(work, "fit", "--config", DIGITS, *extra, "--config", "wandb.yaml", *FAST,
+                               "--trainer.max_steps=2"))
+        assert "`max_steps=2` reached" in out
+        records = only(list((work / "outputs" / "wandb").glob("offline-run-*/run-*.wandb"))).read_bytes()
+        for key in (b"scheme", b"delay_seed", b"delay_scale", b"lognormal(median=0.005, sigma=0.5)", b"cli"):
+            assert key in records, key
+        assert (b"pgc_cr" if strategy == "pgc" else b"ddp") in records
 
 
 def test_cifar_recipe_on_tiny_cifar(tmp_path: Path) -> None:

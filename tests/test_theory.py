@@ -250,9 +250,15 @@ def test_lemma1_identity_fails_when_staleness_differs_between_partitions():
     assert sorted(stale.values()) == [t - 1, t]  # one fresh and one stale partition in the code
     g_hat, grad_t = run.aggregates[t], run.grad_F(t)
     lhs = run.sq(grad_t - g_hat)
+    rhs_by_age = {}
     for i, v in stale.items():  # the lemma's right-hand side for either choice of the index i
         rhs = run.sq(grad_t - run.grad_F(v)) - run.sq(run.grad_F(v)) + run.sq(g_hat)
         assert abs(lhs - rhs) > 0.1 * lhs, (i, lhs, rhs)
+        rhs_by_age[t - v] = rhs
+    # the values docs/theory.md quotes: LHS 0.00858, RHS -0.0398 (i = stale) and 0.0570 (i = fresh)
+    assert float(lhs) == pytest.approx(0.00858, abs=5e-6)
+    assert float(rhs_by_age[1]) == pytest.approx(-0.0398, abs=5e-5)
+    assert float(rhs_by_age[0]) == pytest.approx(0.0570, abs=5e-5)
     # What does hold (sigma = 0): g_hat is the mean of the partitions' gradients at their own versions.
     m = sum(run.grad_F(v) for v in stale.values()) / 2
     assert torch.allclose(run.mean(g_hat), run.mean(m), atol=1e-12)
@@ -282,15 +288,27 @@ def test_lemma4_same_partition_copies_on_a_quadratic_with_n_equal_c_equal_2():
     # Fresh independent mini-batches, identical partitions: the paper's best case.
     run = th.simulate_pgc_quadratic(scheme, 1.0, [[0.0], [0.0]], eta, t + 1, sigma=sigma, beta0=[1.0])
     covs = []
+    parts = []
     for j in range(2):
         va, ga, vb, gb = _copy_pair(run, t, j)
         assert {va, vb} == {t, t - 1}  # the two copies: one fresh, one a step old
-        # The raw copies are correlated through the trajectory (beta_t depends on the older copy's noise) ...
+        fresh, stale = (ga, gb) if va == t else (gb, ga)
+        # covariance of the two copies = the shared trajectory's + the fresh iterate's with the stale copy's noise
+        trajectory = run.cov(run.betas[t], run.betas[t - 1])
+        moved = run.cov(run.betas[t], stale - run.betas[t - 1])
+        assert run.cov(fresh, stale) == pytest.approx(trajectory + moved, abs=1e-12)
+        parts.append((round(float(trajectory), 12), round(float(moved), 12)))
+        # The raw copies can be correlated through the shared trajectory (beta_t and beta_(t-1) carry the same
+        # earlier noise; for one partition beta_t also moved against the stale copy's noise, which cancels it) ...
         corr = run.cov(ga, gb) / math.sqrt(run.cov(ga, ga) * run.cov(gb, gb))
         covs.append(corr)
         # ... but their noise about grad F(beta_v) is uncorrelated: Lemma 4's cross terms do vanish here.
         assert run.inner(ga - run.grad_F(va), gb - run.grad_F(vb)) == pytest.approx(0.0, abs=1e-15)
     assert max(abs(c) for c in covs) > 0.15  # exact: 0.1875 for one partition with eta = 0.5
+    # docs/theory.md: the 0.1875 is all trajectory (0.25, the stale noise 0); for the other partition beta_t moved
+    # against the stale copy's noise (-0.25), which cancels the trajectory term
+    assert sorted(parts) == [(0.25, -0.25), (0.25, 0.0)]
+    assert sorted(round(float(c), 12) for c in covs) == [0.0, 0.1875]
     # Heterogeneous partitions (non-iid data): both copies err by the same H (b_bar - b_j): cross terms do not vanish.
     run = th.simulate_pgc_quadratic(scheme, 1.0, [[1.0], [-1.0]], eta, t + 1, sigma=sigma, beta0=[1.0])
     va, ga, vb, gb = _copy_pair(run, t, 0)

@@ -407,11 +407,16 @@ class _TandonScheme(Scheme):
         return {j: float(self.B[worker, j]) for j in self.partitions(worker)}
 
     def decoding_vector(self, ranks: Sequence[int]) -> np.ndarray:
-        """``a`` (float64, aligned with ``sorted(ranks)``) solving ``B_K^T a = 1`` for exactly ``n-s`` ranks."""
+        """``a`` (float64, aligned with ``sorted(ranks)``) solving ``B_K^T a = 1`` for exactly ``n-s`` ranks.
+
+        Raises:
+            ValueError: ``cond(B_K) > max_condition`` (possible only where the worst case was sampled, not
+                enumerated, when the scheme was built) or ``B_K`` numerically singular.
+        """
         key = tuple(sorted(ranks))
         a = self._decode_cache.get(key)
         if a is None:
-            a = solve_decoding_vector(self.B, key)
+            a = solve_decoding_vector(self.B, key, max_condition=self.max_condition)
             if len(self._decode_cache) >= _DECODE_CACHE_SIZE:
                 self._decode_cache.pop(next(iter(self._decode_cache)))
             self._decode_cache[key] = a

@@ -1,0 +1,37 @@
+"""The experiments harness: one way to launch a job, one reader of its results, one set of curve helpers.
+
+- :func:`launch` (``launch.py``): a job spec -> a LightningCLI config on top of a recipe -> ``lightning-pgc fit``
+  on real processes -> :class:`JobResult`;
+- :mod:`~lightning_pgc.experiments.spec`: the spec keys and :func:`job_config`;
+- :mod:`~lightning_pgc.experiments.results`: the result files (the only module that names them) and
+  :class:`JobResult` / :func:`read_result`;
+- :mod:`~lightning_pgc.experiments.callbacks`: the measurement callbacks the job config lists;
+- :mod:`~lightning_pgc.experiments.curves`: ``smoothed``, ``first_crossing`` (one meaning: the fractional index
+  at which a piecewise-linear curve first reaches the target), ``at_index``, ``crossing``, ``interpolate``,
+  ``cumulative_at``.
+
+The demo (:mod:`lightning_pgc.demo`), ``benchmarks/`` and the tests all launch jobs through :func:`launch`.
+Needs the ``[examples]`` extra (LightningCLI's jsonargparse, the digits data).
+"""
+
+from lightning_pgc.experiments.curves import at_index, crossing, cumulative_at, first_crossing, interpolate, smoothed
+from lightning_pgc.experiments.launch import JobFailed, command, launch
+from lightning_pgc.experiments.results import FILES, JobResult, read_result
+from lightning_pgc.experiments.spec import DEFAULTS, job_config
+
+__all__ = [
+    "DEFAULTS",
+    "FILES",
+    "JobFailed",
+    "JobResult",
+    "at_index",
+    "command",
+    "crossing",
+    "cumulative_at",
+    "first_crossing",
+    "interpolate",
+    "job_config",
+    "launch",
+    "read_result",
+    "smoothed",
+]

@@ -1,0 +1,96 @@
+"""``launch(spec) -> JobResult``: run one job on real processes through ``lightning-pgc fit`` and read it back."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import yaml
+
+from lightning_pgc.experiments.results import FILES, JobResult, read_progress, read_result
+from lightning_pgc.experiments.spec import job_config, recipe_path, resolve_spec
+
+__all__ = ["JobFailed", "command", "launch"]
+
+#: Files of an earlier run in the same folder that must not be mistaken for this run's.
+STALE = ("progress", "summary", "curve", "val_curve", "done", "wandb")
+
+#: Environment variables of an enclosing distributed run that would make the job think it is a rank of it.
+INHERITED = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK", "RANK", "MASTER_ADDR", "MASTER_PORT",
+             "PL_GLOBAL_SEED", "LIGHTNING_PGC_TRACEBACK")
+
+
+class JobFailed(RuntimeError):
+    """A job exited with a non-zero status or left incomplete results (``result`` holds what was read)."""
+
+    def __init__(self, result: JobResult) -> None:
+        super().__init__(f"job in {result.out} failed: {result.error}\n{result.log_tail[-6000:]}")
+        self.result = result
+
+
+def command(spec: dict[str, Any]) -> list[str]:
+    """The command line a job runs (its ranks 1..n-1 are started by Lightning re-running it)."""
+    spec = resolve_spec(spec)
+    out = Path(spec["out"]).resolve()
+    return [sys.executable, "-m", "lightning_pgc", "fit", "--config", str(recipe_path(spec["recipe"])),
+            "--config", str(out / FILES["config"])]
+
+
+def launch(spec: dict[str, Any], timeout: Optional[float] = None, check: bool = True,
+           on_progress: Optional[Callable[[int], None]] = None) -> JobResult:
+    """Run the job ``spec`` (see :mod:`lightning_pgc.experiments.spec`) and return what it wrote.
+
+    Writes ``spec.json`` and ``job.yaml`` into ``spec["out"]``, runs ``python -m lightning_pgc fit --config
+    <recipe> --config job.yaml`` there with every rank's output in ``job.log``, and reads the result files.
+
+    Args:
+        spec: the job spec; ``out`` is created if missing, earlier results in it are removed first.
+        timeout: seconds before the job is killed (``None``: no limit).
+        check: raise :class:`JobFailed` when the job fails; otherwise return a result with ``ok=False``.
+        on_progress: called about twice a second with the last step the job reported.
+
+    Raises:
+        JobFailed: with ``check``, a non-zero exit status or missing result files.
+        subprocess.TimeoutExpired: the job ran past ``timeout`` (it is killed first).
+        KeyError: an unknown spec key.
+    """
+    spec = resolve_spec(spec)
+    out = Path(spec["out"]).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    spec = {**spec, "out": str(out)}
+    for key in STALE:
+        (out / FILES[key]).unlink(missing_ok=True)
+    (out / FILES["spec"]).write_text(json.dumps(spec, indent=1))
+    (out / FILES["config"]).write_text(yaml.safe_dump(job_config(spec), sort_keys=False))
+    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "PYTHONWARNINGS": "ignore",
+           # W&B without its system-metrics sampler and console capture: they would compete with the ranks for CPU
+           "WANDB_SILENT": "true", "WANDB_X_DISABLE_STATS": "true", "WANDB_CONSOLE": "off"}
+    for key in INHERITED:
+        env.pop(key, None)
+    online = bool(spec["wandb"]) and not spec["wandb"].get("offline", True)
+    env.setdefault("WANDB_MODE", "online" if online else "offline")
+    started = time.monotonic()
+    with open(out / FILES["log"], "w") as log:
+        proc = subprocess.Popen(command(spec), cwd=out, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            while proc.poll() is None:
+                if timeout is not None and time.monotonic() - started > timeout:
+                    raise subprocess.TimeoutExpired(proc.args, timeout)
+                time.sleep(0.2 if on_progress is None else 0.5)
+                if on_progress is not None:
+                    on_progress(read_progress(out))
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    wall = time.monotonic() - started
+    (out / FILES["done"]).write_text(json.dumps({"returncode": proc.returncode, "job_wall_s": wall}))
+    result = read_result(out, devices=int(spec["devices"]))
+    if check and not result.ok:
+        raise JobFailed(result)
+    return result
