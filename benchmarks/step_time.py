@@ -161,9 +161,15 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--skip", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="fewer steps (a smoke run; not for docs)")
+    p.add_argument("--from-json", action="store_true", help="only rewrite the .md and .png from docs/step_time.json")
     args = p.parse_args()
     if args.worker:
         run_worker(args)
+        return
+    if args.from_json:
+        result = json.loads((DOCS / "step_time.json").read_text())
+        write_markdown(result)
+        plot(result)
         return
 
     from rich.console import Console
@@ -260,7 +266,8 @@ def write_markdown(res: dict) -> None:
     md = [
         "# Step time: pgc vs ddp",
         "",
-        f"Produced by `{res['command'].strip()}` ({res['machine']}; {res['minutes']:.0f} min). "
+        f"Produced by `{res['command'].strip()}` ({res['machine']}; {res['minutes']:.0f} min); every number "
+        "below is in docs/step_time.json. "
         "Step time is throughput: wall time from every rank past step "
         f"{res['skip']} to every rank done, per step. MLPs on synthetic data, SGD, batch 32 per rank, "
         f"`diagnostics=False`. `slow`: rank {res['slow']['rank']} sleeps {res['slow']['seconds']} s after every "

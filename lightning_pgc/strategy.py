@@ -65,7 +65,7 @@ class StepInfo:
     skipped: bool  # applied a published aggregate without computing
     evaluated: tuple[int, ...]  # partitions evaluated fresh at this version
     worker_wait_s: float  # from sending the code to holding the aggregate
-    aggregate: Tensor  # flat gradient part of the aggregate
+    aggregate: Tensor  # flat gradient part of the aggregate (a view of the runtime buffer: valid until the next step)
 
 
 class PGCStrategy(DDPStrategy):

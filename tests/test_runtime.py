@@ -337,7 +337,7 @@ def test_stop_drains_and_joins_every_thread():
     assert all(not t.name.startswith("pgc-") for t in threading.enumerate()), threading.enumerate()
     # after stop every rank holds the leader's final per-rank table
     assert all(rt.rank_stats() == rts[0].rank_stats() for rt in rts[1:])
-    assert sum(row["admitted"] for row in rts[1].rank_stats()) >= 5 * 3
+    assert sum(row["admitted"] for row in rts[1].rank_stats()) >= 5 * 2  # FR closes with one rank per group
 
 
 def test_traffic_per_rank_is_a_ring_allreduce_worth_with_n_shards():
