@@ -100,7 +100,7 @@ class PGCDiagnostics(Callback):
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         strategy = trainer.strategy
-        if not _is_coordinator(strategy):
+        if not _is_leader(strategy):
             return
         if self._probe is None:
             self._probe = apply_to_collection(batch, Tensor, lambda t: t.detach().clone())
@@ -130,7 +130,7 @@ class PGCDiagnostics(Callback):
         strategy = trainer.strategy
         info = getattr(strategy, "last_step", None)
         now = time.monotonic()
-        if info is None or not _is_coordinator(strategy):
+        if info is None or not _is_leader(strategy):
             self._last_end = now
             return
         metrics: dict[str, float] = {"pgc/train_loss": info.loss, "pgc/skipped_steps": float(strategy.skipped_steps)}
@@ -555,7 +555,7 @@ class StalenessValve(Callback):
 
 
 # ================================================================================================== helpers
-def _is_coordinator(strategy: Any) -> bool:
+def _is_leader(strategy: Any) -> bool:
     """Whether this rank runs the leader (rank 0), where the per-version records are."""
     runtime = getattr(strategy, "runtime", None)
     return runtime is not None and runtime.is_leader

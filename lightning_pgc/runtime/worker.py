@@ -248,7 +248,7 @@ class PGCRuntime:
                                               ages, self.skipped))
         with self._send_lock:
             code.version = version
-            for j in range(self.layout.num_shards):
+            for j in _rotated(list(range(self.layout.num_shards)), version + self.rank):
                 self._send_code_shard(code, j, self.owners.owner(j, version))
 
     def _send_code_shard(self, code: CodeMessage, shard: int, owner: int) -> None:
@@ -570,4 +570,15 @@ class PGCRuntime:
         payload[pe:].zero_()
         write_header(message, Header(Kind.AGGREGATE, version, self.rank, shard))
         self.mailbox.put_shard(version, shard, payload)
-        self._send_all(Channel.AGG, message, self.peers, done=lambda: self._agg_pool.put(message))
+        # The first peer served gets its aggregate first and starts its next step first: rotate the order with
+        # the version, or the lowest ranks would be admitted systematically more often (a bias under pgc_cr).
+        self._send_all(Channel.AGG, message, _rotated(self.peers, version),
+                       done=lambda: self._agg_pool.put(message))
+
+
+def _rotated(items: list[int], by: int) -> list[int]:
+    """``items`` rotated left by ``by`` (mod its length): a send order that is fair over versions."""
+    if not items:
+        return items
+    k = by % len(items)
+    return items[k:] + items[:k]
