@@ -181,10 +181,7 @@ class Scheme(ABC):
             if out.numel() != first.numel() or out.dtype != self.payload_dtype:
                 raise ValueError(f"{self.name}: out must hold {first.numel()} {self.payload_dtype} elements, "
                                  f"got {out.numel()} {out.dtype}")
-            out.zero_()
-        for j, a in coeffs.items():
-            out.add_(grads[j].to(self.payload_dtype).view(out.shape), alpha=a)
-        return out
+        return _linear_combination(out, [(grads[j], a) for j, a in coeffs.items()])
 
     @abstractmethod
     def _copy_weights(self, worker: int) -> dict[int, float]:
@@ -241,15 +238,13 @@ class Scheme(ABC):
         first = coded[next(iter(coded))]
         if out is None:
             out = torch.zeros(first.numel(), dtype=torch.float64, device=first.device)
-        else:
-            out.zero_()
+        terms = []
         for k, w in weights.items():
             if w != 0.0:
-                code = coded[k]
-                if code.numel() != out.numel():
-                    raise ValueError(f"{self.name}: codes have different sizes ({out.numel()} vs {code.numel()})")
-                out.add_(code.reshape(-1).to(out.dtype), alpha=w)
-        return out
+                if coded[k].numel() != out.numel():
+                    raise ValueError(f"{self.name}: codes have different sizes ({out.numel()} vs {coded[k].numel()})")
+                terms.append((coded[k], w))
+        return _linear_combination(out, terms)
 
     def copy_coefficients(self, received: Sequence[int]) -> Tensor:
         """``W[k, j]``: weight of rank ``k``'s copy of partition ``j`` in the aggregate (full caches), float64 ``[n, n]``."""
@@ -487,6 +482,25 @@ class PGCCRScheme(Scheme):
 
 
 # ----------------------------------------------------------------------- helpers
+def _linear_combination(out: Tensor, terms: Sequence[tuple[Tensor, float]]) -> Tensor:
+    """``out = sum_i a_i t_i`` in ``out``'s dtype and shape, in the given order, in place.
+
+    The first term is written (copy or multiply) rather than added to zeros: one pass less over a payload-sized
+    buffer, same bits (``0 + a t`` rounds like ``a t``).
+    """
+    if not terms:
+        return out.zero_()
+    for i, (t, a) in enumerate(terms):
+        t = t.reshape(-1).to(out.dtype).view(out.shape)
+        if i > 0:
+            out.add_(t, alpha=a)
+        elif a == 1.0:
+            out.copy_(t)
+        else:
+            torch.mul(t, a, out=out)
+    return out
+
+
 def _cr_rotation(scheme: Scheme, worker: int, step: int, start: int) -> tuple[int, ...]:
     """CR rotation: held position ``step % c``, i.e. partition ``(worker + step % c) % n`` (one fresh holder per partition)."""
     scheme.placement.check_worker(worker)
