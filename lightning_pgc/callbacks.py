@@ -1,8 +1,9 @@
 """PGCDiagnostics: what the leader (rank 0) saw each step, logged through the Trainer's logger (W&B included).
 
 Every step (on the leader's rank, where the records are): the decoded training loss, admitted ranks,
-per-rank arrival times, leader wait (``pgc/coordinator_wait_s``), step wall time, gradient ages, coefficient range and the squared
-norm of the aggregate. Every ``every_n_steps`` steps, on a fixed probe batch: the parameter displacement to
+per-rank arrival times, leader wait (``pgc/coordinator_wait_s``), step wall time, gradient ages, coefficient
+range and the per-rank table of :meth:`PGCStrategy.rank_stats`. Every ``every_n_steps`` steps, on a fixed probe
+batch: the squared norm of the aggregate, the parameter displacement to
 the oldest version in use and the local smoothness estimate ``L_hat = |g(b_t) - g(b_u)| / (|b_t - b_u| + eps)``,
 so the staleness term ``L_hat^2 * displacement`` can be compared with ``|g_hat|^2``.
 
