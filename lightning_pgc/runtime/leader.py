@@ -211,7 +211,7 @@ class Leader:
         return [s.as_dict(r) for r, s in enumerate(self._stats)]
 
     def stats_words(self) -> list[float]:
-        """The statistics flattened (admitted, late, skipped, lag sum per rank), for the STOP message."""
+        """The statistics flattened (admitted, late, skipped, mean lag per rank), for the STOP message."""
         out: list[float] = []
         for s in self._stats:
             out += [s.admitted, s.late, s.skipped, s.lag_sum_s / s.lag_count if s.lag_count else 0.0]

@@ -30,7 +30,7 @@ class Kind(IntEnum):
 HEADER_FIELDS = 8  # kind, version, sender, shard, valid entries, max age, packed ages, skipped versions
 AGE_SLOTS = 16  # ages of the first 16 cache entries, 4 bits each, clamped at 15
 CONTROL_FIELDS = 4  # kind, version, a, b
-STAT_FIELDS = 4  # per rank in a STOP: admitted, late, skipped, summed lag (float64 bits)
+STAT_FIELDS = 4  # per rank in a STOP: admitted, late, skipped, mean lag (float64 bits)
 
 
 @dataclass(frozen=True)
