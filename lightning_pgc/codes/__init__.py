@@ -2,11 +2,13 @@
 
 ``make_scheme(name, n, s, **options)`` builds a ``Scheme`` (placement, rotation,
 encoder, decoder); ``StaleCache`` is a rank's pipeline state; ``tandon_b``
-builds the cyclic gradient code of Tandon et al. (2017). See ``docs/math.md``.
+builds the cyclic gradient code of Tandon et al. (2017); ``BoundedScheme`` and
+``CoverageTable`` are the bounded-staleness variant. See ``docs/math.md``.
 """
 
 from __future__ import annotations
 
+from .bounded import BoundedScheme, CoverageTable, Entry, adapt_step
 from .cache import StaleCache
 from .placements import CRPlacement, FRPlacement, OwnPlacement, Placement
 from .schemes import (
@@ -32,6 +34,10 @@ __all__ = [
     "Scheme",
     "make_scheme",
     "StaleCache",
+    "BoundedScheme",
+    "CoverageTable",
+    "Entry",
+    "adapt_step",
     "tandon_b",
     "best_tandon_b",
     "worst_condition",

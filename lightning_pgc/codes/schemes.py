@@ -58,6 +58,7 @@ class Scheme(ABC):
     name: str = ""
     pipelined: bool = False
     payload_dtype: torch.dtype = torch.float32
+    reuses_codes: bool = False  # True: a code may enter aggregates of later versions (shard owners keep it)
 
     def __init__(
         self, n: int, s: int, *, warmup: str = "full", seed: int = 0, max_condition: float = 1e8

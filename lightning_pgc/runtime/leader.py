@@ -41,6 +41,10 @@ class StepRecord:
         """Seconds the version stayed open."""
         return self.closed_at - self.opened_at
 
+    def plan(self) -> list[tuple[int, int, int]]:
+        """``(decode key, rank, code version)`` of every code the aggregate uses, in decode order."""
+        return [(k, k, self.version) for k in self.admitted]
+
 
 @dataclass
 class RankStats:

@@ -137,3 +137,24 @@ def read_control(message: Tensor) -> tuple[Kind, int, int, int, Tensor]:
     """``(kind, version, a, b, data)`` of a control message (``data`` is a view)."""
     kind, version, a, b = message[:CONTROL_FIELDS].tolist()
     return Kind(kind), version, a, b, message[CONTROL_FIELDS:]
+
+
+def decide_words(version: int, plan: Sequence[tuple[int, int, int]]) -> tuple[int, int, list[int]]:
+    """``(a, b, data)`` of a DECIDE for ``plan``, the ``(decode key, rank, code version)`` of every code used.
+
+    ``b = 0``: every code is the rank's own for ``version`` (key = rank; data = the ranks). ``b = 1``: bounded
+    staleness, key ``i`` = partition ``i`` (data = the ranks, then their code versions).
+    """
+    if all(key == rank and v == version for key, rank, v in plan):
+        return len(plan), 0, [rank for _, rank, _ in plan]
+    if [key for key, _, _ in plan] != list(range(len(plan))):
+        raise ValueError(f"a DECIDE with code versions needs keys 0..{len(plan) - 1}, got {plan}")
+    return len(plan), 1, [rank for _, rank, _ in plan] + [v for _, _, v in plan]
+
+
+def read_decide(version: int, a: int, b: int, data: Tensor) -> list[tuple[int, int, int]]:
+    """Inverse of :func:`decide_words`."""
+    words = data[: a * (1 + b)].tolist()
+    if b == 0:
+        return [(k, k, version) for k in words]
+    return [(i, words[i], words[a + i]) for i in range(a)]

@@ -37,7 +37,9 @@ from lightning_pgc.runtime.messages import (
     header_numel,
     message_numel,
     payload_text,
+    decide_words,
     read_control,
+    read_decide,
     read_header,
     text_payload,
     write_header,
@@ -122,6 +124,8 @@ class PGCRuntime:
         max_lag: versions a live rank may fall behind before the leader waits for it.
         leader: the rank that runs the control plane (owns shard 0).
         pin_memory: allocate message and aggregate buffers in pinned host memory (CUDA models).
+        make_leader: builds the control plane on the leader's rank from ``(scheme, world_size, start_version,
+            timeout, max_lag)``; default :class:`Leader` (e.g. :class:`~lightning_pgc.runtime.bounded.BoundedLeader`).
     """
 
     def __init__(
@@ -137,6 +141,7 @@ class PGCRuntime:
         max_lag: int,
         leader: int = 0,
         pin_memory: bool = False,
+        make_leader: Optional[Callable[..., Leader]] = None,
     ) -> None:
         if leader != 0:
             raise ValueError("the leader owns shard 0 and must be rank 0")
@@ -156,7 +161,7 @@ class PGCRuntime:
         self.owners = OwnerMap(layout.num_shards, world_size)
         self.mailbox = Mailbox(layout.num_shards, layout.shard_numel, down_dtype, pin_memory=pin_memory)
         self.leader: Optional[Leader] = (
-            Leader(scheme, world_size, start_version, timeout, max_lag) if rank == leader else None
+            (make_leader or Leader)(scheme, world_size, start_version, timeout, max_lag) if rank == leader else None
         )
         self.error: Optional[BaseException] = None
         self.skipped = 0
@@ -177,6 +182,7 @@ class PGCRuntime:
         self._stopped = False
         self._threads: list[threading.Thread] = []
         self._service: Optional[threading.Thread] = None
+        self._keep_from = -1  # codes of versions below this are never used again (see _aggregate_ready)
 
     @property
     def is_leader(self) -> bool:
@@ -230,8 +236,10 @@ class PGCRuntime:
         """A message to encode this rank's code for ``version`` into (reused once its sends completed and its
         version closed; payload padding is zero)."""
         with self._send_lock:
+            # Under bounded staleness an own code's local shard may serve later versions: keep it until pruned.
+            floor = self._keep_from if self.scheme.reuses_codes else version
             for msg in self._codes:
-                if 0 <= msg.version < version and msg.sends_pending == 0:
+                if 0 <= msg.version < min(version, floor) and msg.sends_pending == 0:
                     break
             else:
                 msg = CodeMessage(self.layout, self.up_dtype, self.pin_memory)
@@ -392,7 +400,7 @@ class PGCRuntime:
             self._count(received=buf.numel() * 8)
             kind, version, a, b, data = read_control(buf)
             if kind == Kind.DECIDE:
-                self._inbox.put(("decide", version, data[:a].tolist()))
+                self._inbox.put(("decide", version, read_decide(version, a, b, data)))
             elif kind == Kind.ASSIGN:
                 self._apply_assign(a, b, version)
             elif kind == Kind.STOP:
@@ -436,7 +444,7 @@ class PGCRuntime:
 
     def _serve(self) -> None:
         pending: dict[int, dict[int, dict[int, tuple[Tensor, bool]]]] = {}  # version -> shard -> rank -> buf
-        decided: dict[int, list[int]] = {}
+        decided: dict[int, list[tuple[int, int, int]]] = {}  # version -> (decode key, rank, code version)
         done_below = -1  # every version < done_below is aggregated here (or never will be)
         leader = self.leader
         stop_deadline: Optional[float] = None
@@ -464,8 +472,8 @@ class PGCRuntime:
                     _, header, buf, arrived, local = item
                     if leader is not None and header.shard == 0:
                         leader.on_code(header, arrived)
-                    if header.version < done_below:
-                        recycle(buf, local)  # late: its version is already aggregated
+                    if header.version < self._keep_from:
+                        recycle(buf, local)  # late: no aggregate will use it
                     else:
                         slot = pending.setdefault(header.version, {}).setdefault(header.shard, {})
                         if header.sender in slot:
@@ -499,10 +507,10 @@ class PGCRuntime:
                 rec = leader.try_close(now)
                 if rec is not None:
                     owners = self.owners.owners(rec.version) - {self.rank}
-                    message = control(self.world_size, Kind.DECIDE, rec.version, len(rec.admitted),
-                                      data=rec.admitted)
+                    a, b, words = decide_words(rec.version, rec.plan())
+                    message = control(self.world_size, Kind.DECIDE, rec.version, a, b, data=words)
                     self._send_all(Channel.CTRL, message, sorted(owners))
-                    decided[rec.version] = rec.admitted
+                    decided[rec.version] = rec.plan()
                 leader.check(now)
             done_below = self._aggregate_ready(pending, decided, done_below, recycle)
 
@@ -528,28 +536,34 @@ class PGCRuntime:
             for r in range(self.world_size)
         ]
 
-    def _aggregate_ready(self, pending: dict, decided: dict[int, list[int]], done_below: int,
+    def _aggregate_ready(self, pending: dict, decided: dict[int, list[tuple[int, int, int]]], done_below: int,
                          recycle: Callable[[Tensor, bool], None]) -> int:
-        """Decode and publish every decided version whose admitted codes all arrived, oldest first."""
+        """Decode and publish every decided version whose admitted codes all arrived, oldest first.
+
+        Codes older than every code the last aggregate used are dropped; unless ``scheme.reuses_codes`` (bounded
+        staleness: an entry serves later versions too), that is every code of the aggregated versions.
+        """
         while decided:
             version = min(decided)
-            order = decided[version]
+            plan = decided[version]
             shards = self.owners.shards_of(self.rank, version)
-            got = pending.get(version, {})
-            if any(k not in got.get(j, {}) for j in shards for k in order):
+            if any(k not in pending.get(v, {}).get(j, {}) for j in shards for _, k, v in plan):
                 break  # an admitted code's shard is still on its way
             for j in shards:
-                self._publish_shard(version, j, [(k, got[j][k][0]) for k in order])
+                self._publish_shard(version, j, [(key, pending[v][j][k][0]) for key, k, v in plan])
             del decided[version]
             done_below = max(done_below, version + 1)
-            for v in [v for v in pending if v < done_below]:
+            reused = min((v for _, _, v in plan), default=done_below) if self.scheme.reuses_codes else done_below
+            self._keep_from = max(self._keep_from, reused)
+            for v in [v for v in pending if v < self._keep_from]:
                 for slot in pending.pop(v).values():
                     for buf, local in slot.values():
                         recycle(buf, local)
         return done_below
 
     def _publish_shard(self, version: int, shard: int, codes: list[tuple[int, Tensor]]) -> None:
-        """Decode shard ``shard`` of ``version`` from the admitted codes (in admission order) and send it."""
+        """Decode shard ``shard`` of ``version`` from the admitted codes (decode key, code; admission order) and
+        send it."""
         layout, hn = self.layout, self._hn_up
         ce, pe = layout.coded_end(shard), layout.plain_end(shard)
         message = self._agg_pool.get()

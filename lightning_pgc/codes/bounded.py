@@ -1,0 +1,190 @@
+"""Bounded-staleness aggregation (the idea card ``000_...``): pure math, no Lightning, no torch.distributed.
+
+Each of ``n`` ranks holds ``r`` partitions (cyclic placement), evaluates ONE of them per step at its model version
+and sends that gradient uncoded. A table keeps the newest ``(rank, version)`` per partition; version ``t`` closes
+when every partition has an entry with ``t - v_i < c``, and the aggregate is ``sum_i w_i g_i`` with ``w_i = 1/n``
+(or proportional to partition sizes). ``r`` (replication) and ``c`` (staleness window) are independent.
+See ``docs/bounded_staleness.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence
+
+from torch import Tensor
+
+from .placements import CRPlacement, Placement
+from .schemes import Scheme, _as_int
+
+__all__ = ["BoundedScheme", "CoverageTable", "Entry", "adapt_step"]
+
+
+class BoundedScheme(Scheme):
+    """Cyclic placement with replication ``r``, one fresh uncoded partition gradient per rank and step.
+
+    Decoding is keyed by *partition* (not rank): ``decode({i: g_i for every i})`` is ``sum_i w_i g_i``.
+
+    Args:
+        n: ranks (= partitions).
+        replication: ``r``, copies of each partition (rank ``k`` holds ``k, ..., k+r-1 mod n``).
+        staleness: ``c``, the window: version ``t`` uses only entries with ``t - v_i < c``.
+        fresh: codes of the open version the leader waits for before closing it (besides coverage); default
+            ``n - r + 1`` (as many as pgc_cr with ``s = r - 1``). 1 steps as soon as the fastest rank reports.
+        partition_sizes: weight partitions by these sizes instead of ``1/n`` each.
+    """
+
+    name = "bounded"
+    reuses_codes = True
+
+    def __init__(self, n: int, replication: int = 2, staleness: int = 2, *, fresh: Optional[int] = None,
+                 partition_sizes: Optional[Sequence[int]] = None, seed: int = 0) -> None:
+        replication = _as_int(replication, "replication")
+        staleness = _as_int(staleness, "staleness")
+        if replication < 1:
+            raise ValueError(f"bounded: replication must be >= 1, got {replication}")
+        if staleness < 1:
+            raise ValueError(f"bounded: staleness c must be >= 1 (c = 1 uses only gradients of the current "
+                             f"version), got {staleness}")
+        super().__init__(n, replication - 1, seed=seed)
+        self.replication = replication
+        self.window = staleness  # current c; lowered by StalenessValve(action="window"), identical on every rank
+        if fresh is not None:
+            fresh = _as_int(fresh, "fresh")
+            if not 1 <= fresh <= self.n:
+                raise ValueError(f"bounded: fresh must be in [1, n={self.n}], got {fresh}")
+            self.wait_for = fresh
+        if partition_sizes is None:
+            self.partition_weights = [1.0 / self.n] * self.n
+        else:
+            sizes = [float(x) for x in partition_sizes]
+            if len(sizes) != self.n or any(not math.isfinite(x) or x < 0 for x in sizes) or sum(sizes) <= 0:
+                raise ValueError(f"bounded: partition_sizes must be {self.n} non-negative numbers with a positive "
+                                 f"sum, got {partition_sizes!r}")
+            total = sum(sizes)
+            self.partition_weights = [x / total for x in sizes]
+
+    def _make_placement(self) -> Placement:
+        return CRPlacement(self.n, self.s + 1)
+
+    @property
+    def max_staleness(self) -> int:
+        """Largest age of an entry in an aggregate under the current window: ``c - 1``."""
+        return self.window - 1
+
+    @property
+    def cache_max_age(self) -> int | None:
+        """1: a rank keeps only its fresh gradient (the table lives with the shard owners)."""
+        return 1
+
+    def evaluations(self, worker: int, step: int, start: int = 0) -> tuple[int, ...]:
+        """Round robin: held position ``step % r``; every partition is evaluated once per step when all report."""
+        self.placement.check_worker(worker)
+        step, start = self._check_step(step, start)
+        return (self.partitions(worker)[step % self.replication],)
+
+    def evaluated(self, worker: int, version: int) -> int:
+        """The partition ``worker``'s code for ``version`` carries."""
+        return self.evaluations(worker, version)[0]
+
+    def _copy_weights(self, worker: int) -> dict[int, float]:
+        return {j: 1.0 for j in self.partitions(worker)}
+
+    def encode(self, worker: int, grads: Mapping[int, Tensor], out: Tensor | None = None) -> Tensor:
+        """The single fresh gradient, uncoded.
+
+        Raises:
+            ValueError: not exactly one held partition given.
+        """
+        self.placement.check_worker(worker)
+        present = self._check_grads(worker, grads)
+        if len(present) != 1:
+            raise ValueError(f"bounded: a code carries exactly one partition gradient, got {list(present)}")
+        return self._weighted_sum(grads, {present[0]: 1.0}, out)
+
+    def admits(self, received: Sequence[int]) -> bool:
+        """Whether the *partitions* ``received`` cover every partition."""
+        return set(self._check_received(set(received))) == set(range(self.n))
+
+    def _weights(self, ranks: list[int]) -> dict[int, float]:
+        return {i: self.partition_weights[i] for i in ranks}
+
+    def __repr__(self) -> str:
+        return (f"BoundedScheme(n={self.n}, replication={self.replication}, staleness={self.window}, "
+                f"fresh={self.wait_for})")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A table entry: ``rank``'s gradient of the partition, computed at model ``version``."""
+
+    rank: int
+    version: int
+
+
+class CoverageTable:
+    """The coordinator's table: newest entry per partition and the coverage rule ``t - v_i < c``.
+
+    Replacement keeps the newest version; on a tie the first arrival stays (a later equal version changes nothing).
+    """
+
+    def __init__(self, n: int) -> None:
+        if n < 1:
+            raise ValueError(f"CoverageTable needs n >= 1 partitions, got {n}")
+        self.n = n
+        self.entries: list[Optional[Entry]] = [None] * n
+
+    def offer(self, partition: int, rank: int, version: int) -> bool:
+        """Keep ``(rank, version)`` for ``partition`` if it is newer than the entry there; True if it replaced."""
+        old = self.entries[partition]
+        if old is not None and version <= old.version:
+            return False
+        self.entries[partition] = Entry(rank, version)
+        return True
+
+    def ages(self, t: int) -> list[Optional[int]]:
+        """``t - v_i`` per partition (None: no entry yet).
+
+        Raises:
+            ValueError: an entry newer than ``t`` (versions out of step).
+        """
+        out: list[Optional[int]] = []
+        for i, e in enumerate(self.entries):
+            if e is not None and e.version > t:
+                raise ValueError(f"partition {i} has an entry of version {e.version}, newer than version {t}")
+            out.append(None if e is None else t - e.version)
+        return out
+
+    def missing(self, t: int, window: int) -> list[int]:
+        """Partitions without an entry younger than ``window`` at version ``t`` (empty: ``t`` may close)."""
+        return [i for i, a in enumerate(self.ages(t)) if a is None or a >= window]
+
+    def decision(self, t: int, window: int) -> tuple[Entry, ...]:
+        """The entry of every partition for version ``t``.
+
+        Raises:
+            ValueError: coverage fails (some partition has no entry younger than ``window``).
+        """
+        missing = self.missing(t, window)
+        if missing:
+            raise ValueError(f"version {t} is not covered with c={window}: partitions {missing} lack an entry")
+        return tuple(e for e in self.entries if e is not None)
+
+
+def adapt_step(ratio: float, *, threshold: float, recover_below: Optional[float], value: float, factor: float,
+               lowest: float, highest: float) -> float:
+    """The staleness valve's decision for one controlled quantity (the ``lr`` scale or the window ``c``).
+
+    When ``ratio = L_hat^2 displacement / |g_hat|^2`` exceeds ``threshold``, lower ``value`` (no lower than
+    ``lowest``); when it is below ``recover_below``, raise it back (no higher than ``highest``). ``factor > 0``
+    multiplies (learning rate), ``factor < 0`` adds (window: ``-1`` lowers ``c`` by one). Pure and deterministic,
+    so every rank with the same inputs takes the same decision without a collective.
+    """
+    if ratio > threshold:
+        new = value * factor if factor > 0 else value + factor
+        return max(new, lowest)
+    if recover_below is not None and ratio < recover_below:
+        new = value / factor if factor > 0 else value - factor
+        return min(new, highest)
+    return value

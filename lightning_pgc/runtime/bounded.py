@@ -1,0 +1,138 @@
+"""The bounded-staleness coordinator on the sharded data plane: the leader's table and coverage rule.
+
+Ranks push one uncoded partition gradient per version (:class:`~lightning_pgc.codes.BoundedScheme`). The leader
+sees shard 0 of every code, late ones included, and keeps the newest ``(rank, version)`` per partition in a
+:class:`~lightning_pgc.codes.CoverageTable`. It closes version ``t`` once ``scheme.wait_for`` codes of ``t``
+arrived and every partition has an entry with ``t - v_i < c``; its DECIDE names, per partition, the rank and
+version of the code to use, so every shard owner sums the same entries and replicas stay identical. Owners keep
+every code from the oldest entry in use on (``scheme.reuses_codes``). Coverage failure waits (counted, logged)
+and, with ``widen_after``, widens ``c`` by one per ``widen_after`` seconds of waiting, up to ``max_window``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+from lightning_pgc.codes.bounded import BoundedScheme, CoverageTable, Entry
+from lightning_pgc.runtime.leader import CoordinatorError, Leader, StepRecord
+from lightning_pgc.runtime.messages import Header
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BoundedLeader", "BoundedRecord"]
+
+
+@dataclass
+class BoundedRecord(StepRecord):
+    """A closed version under bounded staleness: the entry of every partition and the window it closed with."""
+
+    entries: tuple[Entry, ...] = ()
+    window: int = 0  # c in effect (configured window + leader widening)
+    coverage_wait_s: float = 0.0  # seconds the version waited for coverage after enough fresh codes arrived
+    fresh: int = 0  # codes of this version that had arrived at the close
+
+    def plan(self) -> list[tuple[int, int, int]]:
+        return [(i, e.rank, e.version) for i, e in enumerate(self.entries)]
+
+    def delays(self) -> list[int]:
+        """``t - s(t, i)`` per partition."""
+        return [self.version - e.version for e in self.entries]
+
+
+class BoundedLeader(Leader):
+    """:class:`Leader` with the bounded-staleness table and coverage rule (one thread, as the base class).
+
+    Args:
+        widen_after: seconds of coverage wait after which ``c`` grows by one (``None``: never widen, only wait).
+            Set it when ``coverage_waits`` grow and steps stall on a missing partition.
+        max_window: the largest ``c`` widening may reach.
+    """
+
+    def __init__(self, scheme: BoundedScheme, world_size: int, start_version: int, timeout: float, max_lag: int,
+                 widen_after: Optional[float] = None, max_window: Optional[int] = None) -> None:
+        if not isinstance(scheme, BoundedScheme):
+            raise TypeError(f"BoundedLeader needs a BoundedScheme, got {type(scheme).__name__}")
+        if widen_after is not None and widen_after < 0:
+            raise ValueError(f"widen_after must be >= 0 seconds or None, got {widen_after}")
+        super().__init__(scheme, world_size, start_version, timeout, max_lag)
+        self.bounded = scheme
+        self.table = CoverageTable(scheme.n)
+        self.widen_after = widen_after
+        self.max_window = max(max_window or scheme.window, scheme.window)
+        self.widened = 0  # leader-only widening on top of scheme.window (the replicated, configured window)
+        self.coverage_waits = 0  # versions that waited for coverage
+        self.displaced = 0  # table entries replaced by a newer version
+        self._covered_since: Optional[float] = None
+
+    @property
+    def window(self) -> int:
+        """The ``c`` in effect: ``scheme.window`` (identical on every rank) plus this leader's widening."""
+        return min(self.bounded.window + self.widened, max(self.max_window, self.bounded.window))
+
+    def on_code(self, header: Header, arrived: float) -> None:
+        """Shard 0 of a code arrived (late ones too): offer it to the table as its partition's newest entry."""
+        super().on_code(header, arrived)
+        partition = self.bounded.evaluated(header.sender, header.version)
+        old = self.table.entries[partition]
+        if self.table.offer(partition, header.sender, header.version) and old is not None:
+            self.displaced += 1
+
+    def try_close(self, now: float) -> Optional[StepRecord]:
+        """Close the open version if enough fresh codes arrived, every partition is covered and no rank lags."""
+        if len(self._order) < self.bounded.wait_for or not self._lag_ok(now):
+            return None
+        t = self.version
+        missing = self.table.missing(t, self.window)
+        if missing:
+            if self._covered_since is None:
+                self._covered_since = now
+                self.coverage_waits += 1
+                log.info("bounded staleness: version %d waits for partitions %s (c=%d)", t, missing, self.window)
+            if (self.widen_after is not None and self.window < self.max_window
+                    and now - self._covered_since >= self.widen_after * (1 + self.widened)):
+                self.widened += 1
+                log.warning("bounded staleness: widening c to %d at version %d (partitions %s had no entry "
+                            "within %.3g s)", self.window, t, missing, now - self._covered_since)
+            if self.table.missing(t, self.window):
+                return None
+        entries = self.table.decision(t, self.window)
+        waited = 0.0 if self._covered_since is None else now - self._covered_since
+        self._covered_since = None
+        weights: dict[int, float] = {}
+        ages: dict[int, tuple[int, ...]] = {}
+        for i, e in enumerate(entries):
+            weights[e.rank] = weights.get(e.rank, 0.0) + self.bounded.partition_weights[i]
+            ages[e.rank] = ages.get(e.rank, ()) + (t - e.version,)
+        used = sorted(weights)
+        for r in used:
+            self._stats[r].admitted += 1
+        rec = BoundedRecord(version=t, admitted=used, weights=weights, arrivals=dict(self._arrivals),
+                            valid={r: len(a) for r, a in ages.items()}, ages=ages,
+                            opened_at=self._opened_at or now, closed_at=now,
+                            first_arrival=self._first_arrival or now, entries=entries, window=self.window,
+                            coverage_wait_s=waited, fresh=len(self._order))
+        with self._lock:
+            self.records.append(rec)
+        self.version += 1
+        self._open(now)
+        return rec
+
+    def check(self, now: float) -> None:
+        """Raise if the open version cannot close within ``timeout`` of its first code.
+
+        Raises:
+            CoordinatorError: naming the partitions without a recent entry and their holders.
+        """
+        if self._first_arrival is None or now - self._first_arrival <= self.timeout:
+            return
+        missing = self.table.missing(self.version, self.window)
+        if len(self._order) < self.bounded.wait_for or missing:
+            holders = {i: list(self.bounded.holders(i)) for i in missing}
+            raise CoordinatorError(
+                f"Version {self.version} could not close within {self.timeout:g} s: {len(self._order)} of the "
+                f"{self.bounded.wait_for} fresh codes needed arrived (from ranks {sorted(self._order)}); partitions "
+                f"without an entry younger than c={self.window}: {holders or 'none'} (partition: holders). Raise "
+                "`staleness`, set `widen_after`, or lower `fresh`."
+            )

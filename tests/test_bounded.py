@@ -1,0 +1,257 @@
+"""Bounded staleness: the pure table and scheme (exhaustive small cases, float64 references) and the coordinator on
+in-process transports (coverage rule, newest-entry replacement, waits, widening, identical replicas)."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from functools import partial
+
+import numpy as np
+import pytest
+import torch
+
+from lightning_pgc.codes import BoundedScheme, CoverageTable, Entry, adapt_step
+from lightning_pgc.runtime import PGCRuntime, QueueHub, ShardLayout
+from lightning_pgc.runtime.bounded import BoundedLeader, BoundedRecord
+from lightning_pgc.runtime.messages import control, decide_words, read_control, read_decide, Kind
+
+D = 37  # payload elements (odd: shards are padded)
+
+
+# ------------------------------------------------------------------------------------------------- pure math
+def test_round_robin_evaluates_every_partition_once_per_step_and_only_held_ones():
+    for n in range(2, 7):
+        for r in range(1, n + 1):
+            scheme = BoundedScheme(n, r, 2)
+            for t in range(2 * r + 1):
+                evaluated = [scheme.evaluated(k, t) for k in range(n)]
+                assert sorted(evaluated) == list(range(n))
+                for k in range(n):
+                    assert evaluated[k] in scheme.partitions(k)
+                    assert scheme.evaluations(k, t) == (evaluated[k],)
+            # within r consecutive steps a rank visits every partition it holds
+            for k in range(n):
+                assert {scheme.evaluated(k, t) for t in range(5, 5 + r)} == set(scheme.partitions(k))
+
+
+def test_scheme_configuration_errors_are_clear():
+    with pytest.raises(ValueError, match="replication"):
+        BoundedScheme(4, 0, 2)
+    with pytest.raises(ValueError, match="s must be < n"):
+        BoundedScheme(4, 5, 2)
+    with pytest.raises(ValueError, match="staleness"):
+        BoundedScheme(4, 2, 0)
+    with pytest.raises(ValueError, match="fresh"):
+        BoundedScheme(4, 2, 2, fresh=5)
+    with pytest.raises(ValueError, match="partition_sizes"):
+        BoundedScheme(4, 2, 2, partition_sizes=[1, 2, 3])
+    assert BoundedScheme(4, 2, 3).wait_for == 3 and BoundedScheme(4, 2, 3, fresh=1).wait_for == 1
+    assert BoundedScheme(4, 2, 3).max_staleness == 2
+
+
+def test_decode_is_the_weighted_mean_over_partitions_float64_reference():
+    rng = np.random.default_rng(0)
+    for n, sizes in [(3, None), (4, None), (5, [10, 11, 11, 10, 9]), (4, [1, 0, 2, 1])]:
+        scheme = BoundedScheme(n, 2, 2, partition_sizes=sizes)
+        grads = {i: torch.from_numpy(rng.normal(size=11)) for i in range(n)}
+        w = np.full(n, 1.0 / n) if sizes is None else np.asarray(sizes, float) / sum(sizes)
+        ref = sum(w[i] * grads[i].numpy() for i in range(n))
+        for order in itertools.islice(itertools.permutations(range(n)), 0, 24, 7):
+            got = scheme.decode({i: grads[i] for i in order})
+            np.testing.assert_allclose(got.numpy(), ref, rtol=1e-13, atol=1e-14)
+        with pytest.raises(ValueError, match="cannot decode"):
+            scheme.decode({i: grads[i] for i in range(n - 1)})
+
+
+def test_encode_carries_exactly_one_held_gradient_uncoded():
+    scheme = BoundedScheme(4, 2, 2)
+    g = torch.arange(5.0)
+    assert torch.equal(scheme.encode(1, {2: g}), g)
+    with pytest.raises(ValueError, match="exactly one"):
+        scheme.encode(1, {1: g, 2: g})
+    with pytest.raises(ValueError, match="does not hold"):
+        scheme.encode(1, {3: g})
+
+
+def test_table_keeps_the_newest_entry_and_the_first_of_equal_versions():
+    table = CoverageTable(3)
+    assert table.offer(0, rank=2, version=4)
+    assert not table.offer(0, rank=0, version=3)  # older: ignored
+    assert not table.offer(0, rank=0, version=4)  # equal: the first arrival stays
+    assert table.entries[0] == Entry(2, 4)
+    assert table.offer(0, rank=0, version=5)
+    assert table.entries[0] == Entry(0, 5)
+    with pytest.raises(ValueError, match="newer than version"):
+        table.ages(4)
+
+
+def test_coverage_rule_exhaustive_on_small_tables():
+    """Every table of n <= 3 partitions with entries absent or at versions 0..3, every t in 3..5 and c in 1..4:
+    t may close iff every partition has an entry with t - v < c, and the decision is exactly the table."""
+    for n in (1, 2, 3):
+        for versions in itertools.product([None, 0, 1, 2, 3], repeat=n):
+            table = CoverageTable(n)
+            for i, v in enumerate(versions):
+                if v is not None:
+                    table.offer(i, rank=i, version=v)
+            for t in (3, 4, 5):
+                for c in (1, 2, 3, 4):
+                    ok = all(v is not None and t - v < c for v in versions)
+                    assert (table.missing(t, c) == []) == ok
+                    assert table.missing(t, c) == [i for i, v in enumerate(versions) if v is None or t - v >= c]
+                    if ok:
+                        assert [e.version for e in table.decision(t, c)] == list(versions)
+                    else:
+                        with pytest.raises(ValueError, match="not covered"):
+                            table.decision(t, c)
+
+
+def test_adapt_step_lowers_and_recovers_within_bounds():
+    lr = partial(adapt_step, threshold=0.5, recover_below=0.1, factor=0.5, lowest=0.125, highest=1.0)
+    assert lr(0.6, value=1.0) == 0.5 and lr(0.6, value=0.125) == 0.125
+    assert lr(0.3, value=0.5) == 0.5 and lr(0.05, value=0.5) == 1.0 and lr(0.05, value=1.0) == 1.0
+    window = partial(adapt_step, threshold=0.5, recover_below=None, factor=-1, lowest=1, highest=4)
+    assert window(0.6, value=4) == 3 and window(0.6, value=1) == 1 and window(0.01, value=3) == 3
+
+
+def test_decide_words_roundtrip():
+    plain = [(k, k, 7) for k in (2, 0, 3)]
+    a, b, words = decide_words(7, plain)
+    assert (a, b) == (3, 0)
+    msg = control(4, Kind.DECIDE, 7, a, b, data=words)
+    kind, version, a2, b2, data = read_control(msg)
+    assert read_decide(version, a2, b2, data) == plain
+    bounded = [(0, 1, 6), (1, 1, 7), (2, 3, 5), (3, 2, 7)]
+    a, b, words = decide_words(7, bounded)
+    assert b == 1 and read_decide(7, *read_control(control(4, Kind.DECIDE, 7, a, b, data=words))[2:]) == bounded
+
+
+# ------------------------------------------------------------------------------------------- the coordinator
+def payload(rank: int, version: int) -> torch.Tensor:
+    return torch.arange(D, dtype=torch.float32) / 5 + 10 * version + rank
+
+
+def make_runtimes(scheme, shards=2, widen_after=None, max_window=None, timeout=5.0):
+    hub = QueueHub(scheme.n)
+    layout = ShardLayout(D, D, shards)
+    make_leader = partial(BoundedLeader, widen_after=widen_after, max_window=max_window)
+    rts = [PGCRuntime(scheme, hub.endpoint(r), rank=r, world_size=scheme.n, layout=layout, down_dtype=torch.float32,
+                      start_version=0, timeout=timeout, max_lag=1000, make_leader=make_leader)
+           for r in range(scheme.n)]
+    for rt in rts:
+        rt.start()
+    return rts
+
+
+def submit(rt, version):
+    msg = rt.new_code(version)
+    msg.write(0, payload(rt.rank, version))
+    rt.submit(version, msg, (0,))
+
+
+def stop_all(rts):
+    threads = [threading.Thread(target=rt.stop) for rt in rts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+
+
+def reference(scheme, rec: BoundedRecord) -> torch.Tensor:
+    return sum(scheme.partition_weights[i] * payload(e.rank, e.version).double() for i, e in enumerate(rec.entries))
+
+
+def test_steps_advance_without_a_persistently_slow_rank_with_identical_replicas():
+    """r = 2, c = 2: rank 3 reports only at version 0; ranks 0-2 close 8 versions without it. Every aggregate is
+    the float64 weighted sum of the leader's entries, identical on every rank (rank 3 applies them as it catches up),
+    and every entry is younger than c; rank 3's partitions are covered by their other holder."""
+    scheme = BoundedScheme(4, 2, 2)
+    rts = make_runtimes(scheme)
+    try:
+        submit(rts[3], 0)
+        got: dict[int, list[torch.Tensor]] = {}
+        for v in range(8):
+            for r in (0, 1, 2):
+                submit(rts[r], v)
+            got[v] = [rts[r].wait(v).clone() for r in (0, 1, 2)]
+        leader = rts[0].leader
+        for v in range(8):
+            rec = rts[0].record(v)
+            assert isinstance(rec, BoundedRecord) and max(rec.delays()) < 2 and rec.window == 2
+            assert v == 0 or 3 not in rec.admitted
+            torch.testing.assert_close(got[v][0].double(), reference(scheme, rec), rtol=1e-6, atol=1e-5)
+            for a in got[v]:
+                assert torch.equal(a, got[v][0])
+            assert torch.equal(rts[3].wait(v), got[v][0])  # the slow rank catches up by applying them
+        assert leader.coverage_waits == 0 and leader.widened == 0
+        assert max(max(rts[0].record(v).delays()) for v in range(1, 8)) == 1  # stale entries were used
+    finally:
+        stop_all(rts)
+
+
+def test_late_code_fills_the_table_and_a_coverage_failure_waits_for_it():
+    """r = 1 (no replica), fresh = 3, c = 2: partition 3 is rank 3's alone. Version 1 closes on rank 3's version-0
+    entry; version 2 waits (counted) until rank 3's late code of version 1 arrives, and then uses it."""
+    scheme = BoundedScheme(4, 1, 2, fresh=3)
+    rts = make_runtimes(scheme, shards=1)
+    try:
+        for r in range(4):
+            submit(rts[r], 0)
+        for rt in rts:
+            rt.wait(0)
+        for r in (0, 1, 2):
+            submit(rts[r], 1)
+        assert rts[0].wait(1) is not None
+        assert rts[0].record(1).entries[3] == Entry(3, 0) and rts[0].record(1).coverage_wait_s == 0.0
+        waits = rts[0].leader.coverage_waits  # version 0 may have waited for rank 3's first code
+        for r in (0, 1, 2):
+            submit(rts[r], 2)
+        time.sleep(0.3)
+        assert not rts[0].published(2) and rts[0].leader.coverage_waits == waits + 1
+        submit(rts[3], 1)  # late for its version, still young enough for version 2
+        rts[0].wait(2)
+        rec = rts[0].record(2)
+        assert rec.entries[3] == Entry(3, 1) and rec.coverage_wait_s >= 0.25 and rec.delays() == [0, 0, 0, 1]
+        assert 3 in rts[0].record(1).late
+    finally:
+        stop_all(rts)
+
+
+def test_widening_closes_versions_up_to_max_window_and_no_further():
+    """r = 1, c = 1, widen_after = 0.05 s, max_window = 3: rank 3 reports only at version 0, so version 1 closes
+    once c widened to 2, version 2 once c = 3; version 3 would need c = 4 and stays open."""
+    scheme = BoundedScheme(4, 1, 1, fresh=3)
+    rts = make_runtimes(scheme, shards=1, widen_after=0.05, max_window=3)
+    try:
+        for r in range(4):
+            submit(rts[r], 0)
+        rts[0].wait(0)
+        waits = rts[0].leader.coverage_waits
+        for v in (1, 2):
+            for r in (0, 1, 2):
+                submit(rts[r], v)
+            rts[0].wait(v)
+            assert rts[0].record(v).window == v + 1 and rts[0].record(v).entries[3] == Entry(3, 0)
+        for r in (0, 1, 2):
+            submit(rts[r], 3)
+        time.sleep(0.4)
+        leader = rts[0].leader
+        assert not rts[0].published(3) and leader.widened == 2 and leader.window == 3
+        assert leader.coverage_waits == waits + 3
+        assert scheme.window == 1  # widening is the leader's own; the replicated window is unchanged
+    finally:
+        stop_all(rts)
+
+
+def test_a_version_that_cannot_be_covered_fails_naming_partitions_and_holders():
+    scheme = BoundedScheme(4, 1, 1, fresh=3)
+    rts = make_runtimes(scheme, shards=1, timeout=0.3)
+    try:
+        for r in (0, 1, 2):
+            submit(rts[r], 0)
+        with pytest.raises(RuntimeError, match=r"partitions without an entry younger than c=1: \{3: \[3\]\}"):
+            rts[0].wait(0)
+    finally:
+        stop_all(rts)
