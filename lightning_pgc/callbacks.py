@@ -11,8 +11,14 @@ Optionally (``theory_every_n_steps``, off by default) the leader's rank also mea
 theory of the paper only assumes (``docs/theory.md``): the staleness bias ``gamma_hat``, the noise ratio ``xi_hat``,
 the extra error of the received-subset estimator over the straggler pattern, the exact decomposition of the
 aggregate's error into subset-selection, sampling and staleness terms, and how correlated the copies of one
-partition are. :class:`StalenessValve` (every rank, off unless added) lowers the learning rate when the measured
-staleness term becomes a large fraction of ``|g_hat|^2``, with the same decision on every rank and no collective.
+partition are. :class:`StalenessValve` (every rank, off unless added) lowers the learning rate (or, under bounded
+staleness, the window ``c``) when the measured staleness term becomes a large fraction of ``|g_hat|^2``, with the
+same decision on every rank and no collective.
+
+Under ``scheme="bounded"`` the leader's rank also logs ``pgc/bounded/...``: every step the window ``c`` in effect,
+coverage waits, widenings, table displacements and the delay histogram ``t - s(t,i)``; at the probe cadence the
+card's error decomposition of the aggregate with its cross terms and the stale/fresh gradient correlation, both on
+the probe batch (see :func:`lightning_pgc.codes.bounded.error_decomposition`).
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from lightning_pgc import theory
+from lightning_pgc.codes.bounded import BoundedScheme, adapt_step, error_decomposition
+from lightning_pgc.runtime.bounded import BoundedRecord
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +98,7 @@ class PGCDiagnostics(Callback):
         self._pending_probe: Optional[tuple[int, Tensor, Tensor]] = None
         self._patterns: Optional[tuple[np.ndarray, np.ndarray]] = None
         self._theory_warned = False
+        self._delay_counts: dict[int, int] = {}  # bounded staleness: t - s(t,i) over every closed version
 
     # ------------------------------------------------------------------------------------------------ hooks
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -98,6 +107,11 @@ class PGCDiagnostics(Callback):
         self._last_probe = None
         self._patterns = None
         self.history = []
+        self._delay_counts = {}
+        if isinstance(getattr(trainer.strategy, "scheme", None), BoundedScheme) and self.theory_every_n_steps:
+            raise ValueError("PGCDiagnostics(theory_every_n_steps=...) measures the coded schemes' theory; under "
+                             "scheme='bounded' the error decomposition is logged as pgc/bounded/err_* instead: "
+                             "set theory_every_n_steps=None")
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         strategy = trainer.strategy
@@ -106,7 +120,7 @@ class PGCDiagnostics(Callback):
         if self._probe is None:
             self._probe = apply_to_collection(batch, Tensor, lambda t: t.detach().clone())
         version = trainer.global_step
-        c = getattr(strategy.scheme, "c", 1)
+        c = max(getattr(strategy.scheme, "c", 1), getattr(strategy.runtime.leader, "max_window", 1))
         params = _flat_params(pl_module) if self._snapshot_needed(version, c) else None
         if params is not None:
             self._snapshots.append((version, params))
@@ -156,6 +170,8 @@ class PGCDiagnostics(Callback):
 
         if pending is not None:
             metrics.update(self._probe_metrics(pending, max_age, aggregate_sq))
+            if isinstance(record, BoundedRecord):
+                metrics.update(self._bounded_probe_metrics(pl_module, pending, record, info, metrics))
         if (
             self.theory_every_n_steps is not None
             and record is not None
@@ -169,6 +185,8 @@ class PGCDiagnostics(Callback):
 
     # ------------------------------------------------------------------------------------------ measurements
     def _record_metrics(self, strategy: Any, record: Any) -> dict[str, float]:
+        if isinstance(record, BoundedRecord):
+            return self._bounded_record_metrics(strategy, record)
         scheme = strategy.scheme
         n = scheme.n
         out: dict[str, float] = {
@@ -203,6 +221,55 @@ class PGCDiagnostics(Callback):
             out["pgc/staleness_term"] = l_hat**2 * displacement
             out["pgc/staleness_ratio"] = l_hat**2 * displacement / max(aggregate_sq, self.eps)
         self._last_probe = pending
+        return out
+
+    def _bounded_record_metrics(self, strategy: Any, record: BoundedRecord) -> dict[str, float]:
+        """The table's view of one closed version (``pgc/bounded/...``), plus the generic age and arrival metrics."""
+        leader = strategy.runtime.leader
+        delays = record.delays()
+        for a in delays:
+            self._delay_counts[a] = self._delay_counts.get(a, 0) + 1
+        out: dict[str, float] = {
+            "pgc/admitted": float(len(record.admitted)),
+            "pgc/coordinator_wait_s": record.wait_s,
+            "pgc/max_age": float(max(delays)),
+            "pgc/mean_age": sum(delays) / len(delays),
+            "pgc/bounded/window": float(record.window),
+            "pgc/bounded/fresh": float(record.fresh),
+            "pgc/bounded/coverage_wait_s": record.coverage_wait_s,
+            "pgc/bounded/coverage_waits": float(leader.coverage_waits),
+            "pgc/bounded/widened": float(leader.widened),
+            "pgc/bounded/displaced": float(leader.displaced),
+        }
+        for a, count in sorted(self._delay_counts.items()):
+            out[f"pgc/bounded/delay_count/{a}"] = float(count)
+        for r in range(min(strategy.scheme.n, self.per_rank)):
+            out[f"pgc/admitted/rank{r}"] = float(r in record.admitted)
+            if r in record.arrivals:
+                out[f"pgc/arrival_s/rank{r}"] = record.arrivals[r]
+        return out
+
+    def _bounded_probe_metrics(self, pl_module: LightningModule, pending: tuple[int, Tensor, Tensor],
+                               record: BoundedRecord, info: Any, metrics: Mapping[str, float]) -> dict[str, float]:
+        """The card's decomposition of this aggregate's error on the probe batch (``grad F`` := probe gradient)."""
+        version, params, gradient = pending
+        versions = [e.version for e in record.entries]
+        snapshots = dict(self._snapshots)
+        if params is None or any(v not in snapshots for v in versions):
+            return {"pgc/bounded/missing_snapshot": 1.0}
+        live = [p for p in pl_module.parameters() if p.requires_grad]
+        grad_at = {version: gradient}
+        for v in sorted(set(versions) - {version}):
+            with _swapped_params(live, snapshots[v]):
+                grad_at[v] = self._probe_gradient(pl_module)
+        weights = pl_module.trainer.strategy.scheme.partition_weights  # a BoundedRecord comes from a BoundedScheme
+        parts = error_decomposition(gradient, grad_at, versions, weights, info.aggregate, params, snapshots)
+        out = {f"pgc/bounded/err_{k}": v for k, v in parts.items() if not k.startswith("cos") and k != "displacement"}
+        out["pgc/bounded/displacement"] = parts["displacement"]
+        out["pgc/bounded/stale_fresh_cos"] = parts["cos_min"]
+        out["pgc/bounded/stale_fresh_cos_mean"] = parts["cos_mean"]
+        if "pgc/L_hat" in metrics:
+            out["pgc/bounded/lipschitz_bound"] = metrics["pgc/L_hat"] ** 2 * parts["displacement"]
         return out
 
     def _probe_gradient(self, pl_module: LightningModule) -> Tensor:
@@ -390,10 +457,16 @@ class StalenessValve(Callback):
         min_scale: never scale ``lr`` below this fraction of its value when training started.
         probe_size: samples in the probe batch (drawn once, seeded, from the training set).
         probe_seed: seed of that draw.
-        action: ``"lr"`` lowers the learning rate; ``"warn"`` only warns and records.
-        recover_below: if set, raise ``lr`` back by ``1/factor`` (up to the original) when ``ratio`` falls below this.
-        staleness: the age ``a`` to measure over; default ``scheme.max_staleness`` (the valve is inert when 0).
+        action: ``"lr"`` lowers the learning rate; ``"window"`` (``scheme="bounded"`` only) lowers the staleness
+            window ``c`` by one instead (down to ``min_window``; the leader then closes versions only with younger
+            entries, waiting more for coverage); ``"warn"`` only warns and records.
+        recover_below: if set, undo one action (``lr`` times ``1/factor`` or ``c`` plus one, up to the original)
+            when ``ratio`` falls below this.
+        staleness: the age ``a`` to measure over; default ``scheme.max_staleness`` (the valve is inert when 0),
+            read once at the start of fit.
         eps: the ``eps`` in ``L_hat``.
+        min_window: the smallest ``c`` the ``"window"`` action lowers to. Raise it if coverage waits
+            (``pgc/bounded/coverage_wait_s``) grow after the valve acted.
     """
 
     def __init__(
@@ -408,6 +481,7 @@ class StalenessValve(Callback):
         recover_below: Optional[float] = None,
         staleness: Optional[int] = None,
         eps: float = 1e-12,
+        min_window: int = 1,
     ) -> None:
         if not threshold >= 0:
             raise ValueError(f"threshold must be >= 0, got {threshold}")
@@ -419,8 +493,10 @@ class StalenessValve(Callback):
             raise ValueError(f"min_scale must be in (0, 1], got {min_scale}")
         if probe_size < 1:
             raise ValueError(f"probe_size must be >= 1, got {probe_size}")
-        if action not in ("lr", "warn"):
-            raise ValueError(f"action must be 'lr' or 'warn', got {action!r}")
+        if action not in ("lr", "warn", "window"):
+            raise ValueError(f"action must be 'lr', 'window' or 'warn', got {action!r}")
+        if min_window < 1:
+            raise ValueError(f"min_window must be >= 1, got {min_window}")
         if recover_below is not None and not 0 <= recover_below < threshold:
             raise ValueError(f"recover_below must be in [0, threshold), got {recover_below}")
         if staleness is not None and staleness < 0:
@@ -435,6 +511,9 @@ class StalenessValve(Callback):
         self.recover_below = recover_below
         self.staleness = staleness
         self.eps = eps
+        self.min_window = min_window
+        self.window: Optional[int] = None  # current c under action="window" (checkpointed)
+        self._initial_window = 0
         self.scale = 1.0  # current lr / lr at the start of training (checkpointed)
         self.events: list[dict[str, float]] = []  # every lr change (checkpointed)
         self.history: list[dict[str, float]] = []  # every check of this fit
@@ -447,11 +526,12 @@ class StalenessValve(Callback):
 
     # ------------------------------------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        return {"scale": self.scale, "events": list(self.events)}
+        return {"scale": self.scale, "events": list(self.events), "window": self.window}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.scale = float(state_dict.get("scale", 1.0))
         self.events = list(state_dict.get("events", []))
+        self.window = state_dict.get("window")
 
     # ------------------------------------------------------------------------------------------------ hooks
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -460,6 +540,14 @@ class StalenessValve(Callback):
         self._agg_sq = []
         self.rank = trainer.global_rank
         scheme = getattr(trainer.strategy, "scheme", None)
+        if self.action == "window":
+            if not isinstance(scheme, BoundedScheme):
+                raise ValueError("StalenessValve(action='window') lowers the window c of scheme='bounded'; this "
+                                 f"strategy's scheme is {getattr(scheme, 'name', None)!r}: use action='lr'")
+            self._initial_window = scheme.window
+            if self.window is not None:  # resumed: the checkpointed window, identical on every rank
+                scheme.window = self.window
+            self.window = scheme.window
         self._age = int(self.staleness if self.staleness is not None else getattr(scheme, "max_staleness", 0) or 0)
         if self._age == 0:
             if self.rank == 0:
@@ -518,14 +606,22 @@ class StalenessValve(Callback):
         l_hat = float((gradient - old_gradient).norm()) / (step + self.eps)
         term = l_hat**2 * step**2
         ratio = term / max(agg_sq, self.eps)
-        new_scale = self.scale
-        if self.action == "lr" and ratio > self.threshold:
-            new_scale = max(self.scale * self.factor, self.min_scale)
-        elif self.action == "lr" and self.recover_below is not None and ratio < self.recover_below:
-            new_scale = min(self.scale / self.factor, 1.0)
+        new_scale, new_window = self.scale, self.window
+        if self.action == "lr":
+            new_scale = adapt_step(ratio, threshold=self.threshold, recover_below=self.recover_below,
+                                   value=self.scale, factor=self.factor, lowest=self.min_scale, highest=1.0)
+        elif self.action == "window" and self.window is not None:
+            new_window = int(adapt_step(ratio, threshold=self.threshold, recover_below=self.recover_below,
+                                        value=self.window, factor=-1, lowest=min(self.min_window, self.window),
+                                        highest=self._initial_window))
         entry = {"step": float(t), "ratio": ratio, "staleness_term": term, "agg_sqnorm": agg_sq, "L_hat": l_hat,
                  "displacement_sq": step**2, "lr_scale": new_scale}
+        if new_window is not None:
+            entry["window"] = float(new_window)
         self.history.append(entry)
+        if new_window != self.window:
+            trainer.strategy.scheme.window = self.window = new_window
+            self.events.append(entry)
         changed = new_scale != self.scale
         if changed:
             change = new_scale / self.scale
@@ -535,7 +631,9 @@ class StalenessValve(Callback):
             self.scale = new_scale
             self.events.append(entry)
         if ratio > self.threshold and self.rank == 0:
-            if self.action != "lr":
+            if self.action == "window":
+                did = f"staleness window c is now {self.window}. "
+            elif self.action != "lr":
                 did = ""
             elif changed:
                 did = f"learning rate scaled to {self.scale:g} x its initial value. "
@@ -544,13 +642,13 @@ class StalenessValve(Callback):
             rank_zero_warn(
                 f"PGC staleness valve at step {t}: L_hat^2 * |beta_t - beta_(t-{self._age})|^2 = {term:.3g} is "
                 f"{ratio:.2f} x |g_hat|^2 (threshold {self.threshold:g}); {did}"
-                f"Gradients up to c-1 = {self._age} steps stale move this far: consider fewer tolerated "
-                f"stragglers (c = s+1 = {self._age + 1}) or a lower learning rate."
+                f"Gradients up to c-1 = {self._age} steps stale move this far: consider a smaller c (PGC: fewer "
+                f"tolerated stragglers, c = s+1 = {self._age + 1}; bounded: `staleness`) or a lower learning rate."
             )
         if self.rank == 0:
             pl_module.log_dict(
                 {"pgc/valve/ratio": ratio, "pgc/valve/lr_scale": self.scale, "pgc/valve/L_hat": l_hat,
-                 "pgc/valve/staleness_term": term},
+                 "pgc/valve/staleness_term": term, **({"pgc/valve/window": float(self.window)} if self.window else {})},
                 on_step=True, on_epoch=False, rank_zero_only=True, batch_size=1,
             )
 

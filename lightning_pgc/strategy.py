@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from datetime import timedelta
 from typing import Any, Callable, Literal, Mapping, Optional, Union
 
@@ -37,9 +38,10 @@ from lightning_pgc._lightning import (
     set_closure_loss,
     sync_module_states,
 )
-from lightning_pgc.codes import SCHEMES, Scheme, StaleCache, make_scheme
+from lightning_pgc.codes import SCHEMES, BoundedScheme, Scheme, StaleCache, make_scheme
 from lightning_pgc.data import PartitionBatchSampler, split_batch
 from lightning_pgc.runtime import GlooTransport, PGCRuntime, ShardLayout, choose_num_shards
+from lightning_pgc.runtime.bounded import BoundedLeader
 from lightning_pgc.runtime.transport import payload_dtype_for
 
 log = logging.getLogger(__name__)
@@ -53,7 +55,12 @@ REGISTERED: dict[str, tuple[str, Optional[int], str]] = {
     "gc_fr": ("gc_fr", 1, "Gradient coding with fractional repetition (s=1)"),
     "ignore_stragglers": ("ignore", 1, "Average the fastest n-1 gradients, ignore the slowest rank"),
     "dgd": ("dgd", 0, "Distributed gradient descent through the PGC runtime (waits for all ranks)"),
+    "bounded_staleness": ("bounded", None, "Bounded-staleness table: replication 2, newest entry per partition "
+                                           "younger than c=2 (the idea card)"),
 }
+
+#: Scheme names PGCStrategy accepts: the coded schemes plus ``bounded`` (:class:`~lightning_pgc.codes.BoundedScheme`).
+STRATEGY_SCHEMES: tuple[str, ...] = SCHEMES + ("bounded",)
 
 
 @dataclass
@@ -72,8 +79,20 @@ class PGCStrategy(DDPStrategy):
     """Data-parallel training that never waits for the ``stragglers`` slowest ranks.
 
     Args:
-        scheme: one of ``dgd``, ``ignore``, ``gc_fr``, ``gc_cr``, ``pgc_fr``, ``pgc_cr``, ``pgc_cr_naive``.
+        scheme: one of ``dgd``, ``ignore``, ``gc_fr``, ``gc_cr``, ``pgc_fr``, ``pgc_cr``, ``pgc_cr_naive``, or
+            ``bounded`` (bounded staleness, ``docs/bounded_staleness.md``: set ``replication`` and ``staleness``).
         stragglers: ``s``, how many of the slowest ranks each step may ignore (``c = s + 1`` copies per partition).
+            Not used by ``bounded`` (``replication`` sets its copies).
+        replication: ``bounded`` only (default 2): copies ``r`` of each partition. Raise it if
+            ``pgc/bounded/coverage_waits`` grow because both holders of a partition are slow at once.
+        staleness: ``bounded`` only (default 2): the window ``c``; a version uses per partition the newest
+            gradient with age ``< c``. Raise it if coverage waits dominate ``pgc/bounded/coverage_wait_s``; lower it
+            if ``pgc/bounded/stale_fresh_cos`` drops or the loss rises against ``dgd``.
+        fresh: ``bounded`` only: codes of the open version the leader waits for before closing it (default
+            ``n - r + 1``). Lower it to step on the fastest ranks' gradients (more staleness), raise it for fresher ones.
+        widen_after: ``bounded`` only: seconds of coverage wait after which the leader widens ``c`` by one (logged,
+            ``pgc/bounded/widened``), up to ``max_staleness``; ``None`` (default) only waits.
+        max_staleness: ``bounded`` only: the largest ``c`` widening may reach (default ``2 * staleness``).
         warmup: ``"full"`` evaluates every held partition at the first step (the paper), ``"gradual"`` fills
             the cache over the first ``c`` steps at no extra cost.
         timeout: liveness bound in seconds: the leader (rank 0) fails, naming the missing ranks, when it cannot
@@ -99,6 +118,11 @@ class PGCStrategy(DDPStrategy):
         self,
         scheme: str = "pgc_cr",
         stragglers: int = 1,
+        replication: Optional[int] = None,
+        staleness: Optional[int] = None,
+        fresh: Optional[int] = None,
+        widen_after: Optional[float] = None,
+        max_staleness: Optional[int] = None,
         warmup: Literal["full", "gradual"] = "full",
         timeout: float = 300.0,
         max_lag: Optional[int] = None,
@@ -116,8 +140,17 @@ class PGCStrategy(DDPStrategy):
         process_group_timeout: Optional[timedelta] = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
     ) -> None:
-        if scheme not in SCHEMES:
-            raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
+        if scheme not in STRATEGY_SCHEMES:
+            raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(STRATEGY_SCHEMES)}")
+        bounded_args = {"replication": replication, "staleness": staleness, "fresh": fresh,
+                        "widen_after": widen_after, "max_staleness": max_staleness}
+        if scheme != "bounded" and any(v is not None for v in bounded_args.values()):
+            given = sorted(k for k, v in bounded_args.items() if v is not None)
+            raise ValueError(f"{given} apply to scheme='bounded' only (scheme={scheme!r} uses `stragglers`)")
+        if widen_after is not None and widen_after < 0:
+            raise ValueError(f"widen_after must be >= 0 seconds or None, got {widen_after}")
+        if max_staleness is not None and max_staleness < (staleness or 2):
+            raise ValueError(f"max_staleness ({max_staleness}) must be >= staleness ({staleness or 2})")
         if warmup not in ("full", "gradual"):
             raise ValueError(f"warmup must be 'full' or 'gradual', got {warmup!r}")
         if scheme == "pgc_cr_naive" and warmup != "full":
@@ -142,6 +175,11 @@ class PGCStrategy(DDPStrategy):
         )
         self.scheme_name = scheme
         self.stragglers = stragglers
+        self.replication = replication
+        self.staleness = staleness
+        self.fresh = fresh
+        self.widen_after = widen_after
+        self.max_staleness = max_staleness
         self.warmup = warmup
         self.liveness_timeout = float(timeout)
         self.max_lag = max_lag
@@ -171,6 +209,9 @@ class PGCStrategy(DDPStrategy):
 
     # ------------------------------------------------------------------------------------------ configuration
     def _make_scheme(self, world_size: int) -> Scheme:
+        if self.scheme_name == "bounded":
+            return BoundedScheme(world_size, self.replication or 2, self.staleness or 2, fresh=self.fresh,
+                                 seed=self.seed)
         return make_scheme(
             self.scheme_name,
             world_size,
@@ -295,7 +336,12 @@ class PGCStrategy(DDPStrategy):
         self._layout = ShardLayout(numel, self._grad_numel + 1,
                                    choose_num_shards(wire_bytes, self.world_size, self.shard_bytes))
         message_bytes = self._layout.padded_numel * torch.empty((), dtype=dtype).element_size()
-        max_lag = self.max_lag or int(min(1024, max(scheme.c + 1, (512 << 20) // message_bytes)))
+        make_leader = None
+        window = scheme.c
+        if isinstance(scheme, BoundedScheme):
+            window = self.max_staleness or 2 * scheme.window
+            make_leader = partial(BoundedLeader, widen_after=self.widen_after, max_window=window)
+        max_lag = self.max_lag or int(min(1024, max(max(scheme.c, window) + 1, (512 << 20) // message_bytes)))
         self._slots = {}
         self._held = None
         self.runtime = PGCRuntime(
@@ -309,6 +355,7 @@ class PGCStrategy(DDPStrategy):
             timeout=self.liveness_timeout,
             max_lag=max_lag,
             pin_memory=self._pinned(),
+            make_leader=make_leader,
         )
         self.runtime.start()
         self.skipped_steps = 0

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from lightning_pgc.codes import BoundedScheme, CoverageTable, Entry, adapt_step
+from lightning_pgc.codes import BoundedScheme, CoverageTable, Entry, adapt_step, error_decomposition
 from lightning_pgc.runtime import PGCRuntime, QueueHub, ShardLayout
 from lightning_pgc.runtime.bounded import BoundedLeader, BoundedRecord
 from lightning_pgc.runtime.messages import control, decide_words, read_control, read_decide, Kind
@@ -114,6 +114,29 @@ def test_adapt_step_lowers_and_recovers_within_bounds():
     assert lr(0.3, value=0.5) == 0.5 and lr(0.05, value=0.5) == 1.0 and lr(0.05, value=1.0) == 1.0
     window = partial(adapt_step, threshold=0.5, recover_below=None, factor=-1, lowest=1, highest=4)
     assert window(0.6, value=4) == 3 and window(0.6, value=1) == 1 and window(0.01, value=3) == 3
+
+
+def test_error_decomposition_is_exact_and_the_card_drops_a_cross_term():
+    """Random float64 vectors: total = staleness + noise + cross to rounding; card_rhs + card_gap = total with
+    card_gap = 2 <a, m - g>; the Lipschitz bound holds for a linear gradient map; fresh-only gives no staleness."""
+    rng = np.random.default_rng(1)
+    A = torch.from_numpy(rng.normal(size=(6, 6)))
+    A = A @ A.T  # gradient of a quadratic: grad F(beta) = A beta, L = |A|_2
+    beta = {v: torch.from_numpy(rng.normal(size=6)) for v in (3, 4, 5)}
+    grad = {v: A @ b for v, b in beta.items()}
+    versions, weights = [5, 3, 4, 5], [0.25] * 4
+    g = torch.from_numpy(rng.normal(size=6))
+    out = error_decomposition(grad[5], grad, versions, weights, g, beta[5], beta)
+    a, m = grad[5], sum(w * grad[v] for v, w in zip(versions, weights))
+    assert out["total"] == pytest.approx(float((a - g).pow(2).sum()), rel=1e-12)
+    assert out["staleness"] + out["noise"] + out["cross"] == pytest.approx(out["total"], rel=1e-12)
+    assert out["card_gap"] == pytest.approx(2 * float(a @ (m - g)), rel=1e-10, abs=1e-10)
+    assert out["card_rhs"] + out["card_gap"] == pytest.approx(out["total"], rel=1e-12)
+    L = float(torch.linalg.matrix_norm(A, ord=2))
+    assert out["staleness_mean"] <= L**2 * out["displacement"] * (1 + 1e-12)
+    assert out["cos_min"] == pytest.approx(float(a @ grad[3] / (a.norm() * grad[3].norm())), rel=1e-12)
+    fresh = error_decomposition(grad[5], grad, [5, 5], [0.5, 0.5], g)
+    assert fresh["staleness"] == 0 and fresh["staleness_mean"] == 0 and fresh["cos_min"] == pytest.approx(1.0)
 
 
 def test_decide_words_roundtrip():

@@ -13,12 +13,13 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
+import torch
 from torch import Tensor
 
 from .placements import CRPlacement, Placement
 from .schemes import Scheme, _as_int
 
-__all__ = ["BoundedScheme", "CoverageTable", "Entry", "adapt_step"]
+__all__ = ["BoundedScheme", "CoverageTable", "Entry", "adapt_step", "error_decomposition"]
 
 
 class BoundedScheme(Scheme):
@@ -188,3 +189,43 @@ def adapt_step(ratio: float, *, threshold: float, recover_below: Optional[float]
         new = value / factor if factor > 0 else value - factor
         return min(new, highest)
     return value
+
+
+def error_decomposition(grad_now: Tensor, grad_at: Mapping[int, Tensor], versions: Sequence[int],
+                        weights: Sequence[float], aggregate: Tensor, params_now: Optional[Tensor] = None,
+                        params_at: Optional[Mapping[int, Tensor]] = None) -> dict[str, float]:
+    """The card's error decomposition of one aggregate, with the cross terms it drops (float64).
+
+    With ``a = grad F(beta_t)`` (``grad_now``), ``m = sum_i w_i grad F(beta_{s(t,i)})`` (``grad_at[v]`` is
+    ``grad F`` at version ``v``; ``versions[i] = s(t,i)``) and ``g = g_hat`` (``aggregate``):
+
+    - ``total = |a - g|^2 = staleness + noise + cross`` exactly, with ``staleness = |a - m|^2``,
+      ``noise = |m - g|^2`` and ``cross = -2 <a - m, g - m>``;
+    - the card's Lemma 1 reads ``card_rhs = |a - m|^2 - |m|^2 + |g|^2``; ``card_gap = total - card_rhs =
+      -2 <a, g - m>``, zero only in expectation and only if ``E[g | s] = m``;
+    - ``staleness_mean = sum_i w_i |a - grad F(beta_{s(t,i)})|^2`` (the card's per-partition staleness term) and,
+      given parameters, ``displacement = sum_i w_i |beta_t - beta_{s(t,i)}|^2`` (its Lipschitz bound is
+      ``L^2 displacement``);
+    - ``cos_min`` / ``cos_mean``: cosine between ``a`` and the stale gradients (oldest / weighted mean).
+    """
+    a = grad_now.to(torch.float64).reshape(-1)
+    g = aggregate.to(torch.float64).reshape(-1)
+    at = {v: t.to(torch.float64).reshape(-1) for v, t in grad_at.items()}
+    m = torch.zeros_like(a)
+    for v, w in zip(versions, weights):
+        m.add_(at[v], alpha=float(w))
+    dot = lambda x, y: float(torch.dot(x, y))  # noqa: E731
+    staleness, noise = dot(a - m, a - m), dot(m - g, m - g)
+    out = {"total": dot(a - g, a - g), "staleness": staleness, "noise": noise, "cross": -2.0 * dot(a - m, g - m)}
+    out["card_rhs"] = staleness - dot(m, m) + dot(g, g)
+    out["card_gap"] = out["total"] - out["card_rhs"]
+    out["staleness_mean"] = sum(float(w) * dot(a - at[v], a - at[v]) for v, w in zip(versions, weights))
+    norm_a = math.sqrt(dot(a, a))
+    cos = {v: dot(a, t) / max(norm_a * math.sqrt(dot(t, t)), 1e-300) for v, t in at.items()}
+    out["cos_min"] = cos[min(versions)]
+    out["cos_mean"] = sum(float(w) * cos[v] for v, w in zip(versions, weights))
+    if params_now is not None and params_at is not None:
+        p = params_now.to(torch.float64).reshape(-1)
+        out["displacement"] = sum(float(w) * float((p - params_at[v].to(torch.float64).reshape(-1)).pow(2).sum())
+                                  for v, w in zip(versions, weights))
+    return out

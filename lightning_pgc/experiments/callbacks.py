@@ -400,7 +400,8 @@ class JobRecorder(pl.Callback):
         (self.out / rank_file(rank)).write_text(json.dumps(result, default=float))
         valve = _find(trainer, StalenessValve)
         if valve is not None:  # every rank: what its valve saw and did (all ranks must have decided alike)
-            record = {"rank": rank, "scale": valve.scale, "events": valve.events, "checks": valve.history,
+            record = {"rank": rank, "scale": valve.scale, "window": valve.window, "events": valve.events,
+                      "checks": valve.history,
                       "final_lrs": valve.final_lrs}
             (self.out / valve_file(rank)).write_text(json.dumps(record))
         if rank != 0:
