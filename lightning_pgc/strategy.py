@@ -149,8 +149,8 @@ class PGCStrategy(DDPStrategy):
             raise ValueError(f"{given} apply to scheme='bounded' only (scheme={scheme!r} uses `stragglers`)")
         if widen_after is not None and widen_after < 0:
             raise ValueError(f"widen_after must be >= 0 seconds or None, got {widen_after}")
-        if max_staleness is not None and max_staleness < (staleness or 2):
-            raise ValueError(f"max_staleness ({max_staleness}) must be >= staleness ({staleness or 2})")
+        if max_staleness is not None and max_staleness < (2 if staleness is None else staleness):
+            raise ValueError(f"max_staleness ({max_staleness}) must be >= staleness ({staleness})")
         if warmup not in ("full", "gradual"):
             raise ValueError(f"warmup must be 'full' or 'gradual', got {warmup!r}")
         if scheme == "pgc_cr_naive" and warmup != "full":
@@ -210,8 +210,8 @@ class PGCStrategy(DDPStrategy):
     # ------------------------------------------------------------------------------------------ configuration
     def _make_scheme(self, world_size: int) -> Scheme:
         if self.scheme_name == "bounded":
-            return BoundedScheme(world_size, self.replication or 2, self.staleness or 2, fresh=self.fresh,
-                                 seed=self.seed)
+            return BoundedScheme(world_size, 2 if self.replication is None else self.replication,
+                                 2 if self.staleness is None else self.staleness, fresh=self.fresh, seed=self.seed)
         return make_scheme(
             self.scheme_name,
             world_size,

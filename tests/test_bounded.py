@@ -278,3 +278,74 @@ def test_a_version_that_cannot_be_covered_fails_naming_partitions_and_holders():
             rts[0].wait(0)
     finally:
         stop_all(rts)
+
+
+# -------------------------------------------------------------------------------------------- Lightning glue
+def _trainer(strategy, devices=4):
+    import lightning.pytorch as pl
+
+    return pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False,
+                      enable_progress_bar=False, enable_checkpointing=False)
+
+
+def test_registered_name_and_bad_configurations_fail_in_the_launching_process():
+    import lightning_pgc  # noqa: F401
+    from lightning_pgc import PGCStrategy
+
+    strategy = _trainer("bounded_staleness").strategy
+    assert isinstance(strategy, PGCStrategy) and strategy.scheme_name == "bounded"
+    assert repr(strategy._make_scheme(4)) == "BoundedScheme(n=4, replication=2, staleness=2, fresh=3)"
+    with pytest.raises(ValueError, match="s must be < n"):
+        _trainer(PGCStrategy(scheme="bounded", replication=5), devices=4)
+    with pytest.raises(ValueError, match="staleness"):
+        _trainer(PGCStrategy(scheme="bounded", staleness=0), devices=4)
+    with pytest.raises(ValueError, match="fresh"):
+        _trainer(PGCStrategy(scheme="bounded", fresh=9), devices=4)
+    with pytest.raises(ValueError, match=r"\['replication', 'staleness'\] apply to scheme='bounded' only"):
+        PGCStrategy(scheme="pgc_cr", replication=2, staleness=2)
+    with pytest.raises(ValueError, match="max_staleness"):
+        PGCStrategy(scheme="bounded", staleness=4, max_staleness=3)
+    with pytest.raises(ValueError, match="widen_after"):
+        PGCStrategy(scheme="bounded", widen_after=-1.0)
+
+
+def test_real_ranks_persistent_slow_rank_bounded_ages_identical_replicas_and_window_valve(tmp_path):
+    """4 CPU ranks, r = 2, c = 3, rank 3 sleeps 1 s in every step it computes; the valve (action='window',
+    threshold 0) lowers c to 2 at its first check. Steps advance without rank 3 (which catches up by applying
+    published aggregates), every aggregate's entries are younger than the window in effect, the valve took the
+    same decisions on every rank, replicas are bit-identical, and the logged error decomposition adds up."""
+    from tests.jobs import run_job
+
+    steps = 30
+    job = run_job(tmp_path, "bounded", strategy="bounded_staleness",
+                  strategy_kwargs={"staleness": 3, "shard_bytes": 4096}, devices=4, max_steps=steps,
+                  delay="slowranks(ranks=[3], seconds=1.0)", check_val_every_n_epoch=100,
+                  diagnostics={"every_n_steps": 5},
+                  valve={"action": "window", "threshold": 0.0, "check_every_n_steps": 5, "min_window": 2})
+    ranks = job["ranks"]
+    assert len({r["checksum"] for r in ranks}) == 1 and {r["global_step"] for r in ranks} == {steps}
+    assert ranks[3]["injected_sleep_s"] >= 1.0 and ranks[3]["skipped_steps"] >= 1
+    assert all(r["skipped_steps"] == 0 for r in ranks[:3])
+    assert job["summary"]["fit_wall_s"] < 0.5 * steps  # waiting for rank 3 would take >= 1 s per step
+
+    valves = job["valves"]
+    assert [(e["step"], e["window"]) for e in valves[0]["events"]] == [(5.0, 2.0)]
+    for v in valves:
+        assert v["window"] == 2 and v["events"] == valves[0]["events"] and v["checks"] == valves[0]["checks"]
+
+    history = job["summary"]["diagnostics"]
+    assert [h["step"] for h in history] == list(range(steps))
+    for h in history:
+        assert h["pgc/max_age"] < h["pgc/bounded/window"] <= 3
+    assert all(h["pgc/bounded/window"] == 2 for h in history[7:])
+    assert max(h["pgc/max_age"] for h in history) == 1  # stale entries were used
+    last = history[-1]
+    assert sum(v for k, v in last.items() if k.startswith("pgc/bounded/delay_count/")) == 4 * steps
+    probes = [h for h in history if "pgc/bounded/err_total" in h]
+    assert len(probes) == steps // 5
+    for h in probes:
+        parts = h["pgc/bounded/err_staleness"] + h["pgc/bounded/err_noise"] + h["pgc/bounded/err_cross"]
+        assert parts == pytest.approx(h["pgc/bounded/err_total"], rel=1e-6, abs=1e-9)
+        assert h["pgc/bounded/err_card_rhs"] + h["pgc/bounded/err_card_gap"] == pytest.approx(
+            h["pgc/bounded/err_total"], rel=1e-6, abs=1e-9)
+        assert -1.0 <= h["pgc/bounded/stale_fresh_cos"] <= 1.0 + 1e-9
