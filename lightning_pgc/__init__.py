@@ -1,7 +1,8 @@
 """lightning_pgc: straggler-tolerant data-parallel training for PyTorch Lightning (pipelined gradient coding).
 
 Importing the package registers the strategy names ``pgc``, ``pgc_cr``, ``pgc_fr``, ``gc_cr``, ``gc_fr``,
-``ignore_stragglers`` and ``dgd`` in Lightning's ``StrategyRegistry``, so ``Trainer(strategy="pgc")`` works.
+``ignore_stragglers``, ``dgd`` and ``bounded_staleness`` in Lightning's ``StrategyRegistry``, so
+``Trainer(strategy="pgc")`` works.
 """
 
 from lightning.pytorch.strategies import StrategyRegistry

@@ -192,7 +192,7 @@ def test_digits_recipe_fit_then_validate_checkpoint(tmp_path: Path) -> None:
     assert "val_acc" in out and "val_loss" in out
 
 
-@pytest.mark.parametrize("strategy", ["pgc_fr_gradual", "ddp"])
+@pytest.mark.parametrize("strategy", ["pgc_fr_gradual", "ddp", "bounded_staleness"])
 def test_seeds_fragment_and_strategy_fragments(tmp_path: Path, strategy: str) -> None:
     """The documented comparison: recipe + the seeds' stragglers (tiny scale) + a strategy fragment, either PGC
     by class_path or the ddp baseline; the same delay draws in both."""
@@ -210,6 +210,9 @@ def test_seeds_fragment_and_strategy_fragments(tmp_path: Path, strategy: str) ->
     assert re.search(r"devices: '?2'?", config)
     if strategy == "ddp":
         assert re.search(r"^  strategy: ddp$", config, re.M)
+    elif strategy == "bounded_staleness":
+        assert "class_path: lightning_pgc.PGCStrategy" in config
+        assert "scheme: bounded" in config and "replication: 2" in config and "staleness: 2" in config
     else:  # the class_path form reached the Trainer with its init_args
         assert "class_path: lightning_pgc.PGCStrategy" in config
         assert "scheme: pgc_fr" in config and "warmup: gradual" in config
