@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from functools import partial
 from datetime import timedelta
+from functools import partial
 from typing import Any, Callable, Literal, Mapping, Optional, Union
 
 import torch

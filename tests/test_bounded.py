@@ -208,7 +208,12 @@ def test_steps_advance_without_a_persistently_slow_rank_with_identical_replicas(
             for a in got[v]:
                 assert torch.equal(a, got[v][0])
             assert torch.equal(rts[3].wait(v), got[v][0])  # the slow rank catches up by applying them
-        assert leader.coverage_waits == 0 and leader.widened == 0
+        assert leader.widened == 0  # version 0 may wait for rank 2's first code; later versions never wait:
+        assert all(rts[0].record(v).coverage_wait_s == 0.0 for v in range(1, 8))
+        # Own code messages are reused (8 versions, fewer messages): owners (ranks 0, 1) keep theirs only while an
+        # entry may use them (c = 2 versions, plus one being written and one whose aggregation is under way).
+        counts = [rt.buffer_stats()["code_messages"] for rt in rts[:3]]
+        assert max(counts[:2]) <= 4 and counts[2] <= 2, counts
         assert max(max(rts[0].record(v).delays()) for v in range(1, 8)) == 1  # stale entries were used
     finally:
         stop_all(rts)

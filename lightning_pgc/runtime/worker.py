@@ -34,10 +34,10 @@ from lightning_pgc.runtime.messages import (
     Kind,
     control,
     control_numel,
+    decide_words,
     header_numel,
     message_numel,
     payload_text,
-    decide_words,
     read_control,
     read_decide,
     read_header,
@@ -236,16 +236,21 @@ class PGCRuntime:
         """A message to encode this rank's code for ``version`` into (reused once its sends completed and its
         version closed; payload padding is zero)."""
         with self._send_lock:
-            # Under bounded staleness an own code's local shard may serve later versions: keep it until pruned.
-            floor = self._keep_from if self.scheme.reuses_codes else version
             for msg in self._codes:
-                if 0 <= msg.version < min(version, floor) and msg.sends_pending == 0:
+                if 0 <= msg.version < version and msg.sends_pending == 0 and self._unused_here(msg.version):
                     break
             else:
                 msg = CodeMessage(self.layout, self.up_dtype, self.pin_memory)
                 self._codes.append(msg)
             msg.version = -1  # being written: never re-sent until submitted
         return msg
+
+    def _unused_here(self, version: int) -> bool:
+        """Whether this rank's own shards no longer need its code of ``version`` (under bounded staleness an owner
+        keeps the local rows of its own code, by reference, while a later version may still use them)."""
+        if not self.scheme.reuses_codes or not self.owners.shards_of(self.rank, version):
+            return True
+        return version < self._keep_from
 
     def submit(self, version: int, code: CodeMessage, ages: Sequence[int]) -> None:
         """Send shard ``j`` of ``code`` (this rank's code for ``version``, from cache entries of ``ages``) to the
