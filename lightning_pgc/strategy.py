@@ -33,11 +33,22 @@ import lightning.pytorch as pl
 from lightning_pgc._lightning import (
     closure_loss,
     default_pg_timeout,
+    has_layer_sync,
+    wrap_launcher,
     replace_sigterm_broadcast,
     set_closure_loss,
     sync_module_states,
 )
 from lightning_pgc.codes import SCHEMES, Scheme, StaleCache, make_scheme
+from lightning_pgc.compat import (
+    CollectiveGuard,
+    PGCUnsupportedError,
+    PreflightLauncher,
+    SingleUseClosure,
+    check_fit,
+    check_train_loader,
+    check_trainer,
+)
 from lightning_pgc.data import PartitionBatchSampler, split_batch
 from lightning_pgc.runtime import GlooTransport, PGCRuntime, ShardLayout, choose_num_shards
 from lightning_pgc.runtime.transport import payload_dtype_for
@@ -116,8 +127,22 @@ class PGCStrategy(DDPStrategy):
         process_group_timeout: Optional[timedelta] = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
     ) -> None:
+        _check_type("scheme", scheme, str)
+        _check_type("stragglers", stragglers, int)
+        _check_type("warmup", warmup, str)
+        _check_type("timeout", timeout, (int, float))
+        _check_type("max_lag", max_lag, (int, type(None)))
+        _check_type("shard_bytes", shard_bytes, int)
+        _check_type("seed", seed, int)
+        _check_type("diagnostics", diagnostics, bool)
+        _check_type("diagnostics_every", diagnostics_every, int)
+        _check_type("max_condition", max_condition, (int, float))
         if scheme not in SCHEMES:
             raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
+        if stragglers < 0:
+            raise ValueError(f"stragglers must be >= 0, got {stragglers}")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
         if warmup not in ("full", "gradual"):
             raise ValueError(f"warmup must be 'full' or 'gradual', got {warmup!r}")
         if scheme == "pgc_cr_naive" and warmup != "full":
@@ -168,6 +193,8 @@ class PGCStrategy(DDPStrategy):
         self._version = 0
         self._evaluations: tuple[int, ...] = ()
         self._fresh: set[int] = set()
+        self._guard = CollectiveGuard()
+        self._partition_batch_size: Optional[int] = None  # samples per partition evaluation (the loader's batch_size)
 
     # ------------------------------------------------------------------------------------------ configuration
     def _make_scheme(self, world_size: int) -> Scheme:
@@ -187,6 +214,16 @@ class PGCStrategy(DDPStrategy):
         if self.parallel_devices is not None:
             self._make_scheme(self.num_nodes * len(self.parallel_devices))
         super()._configure_launcher()
+        # Lightning hands ``fit``'s model and loaders to the launcher: check them there, before any rank starts.
+        wrap_launcher(self, lambda launcher: PreflightLauncher(launcher, self._preflight))
+
+    def _preflight(self, trainer: "pl.Trainer", args: tuple[Any, ...]) -> None:
+        """Refuse, in the launching process, every setup PGC cannot run (see :mod:`lightning_pgc.compat`)."""
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
+        module = args[0] if args else None
+        loaders = args[1] if len(args) > 1 else None
+        check_fit(trainer, module, loaders, layer_sync=has_layer_sync(self))
 
     @override
     def setup_environment(self) -> None:
@@ -214,18 +251,12 @@ class PGCStrategy(DDPStrategy):
                 trainer.callbacks.append(PGCDiagnostics(every_n_steps=self.diagnostics_every))
 
     def _check_supported(self, trainer: "pl.Trainer") -> None:
-        module = trainer.lightning_module
-        if not module.automatic_optimization:
-            raise ValueError("PGCStrategy needs automatic optimization (`self.automatic_optimization = True`)")
-        if trainer.accumulate_grad_batches != 1:
-            raise ValueError(
-                "PGCStrategy does not support `accumulate_grad_batches`: raise the DataLoader's batch_size instead"
-            )
-        precision = str(trainer.precision)
-        if precision.startswith("16"):
-            raise ValueError(
-                f"PGCStrategy does not support precision={precision!r} (loss scaling would have to agree across "
-                "stale gradients); use '32-true' or 'bf16-mixed'"
+        """The launch-time checks again in every rank (a launcher that bypasses ``launch``, e.g. a bare script)."""
+        check_trainer(trainer, layer_sync=has_layer_sync(self))
+        if not trainer.lightning_module.automatic_optimization:
+            raise PGCUnsupportedError(
+                "PGCStrategy needs automatic optimization (`self.automatic_optimization = True`): it decodes the "
+                "gradient inside the optimizer step"
             )
 
     @override
@@ -242,14 +273,9 @@ class PGCStrategy(DDPStrategy):
             return dataloader
         if isinstance(dataloader.batch_sampler, PartitionBatchSampler):
             return dataloader
-        if dataloader.batch_size is None:
-            raise ValueError(
-                "PGCStrategy assigns mini-batches to partitions itself: give the training DataLoader a `batch_size` "
-                "instead of a custom `batch_sampler`"
-            )
+        check_train_loader(dataloader)  # loaders built by hooks in the ranks: refused on every rank alike
+        self._partition_batch_size = dataloader.batch_size
         dataset = dataloader.dataset
-        if not hasattr(dataset, "__len__"):
-            raise ValueError("PGCStrategy needs a map-style training dataset (with __len__)")
         sampler = PartitionBatchSampler(
             len(dataset),
             self.scheme,
@@ -276,7 +302,10 @@ class PGCStrategy(DDPStrategy):
     def on_train_start(self) -> None:
         super().on_train_start()
         trainer = self.lightning_module.trainer
-        self._params = [p for p in self.lightning_module.parameters() if p.requires_grad]
+        # Every parameter, frozen ones included: finetuning callbacks flip `requires_grad` mid-fit, and a layout fixed
+        # at the start keeps the payload (and the stale cache) valid on every rank. A frozen parameter sends zeros
+        # and gets no gradient (`_apply`).
+        self._params = list(self.lightning_module.parameters())
         # Buffers (BatchNorm statistics) travel as a plain tail, averaged over the received ranks, so that the
         # replicas stay identical buffers included (DDP broadcasts rank 0's buffers instead).
         self._buffers = [b for b in self.lightning_module.buffers() if b.numel() > 0]
@@ -357,17 +386,40 @@ class PGCStrategy(DDPStrategy):
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         """Run the user's training step once per evaluated partition; all but the last are back-propagated here."""
         evals = self._evaluations
-        if len(evals) <= 1 or not args:
-            return super().training_step(*args, **kwargs)
-        chunks = split_batch(args[0], len(evals))
-        self._zero_grad()  # Lightning zeroes grads only after training_step
-        for partition, chunk in zip(evals[:-1], chunks[:-1]):
-            output = super().training_step(chunk, *args[1:], **kwargs)
-            loss = _loss_of(output)
-            self.backward(loss, None)
-            self._store_gradient(partition, loss)
-            self._zero_grad()
-        return super().training_step(chunks[-1], *args[1:], **kwargs)
+        with self._guard(self.lightning_module):
+            if len(evals) <= 1 or not args:
+                return super().training_step(*args, **kwargs)
+            size = None if self._partition_batch_size is None else self._partition_batch_size * len(evals)
+            chunks = split_batch(args[0], len(evals), size=size)
+            self._zero_grad()  # Lightning zeroes grads only after training_step
+            for partition, chunk in zip(evals[:-1], chunks[:-1]):
+                output = super().training_step(chunk, *args[1:], **kwargs)
+                loss = _loss_of(output)
+                self.backward(loss, None)
+                self._store_gradient(partition, loss)
+                self._zero_grad()
+            return super().training_step(chunks[-1], *args[1:], **kwargs)
+
+    # Collectives on the default group are refused inside training_step (a rank that fell behind skips it).
+    @override
+    def reduce(self, tensor: Any, group: Optional[Any] = None, reduce_op: Optional[Any] = "mean") -> Any:
+        self._guard.refuse("a reduce (e.g. `self.log(..., sync_dist=True)`)")
+        return super().reduce(tensor, group=group, reduce_op=reduce_op)
+
+    @override
+    def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
+        self._guard.refuse("`all_gather`")
+        return super().all_gather(tensor, group=group, sync_grads=sync_grads)
+
+    @override
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        self._guard.refuse("`broadcast`")
+        return super().broadcast(obj, src)
+
+    @override
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        self._guard.refuse("`barrier`")
+        super().barrier(*args, **kwargs)
 
     @override
     def optimizer_step(
@@ -383,9 +435,7 @@ class PGCStrategy(DDPStrategy):
         version = self._version = self.lightning_module.trainer.global_step
         self._evaluations = self.scheme.evaluations(self.global_rank, version, start=self._warm_start_step())
 
-        def pgc_closure() -> Any:
-            return self._exchange(version, closure)
-
+        pgc_closure = SingleUseClosure(lambda: self._exchange(version, closure))
         return super().optimizer_step(optimizer, pgc_closure, model, **kwargs)
 
     def _exchange(self, version: int, closure: Callable[[], Any]) -> Tensor:
@@ -477,7 +527,11 @@ class PGCStrategy(DDPStrategy):
         offset = 0
         for p in self._params:
             n = p.numel()
-            p.grad = gradient[offset : offset + n].view_as(p).to(device=p.device, dtype=p.dtype, non_blocking=True)
+            if p.requires_grad:  # frozen now (e.g. by a finetuning callback): no gradient, as without PGC
+                p.grad = gradient[offset : offset + n].view_as(p).to(device=p.device, dtype=p.dtype,
+                                                                     non_blocking=True)
+            else:
+                p.grad = None
             offset += n
 
     # ------------------------------------------------------------------------------------------ registry
@@ -503,6 +557,14 @@ def _local_sigterm_check(trainer: "pl.Trainer") -> Callable[[], None]:
             raise SIGTERMException()
 
     return check
+
+
+def _check_type(name: str, value: Any, types: Union[type, tuple[type, ...]]) -> None:
+    """A ``TypeError`` that names the parameter (``PGCStrategy(timeout="5m")``); ``bool`` is no number here."""
+    allowed = types if isinstance(types, tuple) else (types,)
+    if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
+        names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+        raise TypeError(f"PGCStrategy({name}=...) must be {names}, got {type(value).__name__} {value!r}")
 
 
 def _loss_of(output: Any) -> Tensor:
