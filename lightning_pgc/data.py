@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
@@ -159,9 +159,10 @@ def split_batch(batch: Any, chunks: int, size: Optional[int] = None) -> list[Any
     """Split a collated batch of ``size`` samples into ``chunks`` batches of ``size // chunks`` samples each.
 
     Tensors are split along dim 0, which must be ``size``. A list or tuple of length ``size`` none of whose
-    elements spans the batch (a ``list[str]``, a list of variable-length tensors, a list of per-sample dicts) is a
-    per-sample list and is sliced; other tuples, lists, named tuples and mappings are containers and are split
-    recursively; any other leaf (a string, a number, ``None``) is repeated in every chunk.
+    elements spans the batch (a ``list[str]``, a list of per-sample dicts), or a list of tensors of different
+    shapes (variable-length samples), is a per-sample list and is sliced; other tuples, lists, named tuples and
+    mappings are containers and are split recursively; any other leaf (a string, a number, ``None``) is repeated
+    in every chunk.
     ``size`` defaults to the leading size of the first tensor found.
 
     Raises:
@@ -195,7 +196,7 @@ def _split(batch: Any, chunks: int, size: int) -> list[Any]:
         parts_t = [_split(v, chunks, size) for v in batch]
         return [type(batch)(*(p[c] for p in parts_t)) for c in range(chunks)]
     if isinstance(batch, (tuple, list)):
-        if len(batch) == size and not any(_spans(v, size) for v in batch):  # one entry per sample
+        if len(batch) == size and (_ragged(batch) or not any(_spans(v, size) for v in batch)):  # one per sample
             return [type(batch)(batch[c * step : (c + 1) * step]) for c in range(chunks)]
         parts_l = [_split(v, chunks, size) for v in batch]
         return [type(batch)(p[c] for p in parts_l) for c in range(chunks)]
@@ -211,6 +212,11 @@ def _spans(value: Any, size: int) -> bool:
     if isinstance(value, (tuple, list)):
         return len(value) == size or any(_spans(v, size) for v in value)
     return False
+
+
+def _ragged(values: Sequence[Any]) -> bool:
+    """A sequence of tensors of different shapes: variable-length samples, never a container of batch tensors."""
+    return all(isinstance(v, torch.Tensor) for v in values) and len({tuple(v.shape) for v in values}) > 1
 
 
 def _first_leading_size(batch: Any) -> Optional[int]:
