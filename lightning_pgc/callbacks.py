@@ -651,11 +651,12 @@ def _probe_loss(pl_module: LightningModule, batch: Any) -> float:
 
 @contextmanager
 def _untouched(pl_module: LightningModule) -> Iterator[None]:
-    """Run the user's training_step off the record: RNG forked, logs muted, buffers and torchmetrics states
-    restored afterwards (a probe call on rank 0 must not count in a metric or move BatchNorm statistics)."""
+    """Run the user's training_step off the record: RNG forked, logs muted, collectives refused (under PGC), buffers
+    and torchmetrics states restored afterwards (a probe call on rank 0 must not count in a metric or move
+    BatchNorm statistics)."""
     buffers = [b.detach().clone() for b in pl_module.buffers()]
     metrics = _metric_states(pl_module)
-    with torch.random.fork_rng(devices=[]), _muted(pl_module):
+    with torch.random.fork_rng(devices=[]), _muted(pl_module), _guarded(pl_module):
         try:
             yield
         finally:
@@ -664,6 +665,20 @@ def _untouched(pl_module: LightningModule) -> Iterator[None]:
             for metric, state in metrics:
                 for name, value in state.items():
                     setattr(metric, name, value)
+
+
+@contextmanager
+def _guarded(pl_module: LightningModule) -> Iterator[None]:
+    """Under PGC, refuse collectives in a probe call of training_step as in the real one (it runs on one rank)."""
+    try:
+        guard = getattr(pl_module.trainer.strategy, "collective_guard", None)
+    except RuntimeError:  # not attached to a Trainer
+        guard = None
+    if guard is None:
+        yield
+    else:
+        with guard(pl_module):
+            yield
 
 
 def _metric_states(module: torch.nn.Module) -> list[tuple[Any, dict[str, Any]]]:

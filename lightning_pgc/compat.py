@@ -258,6 +258,7 @@ class CollectiveGuard:
             yield
             return
         log, log_dict = module.log, module.log_dict
+        own = {name: vars(module)[name] for name in ("log", "log_dict") if name in vars(module)}  # e.g. muted
 
         def guarded_log(name: str, value: Any, *args: Any, **kwargs: Any) -> None:
             self._check_logged(name, value, kwargs)
@@ -274,8 +275,11 @@ class CollectiveGuard:
             yield
         finally:
             self.active = False
-            del module.log
-            del module.log_dict
+            for name in ("log", "log_dict"):
+                if name in own:
+                    setattr(module, name, own[name])
+                else:
+                    delattr(module, name)
 
     def _check_logged(self, name: str, value: Any, kwargs: dict[str, Any]) -> None:
         if kwargs.get("sync_dist"):

@@ -193,7 +193,7 @@ class PGCStrategy(DDPStrategy):
         self._version = 0
         self._evaluations: tuple[int, ...] = ()
         self._fresh: set[int] = set()
-        self._guard = CollectiveGuard()
+        self.collective_guard = CollectiveGuard()  # active while the user's training_step runs (also in probes)
         self._partition_batch_size: Optional[int] = None  # samples per partition evaluation (the loader's batch_size)
 
     # ------------------------------------------------------------------------------------------ configuration
@@ -386,7 +386,7 @@ class PGCStrategy(DDPStrategy):
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         """Run the user's training step once per evaluated partition; all but the last are back-propagated here."""
         evals = self._evaluations
-        with self._guard(self.lightning_module):
+        with self.collective_guard(self.lightning_module):
             if len(evals) <= 1 or not args:
                 return super().training_step(*args, **kwargs)
             size = None if self._partition_batch_size is None else self._partition_batch_size * len(evals)
@@ -403,22 +403,22 @@ class PGCStrategy(DDPStrategy):
     # Collectives on the default group are refused inside training_step (a rank that fell behind skips it).
     @override
     def reduce(self, tensor: Any, group: Optional[Any] = None, reduce_op: Optional[Any] = "mean") -> Any:
-        self._guard.refuse("a reduce (e.g. `self.log(..., sync_dist=True)`)")
+        self.collective_guard.refuse("a reduce (e.g. `self.log(..., sync_dist=True)`)")
         return super().reduce(tensor, group=group, reduce_op=reduce_op)
 
     @override
     def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
-        self._guard.refuse("`all_gather`")
+        self.collective_guard.refuse("`all_gather`")
         return super().all_gather(tensor, group=group, sync_grads=sync_grads)
 
     @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
-        self._guard.refuse("`broadcast`")
+        self.collective_guard.refuse("`broadcast`")
         return super().broadcast(obj, src)
 
     @override
     def barrier(self, *args: Any, **kwargs: Any) -> None:
-        self._guard.refuse("`barrier`")
+        self.collective_guard.refuse("`barrier`")
         super().barrier(*args, **kwargs)
 
     @override

@@ -243,3 +243,30 @@ def test_arguments_of_the_wrong_type_name_the_parameter():
         PGCStrategy(seed="a")
     with pytest.raises(TypeError, match="stragglers="):
         PGCStrategy(stragglers=1.5)
+
+
+def test_a_probe_call_of_training_step_leaves_metrics_and_buffers_untouched():
+    """PGCDiagnostics calls training_step on rank 0 for its probe: no metric update, no BatchNorm move, no log."""
+    from lightning_pgc.callbacks import _loss_and_gradient, _probe_loss
+
+    class Counting(Plain):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.BatchNorm1d(4)
+            self.acc = torchmetrics.Accuracy("multiclass", num_classes=2, sync_on_compute=False)
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            logits = self.net(self.norm(x))
+            self.acc(logits, y)
+            return nn.functional.cross_entropy(logits, y)
+
+    module = Counting()
+    batch = (torch.randn(8, 4), torch.randint(0, 2, (8,)))
+    module.training_step(batch, 0)
+    before = (module.acc._update_count, module.acc.tp.clone(), module.norm.running_mean.clone())
+    loss, gradient = _loss_and_gradient(module, batch)
+    assert _probe_loss(module, batch) == pytest.approx(loss)
+    assert gradient.numel() == sum(p.numel() for p in module.parameters())
+    assert module.acc._update_count == before[0] and torch.equal(module.acc.tp, before[1])
+    assert torch.equal(module.norm.running_mean, before[2])
