@@ -17,6 +17,7 @@ import logging
 import time
 from dataclasses import dataclass
 from datetime import timedelta
+from numbers import Integral, Real
 from typing import Any, Callable, Literal, Mapping, Optional, Union
 
 import torch
@@ -34,10 +35,10 @@ from lightning_pgc._lightning import (
     closure_loss,
     default_pg_timeout,
     has_layer_sync,
-    wrap_launcher,
     replace_sigterm_broadcast,
     set_closure_loss,
     sync_module_states,
+    wrap_launcher,
 )
 from lightning_pgc.codes import SCHEMES, Scheme, StaleCache, make_scheme
 from lightning_pgc.compat import (
@@ -128,15 +129,15 @@ class PGCStrategy(DDPStrategy):
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
     ) -> None:
         _check_type("scheme", scheme, str)
-        _check_type("stragglers", stragglers, int)
+        _check_type("stragglers", stragglers, Integral)
         _check_type("warmup", warmup, str)
-        _check_type("timeout", timeout, (int, float))
-        _check_type("max_lag", max_lag, (int, type(None)))
-        _check_type("shard_bytes", shard_bytes, int)
-        _check_type("seed", seed, int)
+        _check_type("timeout", timeout, Real)
+        _check_type("max_lag", max_lag, (Integral, type(None)))
+        _check_type("shard_bytes", shard_bytes, Integral)
+        _check_type("seed", seed, Integral)
         _check_type("diagnostics", diagnostics, bool)
-        _check_type("diagnostics_every", diagnostics_every, int)
-        _check_type("max_condition", max_condition, (int, float))
+        _check_type("diagnostics_every", diagnostics_every, Integral)
+        _check_type("max_condition", max_condition, Real)
         if scheme not in SCHEMES:
             raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(SCHEMES)}")
         if stragglers < 0:
@@ -563,7 +564,8 @@ def _check_type(name: str, value: Any, types: Union[type, tuple[type, ...]]) -> 
     """A ``TypeError`` that names the parameter (``PGCStrategy(timeout="5m")``); ``bool`` is no number here."""
     allowed = types if isinstance(types, tuple) else (types,)
     if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
-        names = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+        spelled = {Integral: "int", Real: "float", type(None): "None"}
+        names = " or ".join(spelled.get(t, t.__name__) for t in allowed)
         raise TypeError(f"PGCStrategy({name}=...) must be {names}, got {type(value).__name__} {value!r}")
 
 
