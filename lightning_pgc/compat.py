@@ -30,9 +30,10 @@ __all__ = ["CollectiveGuard", "PGCUnsupportedError", "PreflightLauncher", "Singl
 #: What to do instead of a collective in ``training_step``.
 INSTEAD = (
     "a rank that falls behind under PGC skips training_step, so a collective there would be unmatched. Log without "
-    "it (`self.log(..., sync_dist=False)`: under PGC the decoded loss is already identical on every rank, see "
-    "`pgc/train_loss`), or compute the synced value in `on_train_batch_end`, `validation_step` or a callback, "
-    "which every rank runs"
+    "it (`sync_dist=False`): log the loss from `on_train_batch_end`, whose `outputs['loss']` is the decoded loss, "
+    "identical on every rank (also logged as `pgc/train_loss`); compute values that need every rank in "
+    "`validation_step`, `on_train_epoch_end` or a callback, which every rank runs (a collective every step waits "
+    "for the slowest rank)"
 )
 
 #: Names of collective calls looked for in the source of ``training_step``.
