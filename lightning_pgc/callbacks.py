@@ -563,7 +563,8 @@ def _is_leader(strategy: Any) -> bool:
 
 
 def _rank_metrics(stats: list[dict[str, float]], closed: int) -> dict[str, float]:
-    """``pgc/rank{k}/admitted_rate``, ``late``, ``skipped`` and ``mean_lag_s`` from :meth:`PGCStrategy.rank_stats`."""
+    """``pgc/rank{k}/admitted_rate``, ``late``, ``skipped``, ``mean_lag_s`` and ``rejoined``, and
+    ``pgc/rejected/rank{k}`` (non-finite codes), from :meth:`PGCStrategy.rank_stats`."""
     out: dict[str, float] = {}
     for row in stats:
         k = int(row["rank"])
@@ -571,6 +572,8 @@ def _rank_metrics(stats: list[dict[str, float]], closed: int) -> dict[str, float
         out[f"pgc/rank{k}/late"] = float(row["late"])
         out[f"pgc/rank{k}/skipped"] = float(row["skipped"])
         out[f"pgc/rank{k}/mean_lag_s"] = float(row["mean_lag_s"])
+        out[f"pgc/rank{k}/rejoined"] = float(row.get("rejoined", 0))
+        out[f"pgc/rejected/rank{k}"] = float(row.get("rejected", 0))
     return out
 
 

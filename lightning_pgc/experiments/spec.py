@@ -16,6 +16,8 @@ Spec keys (all optional; :data:`DEFAULTS` has the values):
 - ``lr`` (``model.init_args.lr``), ``batch_size`` (``data.init_args.batch_size``), ``model`` and ``data`` (dicts
   merged into ``model.init_args`` / ``data.init_args``); ``None`` keeps the recipe's value;
 - ``delay`` and ``delay_seed``: the :class:`~lightning_pgc.StragglerInjector` (replaces the recipe's callbacks);
+- ``faults``: a list of ``{"kind": "Stall" | "Freeze" | "Kill" | "NaNGradient", "rank", "step", ...}``, the
+  :mod:`lightning_pgc.faults` callbacks with those arguments;
 - ``sync_loss``: :class:`LossRecorder` averages the logged loss over ranks under non-PGC strategies;
 - ``compute_s_per_eval``: :class:`SimulatedCompute` seconds per gradient evaluation (0: none);
 - ``measure``: add :class:`WorkMeter` (per-rank work, waits, FLOPs);
@@ -49,6 +51,7 @@ DEFAULTS: dict[str, Any] = {
     "accelerator": "cpu",
     "delay": "none",
     "delay_seed": 0,
+    "faults": [],
     "max_steps": 100,
     "max_epochs": -1,
     "batch_size": 16,
@@ -149,6 +152,9 @@ def job_config(spec: dict[str, Any]) -> dict[str, Any]:
         {"class_path": "lightning_pgc.StragglerInjector",
          "init_args": {"delay": spec["delay"], "seed": int(spec["delay_seed"])}},
     ]
+    for fault in spec["faults"]:
+        args = dict(fault)
+        callbacks.append({"class_path": "lightning_pgc.faults." + args.pop("kind"), "init_args": args})
     if spec["compute_s_per_eval"]:
         callbacks.append({"class_path": cb + "SimulatedCompute",
                           "init_args": {"seconds": float(spec["compute_s_per_eval"])}})
