@@ -234,6 +234,11 @@ class Leader:
         """Whether ``rank`` is alive: its stream is up and its last heartbeat is within the window."""
         return rank not in self.dead and now - self._last_beat[rank] <= self.heartbeat_window
 
+    def gone(self, rank: int, now: float) -> bool:
+        """Whether ``rank`` is given up on: its stream broke, or it has been silent for the heartbeat window plus
+        ``timeout`` (a frozen rank that resumes within that rejoins instead)."""
+        return rank in self.dead or now - self._last_beat[rank] > self.heartbeat_window + self.timeout
+
     def missing(self, now: float) -> list[int]:
         """Ranks that neither finished nor are alive."""
         return [r for r in range(self.world_size) if r not in self.byes and not self.is_alive(r, now)]

@@ -11,7 +11,7 @@ from torch import Tensor
 
 
 class PGCTimeoutError(RuntimeError):
-    """No aggregate arrived within the liveness timeout."""
+    """No aggregate arrived in time: the leader stopped beating (or a bounded wait in a test ran out)."""
 
 
 class Mailbox:

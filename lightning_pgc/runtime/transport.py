@@ -56,7 +56,7 @@ class GlooTransport:
 
     One group per channel, so each gloo pair of a group carries at most one receiving thread per direction.
     Gloo cannot poll a receive and a timed-out wait closes every pair of the group, so receives block without a
-    deadline (the group timeout is very long) and liveness is enforced by the runtime's own clock instead.
+    deadline (the group timeout is very long) and liveness is enforced by the runtime's heartbeats instead.
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialized.

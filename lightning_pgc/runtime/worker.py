@@ -190,6 +190,7 @@ class PGCRuntime:
         self._attach_info: Optional[tuple[int, int]] = None  # (version, donor) of this rank's last ATTACH
         self._attached = threading.Event()
         self._leader_heard = time.monotonic()
+        self._last_check = self._resumed_at = time.monotonic()  # see _check_leader
         self._notes: dict[int, tuple[int, int]] = {}  # leader: version -> (rank needing the state, donor)
         self._final_requests: queue.Queue = queue.Queue()  # leader: (rank, version) to donate from stop()
         self._beats_done = threading.Event()
@@ -390,7 +391,13 @@ class PGCRuntime:
         """Raise if this worker has not heard from the leader for a heartbeat window."""
         if self.error is not None:
             raise RuntimeError(f"PGC rank {self.rank} runtime failed: {self.error}") from self.error
-        silent = time.monotonic() - self._leader_heard
+        now = time.monotonic()
+        if now - self._last_check > 3 * self.heartbeat_interval:
+            # This thread did not run for a while (this process was frozen, or busy elsewhere): the leader's
+            # heartbeats may be waiting in the socket, so give them a window from now.
+            self._resumed_at = now
+        self._last_check = now
+        silent = now - max(self._leader_heard, self._resumed_at)
         if not self.is_leader and silent > self.heartbeat_window:
             raise PGCTimeoutError(
                 f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no heartbeat for {silent:.1f} s "
@@ -613,6 +620,7 @@ class PGCRuntime:
         leader = self.leader
         rejoins: list[int] = []  # leader: ranks waiting to rejoin (one per open version)
         last_beat = 0.0
+        missing: set[int] = set()  # leader: ranks reported missing (no heartbeat or stream broken)
 
         def recycle(buf: Tensor, local: bool) -> None:
             if not local:
@@ -703,6 +711,13 @@ class PGCRuntime:
                 if self._stopping.is_set():  # the leader's training is over: versions >= its own never close
                     for v in [v for v, (_, d) in self._notes.items() if v >= leader.version and d == self.rank]:
                         self._final_requests.put((self._notes.pop(v)[0], v))
+                now_missing = set(leader.missing(now))
+                for r in sorted(now_missing - missing):
+                    log.warning("PGC: rank %d is missing (no heartbeat for %.1f s, or its process is gone) at "
+                                "version %d", r, self.heartbeat_window, leader.version)
+                for r in sorted(missing - now_missing - leader.byes):
+                    log.warning("PGC: rank %d is alive again at version %d", r, leader.version)
+                missing = now_missing
                 if now - last_beat >= self.heartbeat_interval:
                     last_beat = now
                     self._send_all(Channel.CTRL, control(self.world_size, Kind.BEAT, leader.version), self.peers)
@@ -710,10 +725,11 @@ class PGCRuntime:
             done_below = self._aggregate_ready(pending, decided, done_below, recycle)
 
             if leader is not None and self._stopping.is_set():
-                if all(p in leader.byes or not leader.is_alive(p, now) for p in self.peers):
+                if all(p in leader.byes or leader.gone(p, now) for p in self.peers):
                     missing = [p for p in self.peers if p not in leader.byes]
                     if missing:
-                        log.warning("PGC: ranks %s did not finish (no heartbeat or process gone)", missing)
+                        log.warning("PGC: ranks %s did not finish (process gone, or no heartbeat for %.1f s)",
+                                    missing, self.heartbeat_window + self.timeout)
                     stats = torch.tensor(leader.stats_words(), dtype=torch.float64).view(torch.int64)
                     self._send_all(Channel.CTRL, control(self.world_size, Kind.STOP, leader.version, data=stats),
                                    self.peers)
