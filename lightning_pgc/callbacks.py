@@ -598,8 +598,9 @@ def _log_at(trainer: Trainer, metrics: dict[str, float], step: int) -> None:
 
 
 def _rank_metrics(stats: list[dict[str, float]], closed: int, cap: Optional[int] = None) -> dict[str, float]:
-    """``pgc/rank{k}/admitted_rate``, ``late``, ``skipped`` and ``mean_lag_s`` from :meth:`PGCStrategy.rank_stats`
-    for the first ``cap`` ranks (``None``: all), and ``pgc/slowest_rank`` (the highest mean lag) over every rank."""
+    """``pgc/rank{k}/admitted_rate``, ``late``, ``skipped``, ``mean_lag_s``, ``rejoined`` and
+    ``pgc/rejected/rank{k}`` (non-finite codes) from :meth:`PGCStrategy.rank_stats` for the first ``cap`` ranks
+    (``None``: all), and ``pgc/slowest_rank`` (the highest mean lag) over every rank."""
     out: dict[str, float] = {}
     for row in stats:
         k = int(row["rank"])
@@ -609,6 +610,8 @@ def _rank_metrics(stats: list[dict[str, float]], closed: int, cap: Optional[int]
         out[f"pgc/rank{k}/late"] = float(row["late"])
         out[f"pgc/rank{k}/skipped"] = float(row["skipped"])
         out[f"pgc/rank{k}/mean_lag_s"] = float(row["mean_lag_s"])
+        out[f"pgc/rank{k}/rejoined"] = float(row.get("rejoined", 0))
+        out[f"pgc/rejected/rank{k}"] = float(row.get("rejected", 0))
     if stats:
         slowest = max(stats, key=lambda row: (float(row["mean_lag_s"]), -int(row["rank"])))
         out["pgc/slowest_rank"] = float(slowest["rank"])

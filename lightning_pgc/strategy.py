@@ -9,10 +9,15 @@ Per optimizer step ``t`` (= the model version, Invariant 1) every rank:
    straight into a ready-to-send message and hands it to the runtime, which sends shard ``j`` to its owner;
 3. points ``param.grad`` at the published aggregate and lets its own optimizer step, so every replica
    applies the identical sequence of aggregates (Invariant 2).
+
+A rank that fell more than ``max_lag`` versions behind gets no aggregates (bounded memory); when it is back it
+receives the training state at the open version ``u`` from a donor (state transfer), runs its remaining steps
+before ``u`` without computing or applying anything, loads the state at ``u`` and goes on with an empty cache.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import time
 from dataclasses import dataclass
@@ -51,7 +56,7 @@ from lightning_pgc.compat import (
     check_trainer,
 )
 from lightning_pgc.data import PartitionBatchSampler, split_batch
-from lightning_pgc.runtime import GlooTransport, PGCRuntime, ShardLayout, choose_num_shards
+from lightning_pgc.runtime import GlooTransport, PGCDetached, PGCRuntime, ShardLayout, choose_num_shards
 from lightning_pgc.runtime.transport import payload_dtype_for
 
 log = logging.getLogger(__name__)
@@ -88,11 +93,21 @@ class PGCStrategy(DDPStrategy):
         stragglers: ``s``, how many of the slowest ranks each step may ignore (``c = s + 1`` copies per partition).
         warmup: ``"full"`` evaluates every held partition at the first step (the paper), ``"gradual"`` fills
             the cache over the first ``c`` steps at no extra cost.
-        timeout: liveness bound in seconds: the leader (rank 0) fails, naming the missing ranks, when it cannot
-            close a version this long after the first code arrived; a rank fails when no aggregate comes.
-        max_lag: how many versions a live rank may fall behind before the leader waits for it; bounds the
-            aggregates a slow rank buffers. Default: as many as fit in 512 MiB, between ``c + 1`` and 1024. Lower it
-            if a slow rank's memory grows (``buffer_stats['mailbox_high_water']``); raise it if fast ranks wait.
+        timeout: seconds the job may run with fewer live ranks than a version needs (``n - s``) before every rank
+            fails with an error naming the missing ones; counted after the heartbeat window that detects a death.
+            Slow steps never trigger it: liveness is the heartbeats, not progress. Raise it if frozen ranks are
+            expected back (e.g. a preempted node that resumes).
+        max_lag: how many versions a rank may fall behind before it is detached: it stops receiving aggregates
+            (its memory stays bounded) and, once back, catches up by state transfer; nobody waits for it.
+            Default: as many as fit in 512 MiB, between ``c + 1`` and 1024. Lower it if a slow rank's memory grows
+            (``buffer_stats['mailbox_high_water']``); raise it if ``rank_stats()[k]['rejoined']`` counts state
+            transfers after short hiccups (each one costs a copy of the model and optimizer state).
+        heartbeat_interval: seconds between heartbeats (every rank to the leader and back).
+        heartbeat_misses: heartbeats a rank may miss before it counts as dead. Raise it if healthy ranks are
+            reported missing under heavy load (e.g. long GIL-holding work in callbacks).
+        nonfinite: what to do with a gradient that contains NaN or inf: ``"skip"`` drops it (the rank is a
+            straggler for that step, its cache entry is evicted, ``pgc/rejected/rank{k}`` counts it);
+            ``"raise"`` stops training with an error on that rank.
         shard_bytes: target bytes per shard of the data plane. Payloads up to this size go through one owner
             (rank 0: fewest messages, best for small models); larger ones are split over up to ``n`` owners, so
             each rank moves about a ring all-reduce's bytes. Lower it if rank 0's ``bytes_sent`` dominates;
@@ -112,8 +127,11 @@ class PGCStrategy(DDPStrategy):
         scheme: str = "pgc_cr",
         stragglers: int = 1,
         warmup: Literal["full", "gradual"] = "full",
-        timeout: float = 300.0,
+        timeout: float = 3.0,
         max_lag: Optional[int] = None,
+        heartbeat_interval: float = 0.2,
+        heartbeat_misses: int = 15,
+        nonfinite: Literal["skip", "raise"] = "skip",
         shard_bytes: int = 256 * 1024,
         seed: int = 0,
         diagnostics: bool = True,
@@ -150,6 +168,11 @@ class PGCStrategy(DDPStrategy):
             raise ValueError("pgc_cr_naive decodes Tandon codes and needs every cache entry: use warmup='full'")
         if timeout <= 0:
             raise ValueError(f"timeout must be positive seconds, got {timeout}")
+        if heartbeat_interval <= 0 or heartbeat_misses < 1:
+            raise ValueError(f"need heartbeat_interval > 0 and heartbeat_misses >= 1, got {heartbeat_interval} and "
+                             f"{heartbeat_misses}")
+        if nonfinite not in ("skip", "raise"):
+            raise ValueError(f"nonfinite must be 'skip' or 'raise', got {nonfinite!r}")
         if max_lag is not None and max_lag < 1:
             raise ValueError(f"max_lag must be >= 1 or None, got {max_lag}")
         if shard_bytes < 1:
@@ -171,6 +194,9 @@ class PGCStrategy(DDPStrategy):
         self.warmup = warmup
         self.liveness_timeout = float(timeout)
         self.max_lag = max_lag
+        self.heartbeat_interval = float(heartbeat_interval)
+        self.heartbeat_misses = int(heartbeat_misses)
+        self.nonfinite = nonfinite
         self.shard_bytes = int(shard_bytes)
         self.seed = seed
         self.diagnostics = diagnostics
@@ -196,6 +222,7 @@ class PGCStrategy(DDPStrategy):
         self._fresh: set[int] = set()
         self.collective_guard = CollectiveGuard()  # active while the user's training_step runs (also in probes)
         self._partition_batch_size: Optional[int] = None  # samples per partition evaluation (the loader's batch_size)
+        self._rejoin: Optional[tuple[int, Tensor]] = None  # (version, state) received by state transfer, not loaded
 
     # ------------------------------------------------------------------------------------------ configuration
     def _make_scheme(self, world_size: int) -> Scheme:
@@ -339,10 +366,13 @@ class PGCStrategy(DDPStrategy):
             timeout=self.liveness_timeout,
             max_lag=max_lag,
             pin_memory=self._pinned(),
+            heartbeat_interval=self.heartbeat_interval,
+            heartbeat_misses=self.heartbeat_misses,
         )
         self.runtime.start()
         self.skipped_steps = 0
         self._rank_stats = []
+        self._rejoin = None
 
     def _pinned(self) -> bool:
         """Stage CUDA gradients through pinned host buffers (asynchronous copies; gloo moves host memory)."""
@@ -351,11 +381,14 @@ class PGCStrategy(DDPStrategy):
     @override
     def on_train_end(self) -> None:
         self._stop_runtime()
+        if self._rejoin is not None:  # training ended before the version this rank rejoins at: take the final state
+            self._load_state(self._rejoin[1])
+            self._rejoin = None
         super().on_train_end()
 
     def _stop_runtime(self) -> None:
         if self.runtime is not None:
-            self.runtime.stop()
+            self.runtime.stop(donate=self._state_bytes)
             self.buffer_stats = self.runtime.buffer_stats()
             self._rank_stats = self.runtime.rank_stats()
             if self.cache is not None:
@@ -440,33 +473,38 @@ class PGCStrategy(DDPStrategy):
         return super().optimizer_step(optimizer, pgc_closure, model, **kwargs)
 
     def _exchange(self, version: int, closure: Callable[[], Any]) -> Tensor:
-        runtime, cache, scheme = self.runtime, self.cache, self.scheme
-        assert runtime is not None and cache is not None and scheme is not None
+        runtime, cache = self.runtime, self.cache
+        assert runtime is not None and cache is not None
         skipped = runtime.published(version)
+        if self._rejoin is None and not skipped and runtime.detached(version):
+            self._rejoin = runtime.rejoin(version)
+        if self._rejoin is not None:
+            if version < self._rejoin[0]:
+                return self._idle_step(version, closure)
+            self._load_state(self._rejoin[1])  # the state at the start of this version: go on from here
+            self._rejoin = None
+            cache.clear()
         waited = 0.0
         if not skipped:
-            self._fresh = set()
-            self._zero_grad()  # param.grad may view the previous aggregate: never accumulate into it
-            closure()
-            loss = closure_loss(closure)
-            if hasattr(closure, "_result") and loss is None:
-                raise RuntimeError("PGCStrategy needs a loss from every training_step; it returned None")
-            self._store_gradient(self._evaluations[-1], loss)
-            for partition in self._fresh:
-                cache.put(partition, self._slots[partition], version, copy=False)  # the slot itself, no copy
-            ages = tuple(cache.ages(version).values())
-            code = runtime.new_code(version)
-            scheme.encode(self.global_rank, cache.valid(version), out=code.shards)
-            if self._buffers:
-                code.write(self._grad_numel + 1, self._flat_buffers(code.shards.dtype))
-            start = time.monotonic()
-            runtime.submit(version, code, ages)
-            aggregate = runtime.wait(version)
+            try:
+                start = self._compute_and_submit(version, closure)
+                aggregate = runtime.wait(version)
+            except PGCDetached:  # fell too far behind while computing: catch up by state transfer
+                self._rejoin = runtime.rejoin(version)
+                if version < self._rejoin[0]:
+                    return self._idle_step(version, closure)
+                self._load_state(self._rejoin[1])
+                self._rejoin = None
+                cache.clear()
+                return self._exchange(version, closure)
             waited = time.monotonic() - start
         else:
             self.skipped_steps += 1
             runtime.skipped = self.skipped_steps
             aggregate = runtime.wait(version)
+        recipient = runtime.donation(version)
+        if recipient is not None:  # a rank rejoins at this version: it needs the state before this step applies
+            runtime.send_state(recipient, version, self._state_bytes())
         n_grad = self._grad_numel
         gradient, loss_value, buffers = aggregate[:n_grad], aggregate[n_grad], aggregate[n_grad + 1 :]
         self._apply(gradient)
@@ -479,6 +517,74 @@ class PGCStrategy(DDPStrategy):
         self.last_step = StepInfo(version, float(loss_t), skipped, () if skipped else self._evaluations, waited,
                                   gradient)
         return loss_t
+
+    def _compute_and_submit(self, version: int, closure: Callable[[], Any]) -> float:
+        """Run the training step(s), cache the fresh gradients and send this rank's code for ``version``; returns
+        when the code left (monotonic seconds)."""
+        runtime, cache, scheme = self.runtime, self.cache, self.scheme
+        assert runtime is not None and cache is not None and scheme is not None
+        self._fresh = set()
+        self._zero_grad()  # param.grad may view the previous aggregate: never accumulate into it
+        closure()
+        loss = closure_loss(closure)
+        if hasattr(closure, "_result") and loss is None:
+            raise RuntimeError("PGCStrategy needs a loss from every training_step; it returned None")
+        self._store_gradient(self._evaluations[-1], loss)
+        bad = sorted(p for p in self._fresh if not bool(torch.isfinite(self._slots[p].sum())))  # one read pass
+        if bad:
+            if self.nonfinite == "raise":
+                raise FloatingPointError(
+                    f"PGC rank {self.global_rank}: the gradient (or loss) of partition(s) {bad} at step {version} "
+                    "contains NaN or inf; lower the learning rate or clip gradients, or pass "
+                    "PGCStrategy(nonfinite='skip') to drop such gradients and go on"
+                )
+            log.warning("PGC rank %d: non-finite gradient at step %d (partitions %s): not sent, evicted from the "
+                        "cache", self.global_rank, version, bad)
+            for p in bad:
+                cache.discard(p)  # its slot is the cache entry: the old value is overwritten anyway
+        for partition in self._fresh.difference(bad):
+            cache.put(partition, self._slots[partition], version, copy=False)  # the slot itself, no copy
+        if bad:
+            runtime.reject(version)  # a straggler for this version: no code
+            return time.monotonic()
+        valid = cache.valid(version)
+        # Unpipelined codes and Tandon's naive pipelined code use every held partition: after a rejoin (empty
+        # cache) such a rank stays a straggler until its cache is full again.
+        if (not scheme.pipelined or scheme.cache_max_age is None) and len(valid) < len(cache.partitions):
+            return time.monotonic()
+        code = runtime.new_code(version)
+        scheme.encode(self.global_rank, valid, out=code.shards)
+        if self._buffers:
+            code.write(self._grad_numel + 1, self._flat_buffers(code.shards.dtype))
+        sent = time.monotonic()
+        runtime.submit(version, code, tuple(cache.ages(version).values()))
+        return sent
+
+    def _idle_step(self, version: int, closure: Callable[[], Any]) -> Tensor:
+        """A step before the version this rank rejoins at: nothing computed, nothing applied (no gradients, so the
+        optimizer leaves every parameter alone); the state loaded at that version replaces these steps."""
+        self._zero_grad()
+        self.skipped_steps += 1
+        loss_t = torch.tensor(self.last_step.loss if self.last_step is not None else float("nan"))
+        set_closure_loss(closure, loss_t, True)
+        return loss_t
+
+    def _state_bytes(self) -> Tensor:
+        """This rank's training state (module state dict and every optimizer's) serialized for a state transfer."""
+        trainer = self.lightning_module.trainer
+        buf = io.BytesIO()
+        torch.save({"model": self.lightning_module.state_dict(),
+                    "optimizers": [opt.state_dict() for opt in trainer.optimizers]}, buf)
+        return torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
+
+    def _load_state(self, state: Tensor) -> None:
+        """Load a state from :meth:`_state_bytes` (another rank's, at the version this rank rejoins at)."""
+        if state.numel() == 0:
+            raise RuntimeError(f"PGC rank {self.global_rank}: the donor sent no training state")
+        loaded = torch.load(io.BytesIO(state.numpy().tobytes()), map_location=self.root_device, weights_only=True)
+        self.lightning_module.load_state_dict(loaded["model"])
+        for opt, sd in zip(self.lightning_module.trainer.optimizers, loaded["optimizers"]):
+            opt.load_state_dict(sd)
 
     def _slot(self, partition: int) -> Tensor:
         """The preallocated flat gradient of ``partition`` (one per held partition: the stale cache's storage)."""
