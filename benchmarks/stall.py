@@ -59,7 +59,13 @@ def main() -> None:
     p.add_argument("--stall-seconds", type=float, default=20.0)
     p.add_argument("--skip", type=int, default=5)
     p.add_argument("--out", default=str(ROOT / "outputs" / "stall"))
+    p.add_argument("--note", default="", help="what else ran on the machine, for the record")
+    p.add_argument("--from-json", action="store_true", help="only rewrite docs/stall.md from docs/stall.json")
     args = p.parse_args()
+    if args.from_json:
+        write_markdown(json.loads((DOCS / "stall.json").read_text()))
+        return
+    load_before = os.getloadavg()[0]
 
     from rich.progress import Progress
 
@@ -84,6 +90,8 @@ def main() -> None:
         "command": "python benchmarks/stall.py " + " ".join(sys.argv[1:]),
         "machine": f"{os.cpu_count()} CPU cores, gloo, 4 ranks, {args.rounds} interleaved rounds",
         "minutes": (time.time() - started) / 60,
+        "load_average_1min": [load_before, os.getloadavg()[0]],
+        "note": args.note,
         "steps": args.steps, "stall_step": args.stall_step, "stall_seconds": args.stall_seconds,
         "skip": args.skip, "stalled_rank": STALLED,
         "runs": runs,
@@ -115,7 +123,8 @@ def write_markdown(res: dict) -> None:
         f"{res['stall_seconds']:g} s at step {res['stall_step']} (`lightning_pgc.faults.Stall`; its process and "
         "background threads stay alive). Seconds per step are the *other* ranks' throughput from step "
         f"{res['skip']} to their last step. 4 ranks share 2 cores, so while rank {res['stalled_rank']} sleeps the "
-        "other three get more CPU: that flatters the `pgc_stall` row a little.",
+        "other three get more CPU: that flatters the `pgc_stall` row. Compare runs within a round."
+        + (f" {res['note']}" if res.get("note") else ""),
         "",
         "| run | others' s/step, per round | replicas identical | stalled rank: skipped steps | state transfers "
         "| peak RSS MB (stalled / others) | mailbox high water | end wait s |",
