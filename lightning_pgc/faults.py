@@ -73,17 +73,24 @@ class Kill(Fault):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class Freeze(Fault):
-    """SIGSTOP the hit rank's process for ``seconds`` (then SIGCONT from a helper process): every thread stops,
-    heartbeats included, as for a node that hangs or is swapped out.
+class _LastingFault(Fault):
+    """A fault that lasts ``seconds``.
 
     Args:
-        seconds: how long the process stays stopped.
+        seconds: how long it lasts.
     """
 
     def __init__(self, rank: int, step: int, seconds: float) -> None:
         super().__init__(rank, step)
-        self.seconds = _check_seconds("Freeze", seconds)
+        self.seconds = _check_seconds(type(self).__name__, seconds)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(rank={self.rank}, step={self.step}, seconds={self.seconds})"
+
+
+class Freeze(_LastingFault):
+    """SIGSTOP the hit rank's process for ``seconds`` (then SIGCONT from a helper process): every thread stops,
+    heartbeats included, as for a node that hangs or is swapped out."""
 
     @override
     def fire(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -93,28 +100,14 @@ class Freeze(Fault):
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         os.kill(pid, signal.SIGSTOP)
 
-    def __repr__(self) -> str:
-        return f"Freeze(rank={self.rank}, step={self.step}, seconds={self.seconds})"
 
-
-class Stall(Fault):
+class Stall(_LastingFault):
     """Sleep ``seconds`` on the hit rank's training thread: the process stays alive (its background threads keep
-    beating), only its progress stops, as for a long garbage collection, I/O hiccup or noisy neighbour.
-
-    Args:
-        seconds: how long the training thread sleeps.
-    """
-
-    def __init__(self, rank: int, step: int, seconds: float) -> None:
-        super().__init__(rank, step)
-        self.seconds = _check_seconds("Stall", seconds)
+    beating), only its progress stops, as for a long garbage collection, I/O hiccup or noisy neighbour."""
 
     @override
     def fire(self, trainer: Trainer, pl_module: LightningModule) -> None:
         time.sleep(self.seconds)
-
-    def __repr__(self) -> str:
-        return f"Stall(rank={self.rank}, step={self.step}, seconds={self.seconds})"
 
 
 class NaNGradient(Fault):
