@@ -87,6 +87,10 @@ def run_worker(args: argparse.Namespace) -> None:
     callbacks: list[Any] = [clock]
     if args.slow_seconds > 0:
         callbacks.append(StragglerInjector(f"slowranks(ranks=[{args.slow_rank}], seconds={args.slow_seconds})"))
+    if args.stall_seconds > 0:
+        from lightning_pgc.faults import Stall
+
+        callbacks.append(Stall(rank=args.slow_rank, step=args.stall_step, seconds=args.stall_seconds))
     strategy: Any = "ddp"
     if args.strategy != "ddp":
         strategy = PGCStrategy(scheme=args.strategy, stragglers=0 if args.strategy == "dgd" else 1,
@@ -97,6 +101,7 @@ def run_worker(args: argparse.Namespace) -> None:
     trainer.fit(MLP(), DataLoader(data, batch_size=batch, shuffle=True))
     rank = trainer.global_rank
     st = trainer.strategy
+    from lightning_pgc.experiments.callbacks import parameter_checksum
     params = sum(p.numel() for p in trainer.lightning_module.parameters())
     result = {
         "rank": rank,
@@ -106,16 +111,20 @@ def run_worker(args: argparse.Namespace) -> None:
         "rank_stats": st.rank_stats() if hasattr(st, "rank_stats") else [],
         "params": params,
         "skipped": getattr(st, "skipped_steps", 0),
+        "checksum": parameter_checksum(trainer.lightning_module),
     }
     Path(args.out).mkdir(parents=True, exist_ok=True)
     Path(args.out, f"rank{rank}.json").write_text(json.dumps(result))
 
 
-def launch(out: Path, strategy: str, model: str, devices: int, steps: int, slow: float, slow_rank: int) -> dict:
+def launch(out: Path, strategy: str, model: str, devices: int, steps: int, slow: float, slow_rank: int,
+           stall: tuple[int, float] = (0, 0.0)) -> dict:
+    """Run one configuration; ``stall``: (step, seconds) of a :class:`~lightning_pgc.faults.Stall` on
+    ``slow_rank``."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, __file__, "--worker", "--out", str(out), "--strategy", strategy, "--model", model,
            "--devices", str(devices), "--steps", str(steps), "--slow-seconds", str(slow),
-           "--slow-rank", str(slow_rank)]
+           "--slow-rank", str(slow_rank), "--stall-step", str(stall[0]), "--stall-seconds", str(stall[1])]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK"):
         env.pop(key, None)
@@ -158,6 +167,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=60)
     p.add_argument("--slow-seconds", type=float, default=0.0)
     p.add_argument("--slow-rank", type=int, default=2)
+    p.add_argument("--stall-step", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--stall-seconds", type=float, default=0.0, help=argparse.SUPPRESS)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--skip", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="fewer steps (a smoke run; not for docs)")

@@ -9,6 +9,7 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from lightning_pgc.callbacks import PGCDiagnostics, StalenessValve
 from lightning_pgc.codes import SCHEMES, Scheme, make_scheme
+from lightning_pgc.compat import PGCUnsupportedError
 from lightning_pgc.strategy import PGCStrategy
 from lightning_pgc.stragglers import (
     Constant,
@@ -34,6 +35,7 @@ __all__ = [
     "NoDelay",
     "PGCDiagnostics",
     "PGCStrategy",
+    "PGCUnsupportedError",
     "SCHEMES",
     "Scheme",
     "SlowRanks",

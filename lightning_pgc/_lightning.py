@@ -12,6 +12,7 @@ import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout  # 2.6.6: module constant
 from lightning.pytorch.loops.optimization.automatic import ClosureResult  # 2.6.6: automatic optimization output
 from lightning.pytorch.overrides.distributed import _sync_module_states  # 2.6.6: broadcast rank 0's weights
+from lightning.pytorch.strategies.launchers.launcher import _Launcher as Launcher  # 2.6.6: every launcher's base
 
 import lightning.pytorch as pl
 
@@ -21,6 +22,9 @@ __all__ = [
     "closure_loss",
     "set_closure_loss",
     "replace_sigterm_broadcast",
+    "has_layer_sync",
+    "Launcher",
+    "wrap_launcher",
 ]
 
 
@@ -62,3 +66,19 @@ def replace_sigterm_broadcast(trainer: "pl.Trainer", check: Callable[[], None]) 
             "(checked against 2.6.6); update lightning_pgc/_lightning.py"
         )
     epoch_loop._broadcast_sigterm_tensor = check  # type: ignore[method-assign]
+
+
+def has_layer_sync(strategy: Any) -> bool:
+    """Whether ``Trainer(sync_batchnorm=True)`` asked the strategy to convert BatchNorm to SyncBatchNorm (2.6.6:
+    ``ParallelStrategy._layer_sync``, set by the accelerator connector before launch, applied in ``DDPStrategy.setup``)."""
+    return getattr(strategy, "_layer_sync", None) is not None
+
+
+def wrap_launcher(strategy: Any, wrap: Callable[[Any], Any]) -> None:
+    """Replace the strategy's launcher by ``wrap(launcher)`` (2.6.6: ``DDPStrategy._configure_launcher`` sets
+    ``strategy._launcher``; ``trainer.fit`` then calls ``strategy.launcher.launch(trainer._fit_impl, model,
+    train_dataloaders, val_dataloaders, datamodule, ckpt_path, trainer=trainer)`` in the launching process, before
+    any rank starts, in ``lightning/pytorch/trainer/call.py``)."""
+    launcher = getattr(strategy, "_launcher", None)
+    if launcher is not None:
+        strategy._launcher = wrap(launcher)

@@ -1,10 +1,14 @@
-"""PGCDiagnostics: what the leader (rank 0) saw each step, logged through the Trainer's logger (W&B included).
+"""PGCDiagnostics: what the leader (rank 0) saw each step, logged through the Trainer's loggers (W&B included).
 
-Every step (on the leader's rank, where the records are): the decoded training loss, admitted ranks,
-per-rank arrival times, leader wait (``pgc/coordinator_wait_s``), step wall time, gradient ages, coefficient
-range and the per-rank table of :meth:`PGCStrategy.rank_stats`. Every ``every_n_steps`` steps, on a fixed probe
-batch: the squared norm of the aggregate, the parameter displacement to
-the oldest version in use and the local smoothness estimate ``L_hat = |g(b_t) - g(b_u)| / (|b_t - b_u| + eps)``,
+Every metric is logged once, at the step it was measured (``logger.log_metrics(..., step=t)``, independent of
+Lightning's ``log_every_n_steps``). Every ``log_every_n_steps`` steps of its own (default: every step), on the leader's
+rank, where the records are: the decoded training loss, admitted ranks, leader wait (``pgc/coordinator_wait_s``),
+step wall time, gradient ages, coefficient range, and for every rank whether its code was admitted, its arrival
+lag and its running totals of admitted, late and skipped steps (:meth:`PGCStrategy.rank_stats`), so the straggler
+is named. Every ``loss_every_n_steps`` steps: the current model's loss on a fixed probe batch (``pgc/probe_loss``:
+one model version, unlike the decoded loss, which mixes versions ``t..t-c+1``). Every ``every_n_steps`` steps, on
+the probe batch: the squared norm of the aggregate, the parameter displacement to the oldest version in use and the
+smoothness estimate between two probe measurements ``pgc/L_hat_probe = |g(b_t) - g(b_u)| / (|b_t - b_u| + eps)``,
 so the staleness term ``L_hat^2 * displacement`` can be compared with ``|g_hat|^2``.
 
 Optionally (``theory_every_n_steps``, off by default) the leader's rank also measures what the convergence
@@ -49,9 +53,14 @@ class PGCDiagnostics(Callback):
     """Logs the runtime's per-step record under ``pgc/...`` (attached by :class:`PGCStrategy` by default).
 
     Args:
-        every_n_steps: steps between probe-batch measurements (displacement, ``L_hat``, staleness term).
-        per_rank: also log one scalar per rank (arrival time, admitted flag) for up to this many ranks.
+        every_n_steps: steps between probe-batch gradient measurements (displacement, ``L_hat_probe``, staleness
+            term).
+        per_rank: log the per-rank scalars for up to this many ranks (``None``: every rank). Past it, W&B gets the
+            full per-rank table and histograms at the probe cadence, and every logger ``pgc/slowest_rank``.
         eps: the ``eps`` in ``L_hat``.
+        log_every_n_steps: steps between the per-step records logged (every one is measured; this thins the log).
+        loss_every_n_steps: steps between probe-batch losses (``pgc/probe_loss``; one forward pass without grad).
+        history_size: how many logged rows :attr:`history` keeps (the newest).
         theory_every_n_steps: steps between the measurements of the theory's constants (``pgc/theory/...``, see
             ``docs/theory.md``); ``None`` (default) turns them off. Rank 0 only; each costs about
             one forward/backward pass over the (probe) training set per version in use (``c`` in the steady
@@ -66,16 +75,23 @@ class PGCDiagnostics(Callback):
     def __init__(
         self,
         every_n_steps: int = 25,
-        per_rank: int = 16,
+        per_rank: Optional[int] = None,
         eps: float = 1e-12,
+        log_every_n_steps: int = 1,
+        loss_every_n_steps: int = 5,
+        history_size: int = 10_000,
         theory_every_n_steps: Optional[int] = None,
         theory_probe_per_partition: Optional[int] = None,
         theory_window: int = 64,
         theory_max_patterns: int = 5000,
         theory_chunk: int = 512,
     ) -> None:
-        if every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be >= 1, got {every_n_steps}")
+        for name, value in (("every_n_steps", every_n_steps), ("log_every_n_steps", log_every_n_steps),
+                            ("loss_every_n_steps", loss_every_n_steps), ("history_size", history_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if per_rank is not None and per_rank < 0:
+            raise ValueError(f"per_rank must be >= 0 or None, got {per_rank}")
         if theory_every_n_steps is not None and theory_every_n_steps < 1:
             raise ValueError(f"theory_every_n_steps must be >= 1 or None, got {theory_every_n_steps}")
         if theory_probe_per_partition is not None and theory_probe_per_partition < 1:
@@ -90,12 +106,15 @@ class PGCDiagnostics(Callback):
         self.theory_window = theory_window
         self.theory_max_patterns = theory_max_patterns
         self.theory_chunk = theory_chunk
-        self.history: list[dict[str, float]] = []  # what was logged, kept for benchmarks and tests
+        self.log_every_n_steps = log_every_n_steps
+        self.loss_every_n_steps = loss_every_n_steps
+        self.history: deque[dict[str, float]] = deque(maxlen=history_size)  # the newest logged rows
         self._last_end: Optional[float] = None
         self._snapshots: deque[tuple[int, Tensor]] = deque()
         self._probe: Any = None
         self._last_probe: Optional[tuple[int, Tensor, Tensor]] = None  # (version, params, probe gradient)
         self._pending_probe: Optional[tuple[int, Tensor, Tensor]] = None
+        self._probe_loss: Optional[float] = None
         self._patterns: Optional[tuple[np.ndarray, np.ndarray]] = None
         self._theory_warned = False
         self._delay_counts: dict[int, int] = {}  # bounded staleness: t - s(t,i) over every closed version
@@ -106,7 +125,7 @@ class PGCDiagnostics(Callback):
         self._snapshots.clear()
         self._last_probe = None
         self._patterns = None
-        self.history = []
+        self.history.clear()
         self._delay_counts = {}
         if isinstance(getattr(trainer.strategy, "scheme", None), BoundedScheme) and self.theory_every_n_steps:
             raise ValueError("PGCDiagnostics(theory_every_n_steps=...) measures the coded schemes' theory; under "
@@ -126,11 +145,15 @@ class PGCDiagnostics(Callback):
             self._snapshots.append((version, params))
         while self._snapshots and self._snapshots[0][0] < version - max(c, 1) - 16:  # older than any use
             self._snapshots.popleft()
+        self._probe_loss = None
         if version % self.every_n_steps == 0:
-            gradient = self._probe_gradient(pl_module)
+            loss, gradient = _loss_and_gradient(pl_module, self._probe)
             self._pending_probe = (version, params, gradient)
+            self._probe_loss = loss
         else:
             self._pending_probe = None
+            if version % self.loss_every_n_steps == 0:
+                self._probe_loss = _probe_loss(pl_module, self._probe)
 
     def _snapshot_needed(self, version: int, c: int) -> bool:
         """Copy the parameters only at versions a coming measurement can look back to (not every step)."""
@@ -148,11 +171,14 @@ class PGCDiagnostics(Callback):
         if info is None or not _is_leader(strategy):
             self._last_end = now
             return
-        metrics: dict[str, float] = {"pgc/train_loss": info.loss, "pgc/skipped_steps": float(strategy.skipped_steps)}
-        if self._last_end is not None:
-            metrics["pgc/step_time_s"] = now - self._last_end
+        metrics: dict[str, float] = {}
+        if info.version % self.log_every_n_steps == 0:
+            metrics = {"pgc/train_loss": info.loss, "pgc/worker_wait_s": info.worker_wait_s}
+            if self._last_end is not None:
+                metrics["pgc/step_time_s"] = now - self._last_end
         self._last_end = now
-        metrics["pgc/worker_wait_s"] = info.worker_wait_s
+        if self._probe_loss is not None:
+            metrics["pgc/probe_loss"] = self._probe_loss
         pending = getattr(self, "_pending_probe", None)
         aggregate_sq = 0.0
         if pending is not None:  # a full pass over the gradient: only at the probe cadence, not every step
@@ -163,10 +189,12 @@ class PGCDiagnostics(Callback):
         record = runtime.record(info.version) if runtime is not None else None
         max_age = 0
         if record is not None:
-            metrics.update(self._record_metrics(strategy, record))
-            max_age = int(metrics.get("pgc/max_age", 0))
-            metrics["pgc/late_codes"] = float(runtime.leader.late_codes)
-            metrics.update(_rank_metrics(strategy.rank_stats(), runtime.leader.closed))
+            measured = self._record_metrics(strategy, record)
+            max_age = int(measured.get("pgc/max_age", 0))
+            if info.version % self.log_every_n_steps == 0:
+                metrics.update(measured)
+                metrics["pgc/late_codes"] = float(runtime.leader.late_codes)
+                metrics.update(_rank_metrics(strategy.rank_stats(), runtime.leader.closed, self.per_rank))
 
         if pending is not None:
             metrics.update(self._probe_metrics(pending, max_age, aggregate_sq))
@@ -178,10 +206,11 @@ class PGCDiagnostics(Callback):
             and info.version % self.theory_every_n_steps == 0
         ):
             metrics.update(self._theory_metrics(trainer, pl_module, strategy, record, info))
-        pl_module.log_dict(metrics, on_step=True, on_epoch=False, rank_zero_only=True, batch_size=1)
-        self.history.append({"step": float(info.version), **metrics})
+        if metrics:
+            _log_at(trainer, metrics, info.version)
+            self.history.append({"step": float(info.version), **metrics})
         if record is not None and info.version % self.every_n_steps == 0:
-            self._log_histogram(trainer, record, info.version)
+            self._log_histogram(trainer, record, info.version, strategy.rank_stats())
 
     # ------------------------------------------------------------------------------------------ measurements
     def _record_metrics(self, strategy: Any, record: Any) -> dict[str, float]:
@@ -193,7 +222,7 @@ class PGCDiagnostics(Callback):
             "pgc/admitted": float(len(record.admitted)),
             "pgc/coordinator_wait_s": record.wait_s,
         }
-        for r in range(min(n, self.per_rank)):
+        for r in range(n if self.per_rank is None else min(n, self.per_rank)):
             out[f"pgc/admitted/rank{r}"] = float(r in record.admitted)
             if r in record.arrivals:
                 out[f"pgc/arrival_s/rank{r}"] = record.arrivals[r]
@@ -217,7 +246,7 @@ class PGCDiagnostics(Callback):
         if self._last_probe is not None:
             _, old_params, old_gradient = self._last_probe
             l_hat = float((gradient - old_gradient).norm() / ((params - old_params).norm() + self.eps))
-            out["pgc/L_hat"] = l_hat
+            out["pgc/L_hat_probe"] = l_hat
             out["pgc/staleness_term"] = l_hat**2 * displacement
             out["pgc/staleness_ratio"] = l_hat**2 * displacement / max(aggregate_sq, self.eps)
         self._last_probe = pending
@@ -243,7 +272,7 @@ class PGCDiagnostics(Callback):
         }
         for a, count in sorted(self._delay_counts.items()):
             out[f"pgc/bounded/delay_count/{a}"] = float(count)
-        for r in range(min(strategy.scheme.n, self.per_rank)):
+        for r in range(strategy.scheme.n if self.per_rank is None else min(strategy.scheme.n, self.per_rank)):
             out[f"pgc/admitted/rank{r}"] = float(r in record.admitted)
             if r in record.arrivals:
                 out[f"pgc/arrival_s/rank{r}"] = record.arrivals[r]
@@ -268,8 +297,8 @@ class PGCDiagnostics(Callback):
         out["pgc/bounded/displacement"] = parts["displacement"]
         out["pgc/bounded/stale_fresh_cos"] = parts["cos_min"]
         out["pgc/bounded/stale_fresh_cos_mean"] = parts["cos_mean"]
-        if "pgc/L_hat" in metrics:
-            out["pgc/bounded/lipschitz_bound"] = metrics["pgc/L_hat"] ** 2 * parts["displacement"]
+        if "pgc/L_hat_probe" in metrics:
+            out["pgc/bounded/lipschitz_bound"] = metrics["pgc/L_hat_probe"] ** 2 * parts["displacement"]
         return out
 
     def _probe_gradient(self, pl_module: LightningModule) -> Tensor:
@@ -320,7 +349,7 @@ class PGCDiagnostics(Callback):
         if any(v not in snapshots for v in needed):
             return {"pgc/theory/missing_snapshot": 1.0}
 
-        params = [p for p in pl_module.parameters() if p.requires_grad]
+        params = list(pl_module.parameters())  # the layout of _flat_params
         members = [self._probe_members(streams, j) for j in range(n)]
         minibatch: dict[tuple[int, int], Tensor] = {}
         full: dict[tuple[int, int], Tensor] = {}
@@ -417,7 +446,8 @@ class PGCDiagnostics(Callback):
         assert total is not None
         return total
 
-    def _log_histogram(self, trainer: Trainer, record: Any, version: int) -> None:
+    def _log_histogram(self, trainer: Trainer, record: Any, version: int, stats: list[dict[str, float]]) -> None:
+        """W&B only: the age histogram and, for every rank (no cap), the per-rank table and lag histogram."""
         try:
             from lightning.pytorch.loggers import WandbLogger
         except ImportError:  # pragma: no cover
@@ -427,7 +457,13 @@ class PGCDiagnostics(Callback):
                 import wandb
 
                 ages = [a for r in record.admitted for a in record.ages.get(r, ())]
-                logger.experiment.log({"pgc/age_histogram": wandb.Histogram(ages), "trainer/global_step": version})
+                row: dict[str, Any] = {"pgc/age_histogram": wandb.Histogram(ages), "trainer/global_step": version}
+                if stats:
+                    columns = ["rank", "admitted", "late", "skipped", "mean_lag_s"]
+                    row["pgc/ranks"] = wandb.Table(columns=columns,
+                                                   data=[[float(r[c]) for c in columns] for r in stats])
+                    row["pgc/mean_lag_s_histogram"] = wandb.Histogram([float(r["mean_lag_s"]) for r in stats])
+                logger.experiment.log(row)
 
 
 class StalenessValve(Callback):
@@ -645,12 +681,10 @@ class StalenessValve(Callback):
                 f"Gradients up to c-1 = {self._age} steps stale move this far: consider a smaller c (PGC: fewer "
                 f"tolerated stragglers, c = s+1 = {self._age + 1}; bounded: `staleness`) or a lower learning rate."
             )
-        if self.rank == 0:
-            pl_module.log_dict(
-                {"pgc/valve/ratio": ratio, "pgc/valve/lr_scale": self.scale, "pgc/valve/L_hat": l_hat,
-                 "pgc/valve/staleness_term": term, **({"pgc/valve/window": float(self.window)} if self.window else {})},
-                on_step=True, on_epoch=False, rank_zero_only=True, batch_size=1,
-            )
+        if self.rank == 0:  # at the step measured, once (not at Lightning's log_every_n_steps cadence)
+            _log_at(trainer, {"pgc/valve/ratio": ratio, "pgc/valve/lr_scale": self.scale,
+                              "pgc/valve/L_hat_staleness": l_hat, "pgc/valve/staleness_term": term,
+                              **({"pgc/valve/window": float(self.window)} if self.window else {})}, t)
 
 
 # ================================================================================================== helpers
@@ -660,36 +694,110 @@ def _is_leader(strategy: Any) -> bool:
     return runtime is not None and runtime.is_leader
 
 
-def _rank_metrics(stats: list[dict[str, float]], closed: int) -> dict[str, float]:
-    """``pgc/rank{k}/admitted_rate``, ``late``, ``skipped`` and ``mean_lag_s`` from :meth:`PGCStrategy.rank_stats`."""
+def _log_at(trainer: Trainer, metrics: dict[str, float], step: int) -> None:
+    """Log ``metrics`` once, at ``step``, to every logger of the trainer (rank 0's loggers are the live ones)."""
+    for logger in trainer.loggers:
+        logger.log_metrics(metrics, step=step)
+
+
+def _rank_metrics(stats: list[dict[str, float]], closed: int, cap: Optional[int] = None) -> dict[str, float]:
+    """``pgc/rank{k}/admitted_rate``, ``late``, ``skipped``, ``mean_lag_s``, ``rejoined`` and
+    ``pgc/rejected/rank{k}`` (non-finite codes) from :meth:`PGCStrategy.rank_stats` for the first ``cap`` ranks
+    (``None``: all), and ``pgc/slowest_rank`` (the highest mean lag) over every rank."""
     out: dict[str, float] = {}
     for row in stats:
         k = int(row["rank"])
+        if cap is not None and k >= cap:
+            continue
         out[f"pgc/rank{k}/admitted_rate"] = row["admitted"] / max(closed, 1)
         out[f"pgc/rank{k}/late"] = float(row["late"])
         out[f"pgc/rank{k}/skipped"] = float(row["skipped"])
         out[f"pgc/rank{k}/mean_lag_s"] = float(row["mean_lag_s"])
+        out[f"pgc/rank{k}/rejoined"] = float(row.get("rejoined", 0))
+        out[f"pgc/rejected/rank{k}"] = float(row.get("rejected", 0))
+    if stats:
+        slowest = max(stats, key=lambda row: (float(row["mean_lag_s"]), -int(row["rank"])))
+        out["pgc/slowest_rank"] = float(slowest["rank"])
+        out["pgc/slowest_rank_mean_lag_s"] = float(slowest["mean_lag_s"])
     return out
 
 
 def _flat_params(module: torch.nn.Module) -> Tensor:
-    return torch.cat([p.detach().reshape(-1).double().cpu() for p in module.parameters() if p.requires_grad])
+    """Every parameter, frozen ones included, so the layout survives a finetuning callback's unfreezing."""
+    return torch.cat([p.detach().reshape(-1).double().cpu() for p in module.parameters()])
 
 
 def _loss_gradient(pl_module: LightningModule, batch: Any) -> Tensor:
     """Flat float64 gradient of ``training_step(batch)``'s loss, leaving no trace (grads, buffers, RNG, logs)."""
-    params = [p for p in pl_module.parameters() if p.requires_grad]
-    buffers = [b.detach().clone() for b in pl_module.buffers()]
+    return _loss_and_gradient(pl_module, batch)[1]
+
+
+def _loss_and_gradient(pl_module: LightningModule, batch: Any) -> tuple[float, Tensor]:
+    """``training_step(batch)``'s loss and its flat float64 gradient over every parameter (zeros for frozen ones),
+    leaving no trace (grads, buffers, metric states, RNG, logs)."""
+    params = list(pl_module.parameters())
+    trainable = [p for p in params if p.requires_grad]
     batch = apply_to_collection(batch, Tensor, lambda t: t.to(pl_module.device))
-    with torch.random.fork_rng(devices=[]), torch.enable_grad(), _muted(pl_module):
+    with _untouched(pl_module), torch.enable_grad():
         output = pl_module.training_step(batch, 0)
         loss = output["loss"] if isinstance(output, Mapping) else output
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
-    for b, saved in zip(pl_module.buffers(), buffers):
-        b.data.copy_(saved)
-    return torch.cat(
-        [(g if g is not None else torch.zeros_like(p)).detach().reshape(-1).double().cpu() for g, p in zip(grads, params)]
-    )
+        grads = dict(zip(map(id, trainable), torch.autograd.grad(loss, trainable, allow_unused=True)))
+    flat = [(grads.get(id(p)) if grads.get(id(p)) is not None else torch.zeros_like(p)) for p in params]
+    return float(loss.detach()), torch.cat([g.detach().reshape(-1).double().cpu() for g in flat])
+
+
+def _probe_loss(pl_module: LightningModule, batch: Any) -> float:
+    """``training_step(batch)``'s loss at the current parameters, without autograd, leaving no trace."""
+    batch = apply_to_collection(batch, Tensor, lambda t: t.to(pl_module.device))
+    with _untouched(pl_module), torch.no_grad():
+        output = pl_module.training_step(batch, 0)
+        loss = output["loss"] if isinstance(output, Mapping) else output
+    return float(loss.detach())
+
+
+@contextmanager
+def _untouched(pl_module: LightningModule) -> Iterator[None]:
+    """Run the user's training_step off the record: RNG forked, logs muted, collectives refused (under PGC), buffers
+    and torchmetrics states restored afterwards (a probe call on rank 0 must not count in a metric or move
+    BatchNorm statistics)."""
+    buffers = [b.detach().clone() for b in pl_module.buffers()]
+    metrics = _metric_states(pl_module)
+    with torch.random.fork_rng(devices=[]), _muted(pl_module), _guarded(pl_module):
+        try:
+            yield
+        finally:
+            for b, saved in zip(pl_module.buffers(), buffers):
+                b.data.copy_(saved)
+            for metric, state in metrics:
+                for name, value in state.items():
+                    setattr(metric, name, value)
+
+
+@contextmanager
+def _guarded(pl_module: LightningModule) -> Iterator[None]:
+    """Under PGC, refuse collectives in a probe call of training_step as in the real one (it runs on one rank)."""
+    try:
+        guard = getattr(pl_module.trainer.strategy, "collective_guard", None)
+    except RuntimeError:  # not attached to a Trainer
+        guard = None
+    if guard is None:
+        yield
+    else:
+        with guard(pl_module):
+            yield
+
+
+def _metric_states(module: torch.nn.Module) -> list[tuple[Any, dict[str, Any]]]:
+    """A copy of every torchmetrics metric's state (its ``_defaults`` names and update bookkeeping)."""
+    import copy
+
+    saved = []
+    for sub in module.modules():
+        defaults = getattr(sub, "_defaults", None)
+        if isinstance(defaults, dict) and hasattr(sub, "_update_count"):
+            names = [*defaults, "_update_count", "_computed", "_forward_cache"]
+            saved.append((sub, {n: copy.deepcopy(getattr(sub, n, None)) for n in names if hasattr(sub, n)}))
+    return saved
 
 
 @contextmanager

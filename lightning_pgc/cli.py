@@ -175,10 +175,25 @@ class PGCLightningCLI(LightningCLI):
             if "strategy" in str(err):
                 hint = f"PGC strategy names: {', '.join(REGISTERED)} (or class_path: lightning_pgc.PGCStrategy)\n"
             sys.stderr.write(
-                f"{command}: error: invalid configuration: {type(err).__name__}: {err}\n{hint}"
+                f"{command}: error: invalid configuration: {type(err).__name__}: {union_reason(str(err))}\n{hint}"
                 "(set LIGHTNING_PGC_TRACEBACK=1 for the traceback)\n"
             )
             raise SystemExit(2) from None
+
+
+def union_reason(message: str) -> str:
+    """The reason inside jsonargparse's "Does not validate against any of the Union subtypes" dump.
+
+    ``trainer.strategy`` is ``Union[str, Strategy]``: a ``class_path`` config that fails in ``PGCStrategy.__init__``
+    (e.g. an unknown scheme) is reported as a dump of both subtypes' errors and the whole namespace; the ``str``
+    subtype's "Expected a <class 'str'>" and the dump say nothing. Other messages are returned unchanged.
+    """
+    if "Does not validate against any of the Union subtypes" not in message or "Errors:" not in message:
+        return message
+    errors = message.split("Errors:", 1)[1].split("Given value type:", 1)[0]
+    reasons = [line.strip()[2:] for line in errors.splitlines() if line.strip().startswith("- ")]
+    reasons = [r for r in reasons if not r.startswith("Expected a <class 'str'>")]
+    return "; ".join(reasons) if reasons else message
 
 
 def build_cli(args: ArgsType = None, run: bool = True) -> PGCLightningCLI:

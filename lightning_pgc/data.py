@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
-from typing import Any, Callable, Protocol
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 import torch
@@ -155,28 +155,79 @@ class PartitionBatchSampler(Sampler[list[int]]):
         self.epoch = epoch
 
 
-def split_batch(batch: Any, chunks: int) -> list[Any]:
-    """Split a collated batch into ``chunks`` equal parts along dim 0.
+def split_batch(batch: Any, chunks: int, size: Optional[int] = None) -> list[Any]:
+    """Split a collated batch of ``size`` samples into ``chunks`` batches of ``size // chunks`` samples each.
 
-    Tensors are split; tuples, lists, named tuples and mappings are split recursively; any other leaf is
-    repeated in every chunk. Raises ``ValueError`` if a tensor's leading size is not divisible by ``chunks``.
+    Tensors are split along dim 0, which must be ``size``. A list or tuple of length ``size`` none of whose
+    elements spans the batch (a ``list[str]``, a list of per-sample dicts), or a list of tensors of different
+    shapes (variable-length samples), is a per-sample list and is sliced; other tuples, lists, named tuples and
+    mappings are containers and are split recursively; any other leaf (a string, a number, ``None``) is repeated
+    in every chunk.
+    ``size`` defaults to the leading size of the first tensor found.
+
+    Raises:
+        ValueError: ``size`` is not divisible by ``chunks``, or a tensor's leading size is not ``size``.
     """
     chunks = _check_int("chunks", chunks, 1)
+    if size is None:
+        size = _first_leading_size(batch)
+        if size is None:
+            raise ValueError("Cannot split a batch with no tensor in it without its size")
+    size = _check_int("size", size, 1)
+    if size % chunks:
+        raise ValueError(f"Cannot split a batch of {size} samples into {chunks} equal chunks")
+    return _split(batch, chunks, size)
+
+
+def _split(batch: Any, chunks: int, size: int) -> list[Any]:
+    step = size // chunks
     if isinstance(batch, torch.Tensor):
-        if batch.dim() == 0 or batch.shape[0] % chunks:
-            size = "a scalar" if batch.dim() == 0 else f"leading size {batch.shape[0]}"
-            raise ValueError(f"Cannot split a tensor with {size} into {chunks} equal chunks")
-        return list(batch.split(batch.shape[0] // chunks))
+        if batch.dim() == 0 or batch.shape[0] != size:
+            found = "a scalar" if batch.dim() == 0 else f"leading size {batch.shape[0]}"
+            raise ValueError(
+                f"Cannot split a tensor with {found} by partition: every tensor of a batch of {size} samples must "
+                f"have leading size {size} (keep per-sample data of other sizes in a list)"
+            )
+        return list(batch.split(step))
     if isinstance(batch, Mapping):
-        parts = {k: split_batch(v, chunks) for k, v in batch.items()}
+        parts = {k: _split(v, chunks, size) for k, v in batch.items()}
         return [_rebuild_mapping(batch, {k: v[c] for k, v in parts.items()}) for c in range(chunks)]
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # named tuple
-        parts_t = [split_batch(v, chunks) for v in batch]
+        parts_t = [_split(v, chunks, size) for v in batch]
         return [type(batch)(*(p[c] for p in parts_t)) for c in range(chunks)]
     if isinstance(batch, (tuple, list)):
-        parts_l = [split_batch(v, chunks) for v in batch]
+        if len(batch) == size and (_ragged(batch) or not any(_spans(v, size) for v in batch)):  # one per sample
+            return [type(batch)(batch[c * step : (c + 1) * step]) for c in range(chunks)]
+        parts_l = [_split(v, chunks, size) for v in batch]
         return [type(batch)(p[c] for p in parts_l) for c in range(chunks)]
     return [batch for _ in range(chunks)]
+
+
+def _spans(value: Any, size: int) -> bool:
+    """Whether ``value`` holds data for the whole batch (so the sequence holding it is a container, not a sample)."""
+    if isinstance(value, torch.Tensor):
+        return value.dim() > 0 and value.shape[0] == size
+    if isinstance(value, Mapping):
+        return any(_spans(v, size) for v in value.values())
+    if isinstance(value, (tuple, list)):
+        return len(value) == size or any(_spans(v, size) for v in value)
+    return False
+
+
+def _ragged(values: Sequence[Any]) -> bool:
+    """A sequence of tensors of different shapes: variable-length samples, never a container of batch tensors."""
+    return all(isinstance(v, torch.Tensor) for v in values) and len({tuple(v.shape) for v in values}) > 1
+
+
+def _first_leading_size(batch: Any) -> Optional[int]:
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0]) if batch.dim() > 0 else None
+    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
+    for v in values:
+        found = _first_leading_size(v)
+        if found is not None:
+            return found
+    return None
 
 
 def _rebuild_mapping(template: Mapping, items: dict) -> Mapping:

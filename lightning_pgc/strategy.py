@@ -9,15 +9,21 @@ Per optimizer step ``t`` (= the model version, Invariant 1) every rank:
    straight into a ready-to-send message and hands it to the runtime, which sends shard ``j`` to its owner;
 3. points ``param.grad`` at the published aggregate and lets its own optimizer step, so every replica
    applies the identical sequence of aggregates (Invariant 2).
+
+A rank that fell more than ``max_lag`` versions behind gets no aggregates (bounded memory); when it is back it
+receives the training state at the open version ``u`` from a donor (state transfer), runs its remaining steps
+before ``u`` without computing or applying anything, loads the state at ``u`` and goes on with an empty cache.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
+from numbers import Integral, Real
 from typing import Any, Callable, Literal, Mapping, Optional, Union
 
 import torch
@@ -34,13 +40,24 @@ import lightning.pytorch as pl
 from lightning_pgc._lightning import (
     closure_loss,
     default_pg_timeout,
+    has_layer_sync,
     replace_sigterm_broadcast,
     set_closure_loss,
     sync_module_states,
+    wrap_launcher,
 )
 from lightning_pgc.codes import SCHEMES, BoundedScheme, Scheme, StaleCache, make_scheme
+from lightning_pgc.compat import (
+    CollectiveGuard,
+    PGCUnsupportedError,
+    PreflightLauncher,
+    SingleUseClosure,
+    check_fit,
+    check_train_loader,
+    check_trainer,
+)
 from lightning_pgc.data import PartitionBatchSampler, split_batch
-from lightning_pgc.runtime import GlooTransport, PGCRuntime, ShardLayout, choose_num_shards
+from lightning_pgc.runtime import GlooTransport, PGCDetached, PGCRuntime, ShardLayout, choose_num_shards
 from lightning_pgc.runtime.bounded import BoundedLeader
 from lightning_pgc.runtime.transport import payload_dtype_for
 
@@ -95,11 +112,21 @@ class PGCStrategy(DDPStrategy):
         max_staleness: ``bounded`` only: the largest ``c`` widening may reach (default ``2 * staleness``).
         warmup: ``"full"`` evaluates every held partition at the first step (the paper), ``"gradual"`` fills
             the cache over the first ``c`` steps at no extra cost.
-        timeout: liveness bound in seconds: the leader (rank 0) fails, naming the missing ranks, when it cannot
-            close a version this long after the first code arrived; a rank fails when no aggregate comes.
-        max_lag: how many versions a live rank may fall behind before the leader waits for it; bounds the
-            aggregates a slow rank buffers. Default: as many as fit in 512 MiB, between ``c + 1`` and 1024. Lower it
-            if a slow rank's memory grows (``buffer_stats['mailbox_high_water']``); raise it if fast ranks wait.
+        timeout: seconds the job may run with fewer live ranks than a version needs (``n - s``) before every rank
+            fails with an error naming the missing ones; counted after the heartbeat window that detects a death.
+            Slow steps never trigger it: liveness is the heartbeats, not progress. Raise it if frozen ranks are
+            expected back (e.g. a preempted node that resumes).
+        max_lag: how many versions a rank may fall behind before it is detached: it stops receiving aggregates
+            (its memory stays bounded) and, once back, catches up by state transfer; nobody waits for it.
+            Default: as many as fit in 512 MiB, between ``c + 1`` and 1024. Lower it if a slow rank's memory grows
+            (``buffer_stats['mailbox_high_water']``); raise it if ``rank_stats()[k]['rejoined']`` counts state
+            transfers after short hiccups (each one costs a copy of the model and optimizer state).
+        heartbeat_interval: seconds between heartbeats (every rank to the leader and back).
+        heartbeat_misses: heartbeats a rank may miss before it counts as dead. Raise it if healthy ranks are
+            reported missing under heavy load (e.g. long GIL-holding work in callbacks).
+        nonfinite: what to do with a gradient that contains NaN or inf: ``"skip"`` drops it (the rank is a
+            straggler for that step, its cache entry is evicted, ``pgc/rejected/rank{k}`` counts it);
+            ``"raise"`` stops training with an error on that rank.
         shard_bytes: target bytes per shard of the data plane. Payloads up to this size go through one owner
             (rank 0: fewest messages, best for small models); larger ones are split over up to ``n`` owners, so
             each rank moves about a ring all-reduce's bytes. Lower it if rank 0's ``bytes_sent`` dominates;
@@ -124,8 +151,11 @@ class PGCStrategy(DDPStrategy):
         widen_after: Optional[float] = None,
         max_staleness: Optional[int] = None,
         warmup: Literal["full", "gradual"] = "full",
-        timeout: float = 300.0,
+        timeout: float = 3.0,
         max_lag: Optional[int] = None,
+        heartbeat_interval: float = 0.2,
+        heartbeat_misses: int = 15,
+        nonfinite: Literal["skip", "raise"] = "skip",
         shard_bytes: int = 256 * 1024,
         seed: int = 0,
         diagnostics: bool = True,
@@ -140,8 +170,29 @@ class PGCStrategy(DDPStrategy):
         process_group_timeout: Optional[timedelta] = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
     ) -> None:
+        _check_type("scheme", scheme, str)
+        _check_type("stragglers", stragglers, Integral)
+        _check_type("warmup", warmup, str)
+        _check_type("timeout", timeout, Real)
+        _check_type("max_lag", max_lag, (Integral, type(None)))
+        _check_type("shard_bytes", shard_bytes, Integral)
+        _check_type("seed", seed, Integral)
+        _check_type("diagnostics", diagnostics, bool)
+        _check_type("diagnostics_every", diagnostics_every, Integral)
+        _check_type("max_condition", max_condition, Real)
+        _check_type("heartbeat_interval", heartbeat_interval, Real)
+        _check_type("heartbeat_misses", heartbeat_misses, Integral)
+        _check_type("nonfinite", nonfinite, str)
+        for name, value in (("replication", replication), ("staleness", staleness), ("fresh", fresh),
+                            ("max_staleness", max_staleness)):
+            _check_type(name, value, (Integral, type(None)))
+        _check_type("widen_after", widen_after, (Real, type(None)))
         if scheme not in STRATEGY_SCHEMES:
             raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(STRATEGY_SCHEMES)}")
+        if stragglers < 0:
+            raise ValueError(f"stragglers must be >= 0, got {stragglers}")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
         bounded_args = {"replication": replication, "staleness": staleness, "fresh": fresh,
                         "widen_after": widen_after, "max_staleness": max_staleness}
         if scheme != "bounded" and any(v is not None for v in bounded_args.values()):
@@ -157,6 +208,11 @@ class PGCStrategy(DDPStrategy):
             raise ValueError("pgc_cr_naive decodes Tandon codes and needs every cache entry: use warmup='full'")
         if timeout <= 0:
             raise ValueError(f"timeout must be positive seconds, got {timeout}")
+        if heartbeat_interval <= 0 or heartbeat_misses < 1:
+            raise ValueError(f"need heartbeat_interval > 0 and heartbeat_misses >= 1, got {heartbeat_interval} and "
+                             f"{heartbeat_misses}")
+        if nonfinite not in ("skip", "raise"):
+            raise ValueError(f"nonfinite must be 'skip' or 'raise', got {nonfinite!r}")
         if max_lag is not None and max_lag < 1:
             raise ValueError(f"max_lag must be >= 1 or None, got {max_lag}")
         if shard_bytes < 1:
@@ -183,6 +239,9 @@ class PGCStrategy(DDPStrategy):
         self.warmup = warmup
         self.liveness_timeout = float(timeout)
         self.max_lag = max_lag
+        self.heartbeat_interval = float(heartbeat_interval)
+        self.heartbeat_misses = int(heartbeat_misses)
+        self.nonfinite = nonfinite
         self.shard_bytes = int(shard_bytes)
         self.seed = seed
         self.diagnostics = diagnostics
@@ -206,6 +265,9 @@ class PGCStrategy(DDPStrategy):
         self._version = 0
         self._evaluations: tuple[int, ...] = ()
         self._fresh: set[int] = set()
+        self.collective_guard = CollectiveGuard()  # active while the user's training_step runs (also in probes)
+        self._partition_batch_size: Optional[int] = None  # samples per partition evaluation (the loader's batch_size)
+        self._rejoin: Optional[tuple[int, Tensor]] = None  # (version, state) received by state transfer, not loaded
 
     # ------------------------------------------------------------------------------------------ configuration
     def _make_scheme(self, world_size: int) -> Scheme:
@@ -228,6 +290,16 @@ class PGCStrategy(DDPStrategy):
         if self.parallel_devices is not None:
             self._make_scheme(self.num_nodes * len(self.parallel_devices))
         super()._configure_launcher()
+        # Lightning hands ``fit``'s model and loaders to the launcher: check them there, before any rank starts.
+        wrap_launcher(self, lambda launcher: PreflightLauncher(launcher, self._preflight))
+
+    def _preflight(self, trainer: "pl.Trainer", args: tuple[Any, ...]) -> None:
+        """Refuse, in the launching process, every setup PGC cannot run (see :mod:`lightning_pgc.compat`)."""
+        if trainer.state.fn != TrainerFn.FITTING:
+            return
+        module = args[0] if args else None
+        loaders = args[1] if len(args) > 1 else None
+        check_fit(trainer, module, loaders, layer_sync=has_layer_sync(self))
 
     @override
     def setup_environment(self) -> None:
@@ -255,18 +327,12 @@ class PGCStrategy(DDPStrategy):
                 trainer.callbacks.append(PGCDiagnostics(every_n_steps=self.diagnostics_every))
 
     def _check_supported(self, trainer: "pl.Trainer") -> None:
-        module = trainer.lightning_module
-        if not module.automatic_optimization:
-            raise ValueError("PGCStrategy needs automatic optimization (`self.automatic_optimization = True`)")
-        if trainer.accumulate_grad_batches != 1:
-            raise ValueError(
-                "PGCStrategy does not support `accumulate_grad_batches`: raise the DataLoader's batch_size instead"
-            )
-        precision = str(trainer.precision)
-        if precision.startswith("16"):
-            raise ValueError(
-                f"PGCStrategy does not support precision={precision!r} (loss scaling would have to agree across "
-                "stale gradients); use '32-true' or 'bf16-mixed'"
+        """The launch-time checks again in every rank (a launcher that bypasses ``launch``, e.g. a bare script)."""
+        check_trainer(trainer, layer_sync=has_layer_sync(self))
+        if not trainer.lightning_module.automatic_optimization:
+            raise PGCUnsupportedError(
+                "PGCStrategy needs automatic optimization (`self.automatic_optimization = True`): it decodes the "
+                "gradient inside the optimizer step"
             )
 
     @override
@@ -283,14 +349,9 @@ class PGCStrategy(DDPStrategy):
             return dataloader
         if isinstance(dataloader.batch_sampler, PartitionBatchSampler):
             return dataloader
-        if dataloader.batch_size is None:
-            raise ValueError(
-                "PGCStrategy assigns mini-batches to partitions itself: give the training DataLoader a `batch_size` "
-                "instead of a custom `batch_sampler`"
-            )
+        check_train_loader(dataloader)  # loaders built by hooks in the ranks: refused on every rank alike
+        self._partition_batch_size = dataloader.batch_size
         dataset = dataloader.dataset
-        if not hasattr(dataset, "__len__"):
-            raise ValueError("PGCStrategy needs a map-style training dataset (with __len__)")
         sampler = PartitionBatchSampler(
             len(dataset),
             self.scheme,
@@ -317,7 +378,10 @@ class PGCStrategy(DDPStrategy):
     def on_train_start(self) -> None:
         super().on_train_start()
         trainer = self.lightning_module.trainer
-        self._params = [p for p in self.lightning_module.parameters() if p.requires_grad]
+        # Every parameter, frozen ones included: finetuning callbacks flip `requires_grad` mid-fit, and a layout fixed
+        # at the start keeps the payload (and the stale cache) valid on every rank. A frozen parameter sends zeros
+        # and gets no gradient (`_apply`).
+        self._params = list(self.lightning_module.parameters())
         # Buffers (BatchNorm statistics) travel as a plain tail, averaged over the received ranks, so that the
         # replicas stay identical buffers included (DDP broadcasts rank 0's buffers instead).
         self._buffers = [b for b in self.lightning_module.buffers() if b.numel() > 0]
@@ -356,10 +420,13 @@ class PGCStrategy(DDPStrategy):
             max_lag=max_lag,
             pin_memory=self._pinned(),
             make_leader=make_leader,
+            heartbeat_interval=self.heartbeat_interval,
+            heartbeat_misses=self.heartbeat_misses,
         )
         self.runtime.start()
         self.skipped_steps = 0
         self._rank_stats = []
+        self._rejoin = None
 
     def _pinned(self) -> bool:
         """Stage CUDA gradients through pinned host buffers (asynchronous copies; gloo moves host memory)."""
@@ -368,11 +435,14 @@ class PGCStrategy(DDPStrategy):
     @override
     def on_train_end(self) -> None:
         self._stop_runtime()
+        if self._rejoin is not None:  # training ended before the version this rank rejoins at: take the final state
+            self._load_state(self._rejoin[1])
+            self._rejoin = None
         super().on_train_end()
 
     def _stop_runtime(self) -> None:
         if self.runtime is not None:
-            self.runtime.stop()
+            self.runtime.stop(donate=self._state_bytes)
             self.buffer_stats = self.runtime.buffer_stats()
             self._rank_stats = self.runtime.rank_stats()
             if self.cache is not None:
@@ -404,17 +474,40 @@ class PGCStrategy(DDPStrategy):
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         """Run the user's training step once per evaluated partition; all but the last are back-propagated here."""
         evals = self._evaluations
-        if len(evals) <= 1 or not args:
-            return super().training_step(*args, **kwargs)
-        chunks = split_batch(args[0], len(evals))
-        self._zero_grad()  # Lightning zeroes grads only after training_step
-        for partition, chunk in zip(evals[:-1], chunks[:-1]):
-            output = super().training_step(chunk, *args[1:], **kwargs)
-            loss = _loss_of(output)
-            self.backward(loss, None)
-            self._store_gradient(partition, loss)
-            self._zero_grad()
-        return super().training_step(chunks[-1], *args[1:], **kwargs)
+        with self.collective_guard(self.lightning_module):
+            if len(evals) <= 1 or not args:
+                return super().training_step(*args, **kwargs)
+            size = None if self._partition_batch_size is None else self._partition_batch_size * len(evals)
+            chunks = split_batch(args[0], len(evals), size=size)
+            self._zero_grad()  # Lightning zeroes grads only after training_step
+            for partition, chunk in zip(evals[:-1], chunks[:-1]):
+                output = super().training_step(chunk, *args[1:], **kwargs)
+                loss = _loss_of(output)
+                self.backward(loss, None)
+                self._store_gradient(partition, loss)
+                self._zero_grad()
+            return super().training_step(chunks[-1], *args[1:], **kwargs)
+
+    # Collectives on the default group are refused inside training_step (a rank that fell behind skips it).
+    @override
+    def reduce(self, tensor: Any, group: Optional[Any] = None, reduce_op: Optional[Any] = "mean") -> Any:
+        self.collective_guard.refuse("a reduce (e.g. `self.log(..., sync_dist=True)`)")
+        return super().reduce(tensor, group=group, reduce_op=reduce_op)
+
+    @override
+    def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
+        self.collective_guard.refuse("`all_gather`")
+        return super().all_gather(tensor, group=group, sync_grads=sync_grads)
+
+    @override
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        self.collective_guard.refuse("`broadcast`")
+        return super().broadcast(obj, src)
+
+    @override
+    def barrier(self, *args: Any, **kwargs: Any) -> None:
+        self.collective_guard.refuse("`barrier`")
+        super().barrier(*args, **kwargs)
 
     @override
     def optimizer_step(
@@ -430,39 +523,42 @@ class PGCStrategy(DDPStrategy):
         version = self._version = self.lightning_module.trainer.global_step
         self._evaluations = self.scheme.evaluations(self.global_rank, version, start=self._warm_start_step())
 
-        def pgc_closure() -> Any:
-            return self._exchange(version, closure)
-
+        pgc_closure = SingleUseClosure(lambda: self._exchange(version, closure))
         return super().optimizer_step(optimizer, pgc_closure, model, **kwargs)
 
     def _exchange(self, version: int, closure: Callable[[], Any]) -> Tensor:
-        runtime, cache, scheme = self.runtime, self.cache, self.scheme
-        assert runtime is not None and cache is not None and scheme is not None
+        runtime, cache = self.runtime, self.cache
+        assert runtime is not None and cache is not None
         skipped = runtime.published(version)
+        if self._rejoin is None and not skipped and runtime.detached(version):
+            self._rejoin = runtime.rejoin(version)
+        if self._rejoin is not None:
+            if version < self._rejoin[0]:
+                return self._idle_step(version, closure)
+            self._load_state(self._rejoin[1])  # the state at the start of this version: go on from here
+            self._rejoin = None
+            cache.clear()
         waited = 0.0
         if not skipped:
-            self._fresh = set()
-            self._zero_grad()  # param.grad may view the previous aggregate: never accumulate into it
-            closure()
-            loss = closure_loss(closure)
-            if hasattr(closure, "_result") and loss is None:
-                raise RuntimeError("PGCStrategy needs a loss from every training_step; it returned None")
-            self._store_gradient(self._evaluations[-1], loss)
-            for partition in self._fresh:
-                cache.put(partition, self._slots[partition], version, copy=False)  # the slot itself, no copy
-            ages = tuple(cache.ages(version).values())
-            code = runtime.new_code(version)
-            scheme.encode(self.global_rank, cache.valid(version), out=code.shards)
-            if self._buffers:
-                code.write(self._grad_numel + 1, self._flat_buffers(code.shards.dtype))
-            start = time.monotonic()
-            runtime.submit(version, code, ages)
-            aggregate = runtime.wait(version)
+            try:
+                start = self._compute_and_submit(version, closure)
+                aggregate = runtime.wait(version)
+            except PGCDetached:  # fell too far behind while computing: catch up by state transfer
+                self._rejoin = runtime.rejoin(version)
+                if version < self._rejoin[0]:
+                    return self._idle_step(version, closure)
+                self._load_state(self._rejoin[1])
+                self._rejoin = None
+                cache.clear()
+                return self._exchange(version, closure)
             waited = time.monotonic() - start
         else:
             self.skipped_steps += 1
             runtime.skipped = self.skipped_steps
             aggregate = runtime.wait(version)
+        recipient = runtime.donation(version)
+        if recipient is not None:  # a rank rejoins at this version: it needs the state before this step applies
+            runtime.send_state(recipient, version, self._state_bytes())
         n_grad = self._grad_numel
         gradient, loss_value, buffers = aggregate[:n_grad], aggregate[n_grad], aggregate[n_grad + 1 :]
         self._apply(gradient)
@@ -475,6 +571,75 @@ class PGCStrategy(DDPStrategy):
         self.last_step = StepInfo(version, float(loss_t), skipped, () if skipped else self._evaluations, waited,
                                   gradient)
         return loss_t
+
+    def _compute_and_submit(self, version: int, closure: Callable[[], Any]) -> float:
+        """Run the training step(s), cache the fresh gradients and send this rank's code for ``version``; returns
+        when the code left (monotonic seconds)."""
+        runtime, cache, scheme = self.runtime, self.cache, self.scheme
+        assert runtime is not None and cache is not None and scheme is not None
+        self._fresh = set()
+        self._zero_grad()  # param.grad may view the previous aggregate: never accumulate into it
+        closure()
+        loss = closure_loss(closure)
+        if hasattr(closure, "_result") and loss is None:
+            raise RuntimeError("PGCStrategy needs a loss from every training_step; it returned None")
+        self._store_gradient(self._evaluations[-1], loss)
+        bad = sorted(p for p in self._fresh if not bool(torch.isfinite(self._slots[p].sum())))  # one read pass
+        if bad:
+            if self.nonfinite == "raise":
+                raise FloatingPointError(
+                    f"PGC rank {self.global_rank}: the gradient (or loss) of partition(s) {bad} at step {version} "
+                    "contains NaN or inf; lower the learning rate or clip gradients, or pass "
+                    "PGCStrategy(nonfinite='skip') to drop such gradients and go on"
+                )
+            log.warning("PGC rank %d: non-finite gradient at step %d (partitions %s): not sent, evicted from the "
+                        "cache", self.global_rank, version, bad)
+            for p in bad:
+                cache.discard(p)  # its slot is the cache entry: the old value is overwritten anyway
+        for partition in self._fresh.difference(bad):
+            cache.put(partition, self._slots[partition], version, copy=False)  # the slot itself, no copy
+        if bad:
+            runtime.reject(version)  # a straggler for this version: no code
+            return time.monotonic()
+        valid = cache.valid(version)
+        # Tandon's naive pipelined code needs every held partition (its cache never expires): after a rejoin
+        # (empty cache) such a rank stays a straggler until its cache is full again. Other codes use what this
+        # step evaluated plus the valid cache entries.
+        if scheme.cache_max_age is None and len(valid) < len(cache.partitions):
+            return time.monotonic()
+        code = runtime.new_code(version)
+        scheme.encode(self.global_rank, valid, out=code.shards)
+        if self._buffers:
+            code.write(self._grad_numel + 1, self._flat_buffers(code.shards.dtype))
+        sent = time.monotonic()
+        runtime.submit(version, code, tuple(cache.ages(version).values()))
+        return sent
+
+    def _idle_step(self, version: int, closure: Callable[[], Any]) -> Tensor:
+        """A step before the version this rank rejoins at: nothing computed, nothing applied (no gradients, so the
+        optimizer leaves every parameter alone); the state loaded at that version replaces these steps."""
+        self._zero_grad()
+        self.skipped_steps += 1
+        loss_t = torch.tensor(self.last_step.loss if self.last_step is not None else float("nan"))
+        set_closure_loss(closure, loss_t, True)
+        return loss_t
+
+    def _state_bytes(self) -> Tensor:
+        """This rank's training state (module state dict and every optimizer's) serialized for a state transfer."""
+        trainer = self.lightning_module.trainer
+        buf = io.BytesIO()
+        torch.save({"model": self.lightning_module.state_dict(),
+                    "optimizers": [opt.state_dict() for opt in trainer.optimizers]}, buf)
+        return torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
+
+    def _load_state(self, state: Tensor) -> None:
+        """Load a state from :meth:`_state_bytes` (another rank's, at the version this rank rejoins at)."""
+        if state.numel() == 0:
+            raise RuntimeError(f"PGC rank {self.global_rank}: the donor sent no training state")
+        loaded = torch.load(io.BytesIO(state.numpy().tobytes()), map_location=self.root_device, weights_only=True)
+        self.lightning_module.load_state_dict(loaded["model"])
+        for opt, sd in zip(self.lightning_module.trainer.optimizers, loaded["optimizers"]):
+            opt.load_state_dict(sd)
 
     def _slot(self, partition: int) -> Tensor:
         """The preallocated flat gradient of ``partition`` (one per held partition: the stale cache's storage)."""
@@ -524,7 +689,11 @@ class PGCStrategy(DDPStrategy):
         offset = 0
         for p in self._params:
             n = p.numel()
-            p.grad = gradient[offset : offset + n].view_as(p).to(device=p.device, dtype=p.dtype, non_blocking=True)
+            if p.requires_grad:  # frozen now (e.g. by a finetuning callback): no gradient, as without PGC
+                p.grad = gradient[offset : offset + n].view_as(p).to(device=p.device, dtype=p.dtype,
+                                                                     non_blocking=True)
+            else:
+                p.grad = None
             offset += n
 
     # ------------------------------------------------------------------------------------------ registry
@@ -550,6 +719,15 @@ def _local_sigterm_check(trainer: "pl.Trainer") -> Callable[[], None]:
             raise SIGTERMException()
 
     return check
+
+
+def _check_type(name: str, value: Any, types: Union[type, tuple[type, ...]]) -> None:
+    """A ``TypeError`` that names the parameter (``PGCStrategy(timeout="5m")``); ``bool`` is no number here."""
+    allowed = types if isinstance(types, tuple) else (types,)
+    if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
+        spelled = {Integral: "int", Real: "float", type(None): "None"}
+        names = " or ".join(spelled.get(t, t.__name__) for t in allowed)
+        raise TypeError(f"PGCStrategy({name}=...) must be {names}, got {type(value).__name__} {value!r}")
 
 
 def _loss_of(output: Any) -> Tensor:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from lightning_pgc.codes import BoundedScheme, CoverageTable, Entry, adapt_step, error_decomposition
-from lightning_pgc.runtime import PGCRuntime, QueueHub, ShardLayout
+from lightning_pgc.runtime import Channel, PGCRuntime, QueueHub, ShardLayout
 from lightning_pgc.runtime.bounded import BoundedLeader, BoundedRecord
 from lightning_pgc.runtime.messages import control, decide_words, read_control, read_decide, Kind
 
@@ -156,14 +156,17 @@ def payload(rank: int, version: int) -> torch.Tensor:
     return torch.arange(D, dtype=torch.float32) / 5 + 10 * version + rank
 
 
-def make_runtimes(scheme, shards=2, widen_after=None, max_window=None, timeout=5.0):
+def make_runtimes(scheme, shards=2, widen_after=None, max_window=None, timeout=5.0, ranks=None, heartbeat=(0.2, 15)):
+    """Runtimes on in-process queues; ``ranks``: those started (the others never come up, as dead processes)."""
     hub = QueueHub(scheme.n)
     layout = ShardLayout(D, D, shards)
     make_leader = partial(BoundedLeader, widen_after=widen_after, max_window=max_window)
     rts = [PGCRuntime(scheme, hub.endpoint(r), rank=r, world_size=scheme.n, layout=layout, down_dtype=torch.float32,
-                      start_version=0, timeout=timeout, max_lag=1000, make_leader=make_leader)
-           for r in range(scheme.n)]
+                      start_version=0, timeout=timeout, max_lag=1000, make_leader=make_leader,
+                      heartbeat_interval=heartbeat[0], heartbeat_misses=heartbeat[1])
+           for r in (range(scheme.n) if ranks is None else ranks)]
     for rt in rts:
+        rt.hub = hub
         rt.start()
     return rts
 
@@ -274,14 +277,29 @@ def test_widening_closes_versions_up_to_max_window_and_no_further():
 
 
 def test_a_version_that_cannot_be_covered_fails_naming_partitions_and_holders():
+    """r = 1: partition 3 is rank 3's alone. A live rank 3 that is slow is waited for; a dead one (its process
+    never came up) fails the version within the heartbeat window plus ``timeout``, naming the partition."""
     scheme = BoundedScheme(4, 1, 1, fresh=3)
-    rts = make_runtimes(scheme, shards=1, timeout=0.3)
+    rts = make_runtimes(scheme, shards=1, timeout=0.3, heartbeat=(0.05, 4))
     try:
         for r in (0, 1, 2):
             submit(rts[r], 0)
-        with pytest.raises(RuntimeError, match=r"partitions without an entry younger than c=1: \{3: \[3\]\}"):
+        time.sleep(1.0)  # twice window + timeout: rank 3 is slow, not dead
+        assert not rts[0].published(0) and rts[0].error is None
+        submit(rts[3], 0)
+        rts[0].wait(0)
+    finally:
+        stop_all(rts)
+    rts = make_runtimes(scheme, shards=1, timeout=0.3, heartbeat=(0.05, 4), ranks=[0, 1, 2])
+    try:
+        for r in (0, 1, 2):
+            submit(rts[r], 0)
+        with pytest.raises(RuntimeError, match=r"without a live holder: \{3: \[3\]\}"):
             rts[0].wait(0)
     finally:
+        for rt in rts:
+            for ch in Channel:
+                rt.hub.queues[(ch, 3, rt.rank)].put(RuntimeError("peer gone"))
         stop_all(rts)
 
 

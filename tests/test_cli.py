@@ -252,3 +252,24 @@ def test_cifar_recipe_on_tiny_cifar(tmp_path: Path) -> None:
         "--data.check_integrity=false", "--data.batch_size=8", "--data.num_workers=0",
     ))
     assert "test_acc" in out and "test_loss" in out
+
+
+@pytest.mark.parametrize(
+    "init_args, message",
+    [("scheme: pgc_xx", "invalid configuration: ValueError: unknown scheme 'pgc_xx'; choose one of"),
+     ("timeout: 5m", 'Parser key "timeout":')],
+    ids=["scheme", "timeout"],
+)
+def test_class_path_errors_name_the_parameter_not_a_union_dump(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              init_args: str, message: str) -> None:
+    from lightning_pgc.cli import build_cli
+
+    config = tmp_path / "bad.yaml"
+    config.write_text("trainer:\n  accelerator: cpu\n  devices: 2\n  strategy:\n"
+                      f"    class_path: lightning_pgc.PGCStrategy\n    init_args:\n      {init_args}\n")
+    with pytest.raises(SystemExit) as exit_info:
+        build_cli(["--config", str(config)], run=False)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Given value: Namespace" not in err

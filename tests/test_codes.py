@@ -488,6 +488,11 @@ def test_stale_cache_validity_and_memory() -> None:
     with pytest.raises(ValueError, match="newer than step"):
         cache.valid(10)
     assert cache.evict(12) == (3, 5) and cache.nbytes == 4000 and cache.versions() == {4: 11}
+    cache.discard(5)  # not cached: nothing to do
+    cache.discard(4)  # a non-finite entry is forgotten at once
+    assert len(cache) == 0 and cache.versions() == {} and cache.valid(12) == {}
+    cache.put(4, torch.zeros(1000), 9)  # and the partition can be cached again, even at an older version
+    assert cache.versions() == {4: 9}
     cache.clear()
     assert len(cache) == 0 and cache.nbytes == 0 and cache.valid(20) == {}
     unbounded = StaleCache((0,), max_age=None)

@@ -204,3 +204,19 @@ def test_split_batch_errors():
         split_batch((torch.zeros(6), torch.zeros(5)), 3)
     with pytest.raises(ValueError):
         split_batch(torch.zeros(4), 0)
+
+
+def test_split_batch_slices_per_sample_lists_and_refuses_ragged_tensors():
+    """A ``list[str]`` and a list of variable-length tensors are one entry per sample: each chunk gets its own
+    samples' entries (not all strings, not each tensor cut along its own length)."""
+    ids = torch.arange(4)
+    batch = {"x": ids.float().unsqueeze(1), "names": [f"s{i}" for i in range(4)],
+             "seqs": [torch.full((i + 1,), i) for i in range(4)], "pair": [ids, [f"p{i}" for i in range(4)]]}
+    first, second = split_batch(batch, 2, size=4)
+    assert first["names"] == ["s0", "s1"] and second["names"] == ["s2", "s3"]
+    assert [s.tolist() for s in second["seqs"]] == [[2, 2, 2], [3, 3, 3, 3]]
+    assert torch.equal(second["pair"][0], ids[2:]) and second["pair"][1] == ["p2", "p3"]
+    assert torch.equal(first["x"], ids[:2].float().unsqueeze(1))
+    # a tensor that is not per-sample is refused, not cut along its own first dimension
+    with pytest.raises(ValueError, match="leading size 3"):
+        split_batch({"x": torch.zeros(4, 1), "table": torch.zeros(3)}, 2)

@@ -11,18 +11,20 @@ from lightning_pgc import demo
 from lightning_pgc.experiments import JobResult
 
 
-def test_outcome_reads_the_crossing_of_the_smoothed_loss():
-    """The demo's time/steps to target: where the trailing mean (window 2) first reaches the target, linear
-    between steps (the harness's one first_crossing)."""
-    curve = [(0.0, 1, 3.0), (1.0, 2, 1.0), (2.0, 3, 0.1), (3.0, 4, 0.1)]  # smoothed: 3.0, 2.0, 0.55, 0.1
-    result = JobResult(out=Path("."), ok=True, curve=curve, summary={"global_step": 4, "fit_wall_s": 3.5},
-                       ranks=[{"checksum": "a", "skipped_steps": 0}] * 2)
-    args = demo.parse_args(["--target-loss", "0.6", "--window", "2"])
+def test_outcome_reads_the_crossing_of_the_validation_loss():
+    """The demo's time/steps to target: where the validation loss (not the decoded training loss, which mixes
+    model versions under PGC) first reaches the target, linear between measurements."""
+    curve = [(0.0, 1, 0.01), (1.0, 2, 0.01)]  # a training loss already below every target: not what is read
+    val_curve = [(0.0, 0, 3.0, 0.1, 0.01), (1.0, 10, 2.0, 0.3, 0.01), (2.0, 20, 0.55, 0.8, 0.01),
+                 (3.0, 30, 0.1, 0.9, 0.01)]
+    result = JobResult(out=Path("."), ok=True, curve=curve, val_curve=val_curve,
+                       summary={"global_step": 30, "fit_wall_s": 3.5}, ranks=[{"checksum": "a", "skipped_steps": 0}] * 2)
+    args = demo.parse_args(["--target-loss", "0.6"])
     o = demo.outcome("pgc", result, args)
-    # 2.0 at wall 1 / step 2 and 0.55 at wall 2 / step 3: 0.6 is reached 1.4/1.45 of the way
-    assert o.time_to_target == pytest.approx(1.0 + 1.4 / 1.45) and o.steps_to_target == pytest.approx(2 + 1.4 / 1.45)
-    assert o.identical and o.final_loss == pytest.approx(0.1) and o.steps == 4
-    never = demo.outcome("pgc", result, demo.parse_args(["--target-loss", "0.01", "--window", "2"]))
+    # 2.0 at wall 1 / step 10 and 0.55 at wall 2 / step 20: 0.6 is reached 1.4/1.45 of the way
+    assert o.time_to_target == pytest.approx(1.0 + 1.4 / 1.45) and o.steps_to_target == pytest.approx(10 + 14 / 1.45)
+    assert o.identical and o.final_loss == pytest.approx(0.1) and o.steps == 30 and o.val_acc == 0.9
+    never = demo.outcome("pgc", result, demo.parse_args(["--target-loss", "0.01"]))
     assert never.time_to_target is None and never.steps_to_target is None
 
 

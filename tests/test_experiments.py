@@ -34,6 +34,20 @@ def test_job_config_is_a_lightningcli_config_over_the_recipe(tmp_path: Path) -> 
     assert wandb_logger["config"]["label"] == "x" and wandb_logger["save_dir"] == str(tmp_path.resolve())
 
 
+def test_start_method_and_faults_reach_the_config(tmp_path: Path) -> None:
+    forked = job_config({"strategy": "pgc", "start_method": "fork", "out": str(tmp_path),
+                         "faults": [{"kind": "Stall", "rank": 2, "step": 4, "seconds": 1.5}]})
+    assert forked["trainer"]["strategy"] == {"class_path": "lightning_pgc.PGCStrategy",
+                                             "init_args": {"scheme": "pgc_cr", "stragglers": 1, "start_method": "fork"}}
+    assert forked["trainer"]["callbacks"][3] == {"class_path": "lightning_pgc.faults.Stall",
+                                                 "init_args": {"rank": 2, "step": 4, "seconds": 1.5}}
+    assert job_config({"strategy": "ddp", "start_method": "fork", "out": str(tmp_path)})["trainer"]["strategy"] == \
+        "ddp_fork"
+    assert job_config({"strategy": "pgc", "out": str(tmp_path)})["trainer"]["strategy"] == "pgc"  # popen: unchanged
+    with pytest.raises(ValueError, match="start_method"):
+        job_config({"start_method": "thread", "out": str(tmp_path)})
+
+
 def test_bad_specs_are_refused(tmp_path: Path) -> None:
     with pytest.raises(KeyError, match="max_step"):
         resolve_spec({"max_step": 10})

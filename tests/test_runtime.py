@@ -14,6 +14,7 @@ from lightning_pgc.runtime import (
     Channel,
     CoordinatorError,
     OwnerMap,
+    PGCDetached,
     PGCRuntime,
     PGCTimeoutError,
     QueueHub,
@@ -49,17 +50,54 @@ class RecordingTransport:
         self.inner.close()
 
 
-def make_runtimes(scheme, timeout=5.0, max_lag=1000, shards=None, plain=0, numel=D, log=None, hold=None):
+class FrozenTransport:
+    """A transport whose rank froze at a given moment (as under SIGSTOP): from ``freeze()`` on, nothing it sends
+    leaves and nothing is received (its receiver threads block)."""
+
+    def __init__(self, inner):
+        self.inner, self.frozen = inner, threading.Event()
+        self.rank, self.world_size = inner.rank, inner.world_size
+
+    def freeze(self):
+        self.frozen.set()
+
+    def isend(self, channel, peer, message):
+        if self.frozen.is_set():
+            return _NoSend()
+        return self.inner.isend(channel, peer, message)
+
+    def recv(self, channel, peer, buf):
+        self.inner.recv(channel, peer, buf)
+        while self.frozen.is_set():
+            time.sleep(0.05)
+
+    def close(self):
+        self.inner.close()
+
+
+class _NoSend:
+    def wait(self):
+        return None
+
+
+def make_runtimes(scheme, timeout=5.0, max_lag=1000, shards=None, plain=0, numel=D, log=None, hold=None,
+                  ranks=None, heartbeat=(0.2, 15), wrap=None):
+    """Runtimes of ``scheme`` on in-process queues; ``ranks``: the ranks started (others never come up, as dead
+    processes); ``wrap``: rank -> a transport wrapper."""
     hub = QueueHub(scheme.n)
     layout = ShardLayout(numel, numel - plain, shards or scheme.n)
     runtimes = []
-    for r in range(scheme.n):
+    for r in range(scheme.n) if ranks is None else ranks:
         transport = hub.endpoint(r)
         if log is not None:
             transport = RecordingTransport(transport, log, hold)
+        if wrap and r in wrap:
+            transport = wrap[r](transport)
         runtimes.append(PGCRuntime(scheme, transport, rank=r, world_size=scheme.n, layout=layout,
-                                   down_dtype=torch.float32, start_version=0, timeout=timeout, max_lag=max_lag))
+                                   down_dtype=torch.float32, start_version=0, timeout=timeout, max_lag=max_lag,
+                                   heartbeat_interval=heartbeat[0], heartbeat_misses=heartbeat[1]))
     for rt in runtimes:
+        rt.hub = hub
         rt.start()
     return runtimes
 
@@ -225,67 +263,180 @@ def test_pgc_cr_weights_and_arrival_order():
         _stop_all(rts)
 
 
-def test_dgd_waits_for_everyone_then_times_out_naming_the_missing_rank():
+def _release_receivers(hub, rank, peers):
+    """Let a runtime's receiver threads from ``peers`` end (those peers never existed)."""
+    for ch in Channel:
+        for src in peers:
+            hub.queues[(ch, src, rank)].put(RuntimeError("peer gone"))
+
+
+def test_dgd_waits_for_a_live_slow_rank_and_fails_fast_naming_a_dead_one():
+    """Liveness is the heartbeats, not progress: a live rank that sends nothing for many timeouts is waited for
+    (dgd needs it); a rank whose process never came up is reported within a heartbeat window plus ``timeout``."""
     scheme = make_scheme("dgd", 3, 0)
-    rts = make_runtimes(scheme, timeout=0.5)
+    rts = make_runtimes(scheme, timeout=0.3, heartbeat=(0.05, 4))
     try:
         submit(rts[0], 0)
         submit(rts[1], 0)
-        with pytest.raises(CoordinatorError, match=r"Missing ranks: \[2\]"):
+        time.sleep(1.5)  # 5x (window + timeout): rank 2 is slow, not dead
+        assert not rts[0].published(0) and rts[0].error is None
+        submit(rts[2], 0)
+        aggs = [rt.wait(0) for rt in rts]
+        assert sorted(rts[0].record(0).admitted) == [0, 1, 2] and all(torch.equal(a, aggs[0]) for a in aggs)
+    finally:
+        _stop_all(rts)
+    rts = make_runtimes(scheme, timeout=0.3, heartbeat=(0.05, 4), ranks=[0, 1])
+    try:
+        started = time.monotonic()
+        submit(rts[0], 0)
+        submit(rts[1], 0)
+        with pytest.raises(CoordinatorError, match=r"Missing ranks: \[2\].*needs 3 of 3.*last version closed is -1"):
             rts[0].wait(0)
+        assert time.monotonic() - started < 2.0  # window 0.2 s + timeout 0.3 s, with slack for a busy machine
         # the other workers are told, instead of hanging
         with pytest.raises(RuntimeError, match=r"leader failed: CoordinatorError: .*Missing ranks: \[2\]"):
             rts[1].wait(0)
     finally:
+        for rt in rts:
+            _release_receivers(rt.hub, rt.rank, [2])
         _stop_all(rts, timeout=0.5)
 
 
 def test_leader_names_missing_ranks_beyond_s():
-    scheme = make_scheme("pgc_cr", 3, 1)
-    rts = make_runtimes(scheme, timeout=0.3)
+    scheme = make_scheme("pgc_cr", 4, 1)
+    rts = make_runtimes(scheme, timeout=0.2, heartbeat=(0.05, 4), ranks=[0, 1])
     try:
-        submit(rts[1], 0)
-        with pytest.raises(RuntimeError, match=r"Missing ranks: \[0, 2\]"):
+        submit(rts[1], 0, ages=(0, 0))
+        with pytest.raises(RuntimeError, match=r"Missing ranks: \[2, 3\]"):
             rts[1].wait(0)
     finally:
+        for rt in rts:
+            _release_receivers(rt.hub, rt.rank, [2, 3])
         _stop_all(rts, timeout=0.3)
 
 
-def test_worker_times_out_when_the_leader_is_gone():
+def test_worker_fails_when_the_leader_stops_beating():
     scheme = make_scheme("pgc_cr", 3, 1)
     hub = QueueHub(3)
     worker = PGCRuntime(scheme, hub.endpoint(1), rank=1, world_size=3, layout=ShardLayout(D, D, 3),
-                        down_dtype=torch.float32, start_version=0, timeout=0.2, max_lag=10)
+                        down_dtype=torch.float32, start_version=0, timeout=0.2, max_lag=10,
+                        heartbeat_interval=0.05, heartbeat_misses=4)
     worker.start()
     submit(worker, 0)
-    with pytest.raises(PGCTimeoutError, match="no aggregate for version 0"):
+    with pytest.raises(PGCTimeoutError, match=r"lost the leader \(rank 0\): no heartbeat"):
         worker.wait(0)
-    for ch, src in ((Channel.CTRL, 0), (Channel.AGG, 0), (Channel.AGG, 2), (Channel.CODE, 0), (Channel.CODE, 2)):
-        hub.queues[(ch, src, 1)].put(RuntimeError("peer gone"))  # let its receiver threads end
+    _release_receivers(hub, 1, (0, 2))
     worker.stop()
 
 
-def test_max_lag_bounds_how_far_a_slow_rank_falls_behind_and_its_buffers():
+def _donate(rt, version, state):
+    """What a donor's training thread does after waiting for ``version``: send the state if asked."""
+    recipient = rt.donation(version)
+    if recipient is not None:
+        rt.send_state(recipient, version, state)
+    return recipient
+
+
+def test_a_rank_too_far_behind_is_detached_and_rejoins_by_state_transfer():
+    """Nobody waits for rank 2, stalled at version 0: past ``max_lag`` it is detached (its mailbox stays bounded
+    whatever the stall length), and when it is back it gets the leader's state at the open version and the
+    aggregates from there on, identical to everyone's."""
     scheme = make_scheme("ignore", 3, 1)
     rts = make_runtimes(scheme, max_lag=2)
     try:
-        for v in range(2):
+        for v in range(6):  # rank 2 stalls: 6 versions close without it
             for r in (0, 1):
                 submit(rts[r], v)
             for r in (0, 1):
                 rts[r].release(rts[r].wait(v))
-        for r in (0, 1):
-            submit(rts[r], 2)
-        time.sleep(0.3)
-        assert not rts[0].published(2)  # version 2 would leave rank 2 more than 2 behind
-        assert len(rts[2].mailbox) == 2
-        submit(rts[2], 0)  # a late code shows rank 2 is alive and at version 0
-        assert _eventually(lambda: rts[0].published(2))
-        for v in range(3):
+        assert rts[0].leader.detached == {2: 2}
+        assert len(rts[2].mailbox) == 2 and rts[2].detached(2) and not rts[2].detached(1)
+        for v in range(2):  # rank 2 is back: it applies what it holds
+            assert rts[2].published(v)
             rts[2].release(rts[2].wait(v))
-        assert len(rts[2].mailbox) == 0
-        stats = rts[2].buffer_stats()
-        assert stats["mailbox_high_water"] <= 3 and stats["aggregate_buffers"] <= 3
+        assert not rts[2].published(2) and rts[2].detached(2)
+        with pytest.raises(PGCDetached):
+            rts[2].wait(2)
+        got = {}
+        rejoin = threading.Thread(target=lambda: got.update(result=rts[2].rejoin(2)))
+        rejoin.start()
+        assert _eventually(lambda: 2 not in rts[0].leader.detached)
+        u = rts[0].leader.version
+        assert u == 6
+        state = torch.arange(10, dtype=torch.uint8)
+        for r in (0, 1):
+            submit(rts[r], u)
+        aggs = {r: rts[r].wait(u) for r in (0, 1)}
+        assert _donate(rts[0], u, state) == 2 and _donate(rts[1], u, state) is None
+        rejoin.join(5)
+        got_u, got_state = got["result"]
+        assert got_u == u and torch.equal(got_state, state)
+        agg2 = rts[2].wait(u)  # attached again from u on
+        assert torch.equal(agg2, aggs[0]) and torch.equal(agg2, aggs[1])
+        assert rts[2].buffer_stats()["mailbox_high_water"] <= 2
+        assert rts[0].rank_stats()[2]["rejoined"] == 1
+    finally:
+        _stop_all(rts)
+
+
+def test_a_rank_back_after_the_others_finished_gets_the_leaders_final_state():
+    scheme = make_scheme("ignore", 3, 1)
+    rts = make_runtimes(scheme, max_lag=1)
+    final = torch.tensor([7, 7, 7], dtype=torch.uint8)
+    for v in range(3):
+        for r in (0, 1):
+            submit(rts[r], v)
+        for r in (0, 1):
+            rts[r].release(rts[r].wait(v))
+    stoppers = [threading.Thread(target=rts[0].stop, kwargs={"donate": lambda: final}),
+                threading.Thread(target=rts[1].stop)]
+    for t in stoppers:
+        t.start()
+    rts[2].release(rts[2].wait(0))
+    assert rts[2].detached(1)
+    u, state = rts[2].rejoin(1)
+    assert u == 3 and torch.equal(state, final)
+    rts[2].stop()
+    for t in stoppers:
+        t.join(10)
+    assert not any(t.is_alive() for t in stoppers)
+    assert rts[2].rank_stats()[2]["rejoined"] == 1
+
+
+def test_a_frozen_rank_is_missing_detached_and_not_waited_for():
+    """Rank 2 freezes (SIGSTOP-like: no heartbeats, no messages). With s = 1 the others go on; the leader
+    reports it missing after the heartbeat window and detaches it, so nothing accumulates for it."""
+    scheme = make_scheme("pgc_cr", 3, 1)
+    frozen = {}
+    rts = make_runtimes(scheme, max_lag=3, shards=1, heartbeat=(0.05, 4),
+                        wrap={2: lambda t: frozen.setdefault(2, FrozenTransport(t))})
+    try:
+        frozen[2].freeze()
+        for v in range(8):
+            for r in (0, 1):
+                submit(rts[r], v, ages=(0, 0))
+            for r in (0, 1):
+                rts[r].release(rts[r].wait(v))
+        assert _eventually(lambda: rts[0].leader.missing(time.monotonic()) == [2])
+        assert rts[0].leader.detached == {2: 3}
+        assert rts[0].error is None
+    finally:
+        frozen[2].frozen.clear()
+        _stop_all(rts)
+
+
+def test_a_rejected_code_makes_its_rank_a_straggler_for_that_version():
+    scheme = make_scheme("pgc_cr", 3, 1)
+    rts = make_runtimes(scheme)
+    try:
+        rts[1].reject(0)
+        submit(rts[0], 0, ages=(0, 0))
+        submit(rts[2], 0, ages=(0, 0))
+        aggs = [rt.wait(0) for rt in rts]
+        assert sorted(rts[0].record(0).admitted) == [0, 2]
+        assert all(torch.equal(a, aggs[0]) for a in aggs)
+        assert _eventually(lambda: rts[0].rank_stats()[1]["rejected"] == 1)
+        assert rts[1].buffer_stats()["rejected"] == 1
     finally:
         _stop_all(rts)
 
@@ -312,7 +463,7 @@ def test_owner_reassignment_moves_a_shard_and_resends_kept_codes():
             submit(rts[r], 2, ages=(0, 0))
         aggs = [rt.wait(2) for rt in rts]
         rec = rts[0].record(2)
-        expected = sum(code(k, 2) for k in rec.admitted) / (3 * 2)
+        expected = sum(code(k, 2) for k in rec.admitted) / (len(rec.admitted) * 2)  # mu / n = 1 / (|R| c)
         torch.testing.assert_close(aggs[0], expected)
         assert all(torch.equal(a, aggs[0]) for a in aggs)
         served = [e for e in log if e[0] == Channel.AGG and e[3] == Kind.AGGREGATE and e[4:] == (2, 2)]

@@ -91,6 +91,11 @@ class StaleCache:
             del self._versions[p]
         return dropped
 
+    def discard(self, partition: int) -> None:
+        """Forget the entry of ``partition`` if any (e.g. a non-finite gradient must not enter later codes)."""
+        self._grads.pop(partition, None)
+        self._versions.pop(partition, None)
+
     def clear(self) -> None:
         """Forget every entry (e.g. on resume: the pipeline restarts empty)."""
         self._grads.clear()

@@ -411,7 +411,7 @@ class JobRecorder(pl.Callback):
             "metrics": {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1},
             "fit_wall_s": result["fit_wall_s"],
             "global_step": trainer.global_step,
-            "diagnostics": diagnostics.history if diagnostics is not None else [],
+            "diagnostics": list(diagnostics.history) if diagnostics is not None else [],
         }
         curve = _find(trainer, ValidationCurve)
         recorder = _find(trainer, LossRecorder)

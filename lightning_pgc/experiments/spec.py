@@ -10,12 +10,17 @@ Spec keys (all optional; :data:`DEFAULTS` has the values):
 - ``strategy`` (any Lightning strategy name, ``ddp`` and the registered PGC names included) and
   ``strategy_kwargs`` (non-empty: ``PGCStrategy`` by ``class_path`` with the registered name's scheme and
   stragglers, overridden by these arguments);
+- ``start_method``: how Lightning starts the ranks (``popen``: re-run the command per rank, as users do;
+  ``fork``: fork them from the launching process after its imports, which saves each rank the seconds of
+  importing Lightning; the test suite uses it). ``ddp`` becomes ``ddp_fork``;
 - ``devices``, ``accelerator``, ``max_steps``, ``max_epochs``, ``val_check_interval``,
   ``check_val_every_n_epoch``, ``limit_val_batches``: the ``trainer`` arguments of the same names;
 - ``seed``: ``seed_everything`` and the data module's ``seed`` (its train/validation split);
 - ``lr`` (``model.init_args.lr``), ``batch_size`` (``data.init_args.batch_size``), ``model`` and ``data`` (dicts
   merged into ``model.init_args`` / ``data.init_args``); ``None`` keeps the recipe's value;
 - ``delay`` and ``delay_seed``: the :class:`~lightning_pgc.StragglerInjector` (replaces the recipe's callbacks);
+- ``faults``: a list of ``{"kind": "Stall" | "Freeze" | "Kill" | "NaNGradient", "rank", "step", ...}``, the
+  :mod:`lightning_pgc.faults` callbacks with those arguments;
 - ``sync_loss``: :class:`LossRecorder` averages the logged loss over ranks under non-PGC strategies;
 - ``compute_s_per_eval``: :class:`SimulatedCompute` seconds per gradient evaluation (0: none);
 - ``measure``: add :class:`WorkMeter` (per-rank work, waits, FLOPs);
@@ -45,10 +50,12 @@ DEFAULTS: dict[str, Any] = {
     "recipe": "digits_cnn.yaml",
     "strategy": "pgc",
     "strategy_kwargs": {},
+    "start_method": "popen",
     "devices": 4,
     "accelerator": "cpu",
     "delay": "none",
     "delay_seed": 0,
+    "faults": [],
     "max_steps": 100,
     "max_epochs": -1,
     "batch_size": 16,
@@ -102,6 +109,14 @@ def recipe_path(name: str) -> Path:
 
 def _strategy(spec: dict[str, Any]) -> Any:
     name, kwargs = spec["strategy"], dict(spec["strategy_kwargs"])
+    method = spec["start_method"]
+    if method not in ("popen", "fork", "spawn", "forkserver"):
+        raise ValueError(f"start_method must be popen, fork, spawn or forkserver, got {method!r}")
+    if method != "popen":
+        if name == "ddp":
+            return f"ddp_{method}"
+        if name != "auto":
+            kwargs.setdefault("start_method", method)
     if not kwargs:
         return name
     from lightning.pytorch.strategies import StrategyRegistry
@@ -149,6 +164,9 @@ def job_config(spec: dict[str, Any]) -> dict[str, Any]:
         {"class_path": "lightning_pgc.StragglerInjector",
          "init_args": {"delay": spec["delay"], "seed": int(spec["delay_seed"])}},
     ]
+    for fault in spec["faults"]:
+        args = dict(fault)
+        callbacks.append({"class_path": "lightning_pgc.faults." + args.pop("kind"), "init_args": args})
     if spec["compute_s_per_eval"]:
         callbacks.append({"class_path": cb + "SimulatedCompute",
                           "init_args": {"seconds": float(spec["compute_s_per_eval"])}})

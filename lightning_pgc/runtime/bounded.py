@@ -51,12 +51,13 @@ class BoundedLeader(Leader):
     """
 
     def __init__(self, scheme: BoundedScheme, world_size: int, start_version: int, timeout: float, max_lag: int,
-                 widen_after: Optional[float] = None, max_window: Optional[int] = None) -> None:
+                 heartbeat_window: float = 3.0, widen_after: Optional[float] = None,
+                 max_window: Optional[int] = None) -> None:
         if not isinstance(scheme, BoundedScheme):
             raise TypeError(f"BoundedLeader needs a BoundedScheme, got {type(scheme).__name__}")
         if widen_after is not None and widen_after < 0:
             raise ValueError(f"widen_after must be >= 0 seconds or None, got {widen_after}")
-        super().__init__(scheme, world_size, start_version, timeout, max_lag)
+        super().__init__(scheme, world_size, start_version, timeout, max_lag, heartbeat_window)
         self.bounded = scheme
         self.table = CoverageTable(scheme.n)
         self.widen_after = widen_after
@@ -65,6 +66,7 @@ class BoundedLeader(Leader):
         self.coverage_waits = 0  # versions that waited for coverage
         self.displaced = 0  # table entries replaced by a newer version
         self._covered_since: Optional[float] = None
+        self._uncoverable_since: Optional[float] = None
 
     @property
     def window(self) -> int:
@@ -80,8 +82,9 @@ class BoundedLeader(Leader):
             self.displaced += 1
 
     def try_close(self, now: float) -> Optional[StepRecord]:
-        """Close the open version if enough fresh codes arrived, every partition is covered and no rank lags."""
-        if len(self._order) < self.bounded.wait_for or not self._lag_ok(now):
+        """Close the open version if enough fresh codes arrived and every partition is covered (no rank is waited
+        for beyond that)."""
+        if len(self._order) < self.bounded.wait_for:
             return None
         t = self.version
         missing = self.table.missing(t, self.window)
@@ -113,26 +116,28 @@ class BoundedLeader(Leader):
                             opened_at=self._opened_at or now, closed_at=now,
                             first_arrival=self._first_arrival or now, entries=entries, window=self.window,
                             coverage_wait_s=waited, fresh=len(self._order))
-        with self._lock:
-            self.records.append(rec)
-        self.version += 1
-        self._open(now)
+        self._close(rec, now)
         return rec
 
     def check(self, now: float) -> None:
-        """Raise if the open version cannot close within ``timeout`` of its first code.
+        """Raise as :meth:`Leader.check` (too few live ranks), or once some partition has had no live holder for
+        ``timeout`` seconds while the open version waits for its coverage. A slow but live holder is waited for.
 
         Raises:
             CoordinatorError: naming the partitions without a recent entry and their holders.
         """
-        if self._first_arrival is None or now - self._first_arrival <= self.timeout:
+        super().check(now)
+        missing = self.table.missing(self.version, self.window) if self._first_arrival is not None else []
+        orphans = {i: list(self.bounded.holders(i)) for i in missing
+                   if not any(self.is_alive(h, now) and h not in self.byes for h in self.bounded.holders(i))}
+        if not orphans:
+            self._uncoverable_since = None
             return
-        missing = self.table.missing(self.version, self.window)
-        if len(self._order) < self.bounded.wait_for or missing:
-            holders = {i: list(self.bounded.holders(i)) for i in missing}
+        if self._uncoverable_since is None:
+            self._uncoverable_since = now
+        if now - self._uncoverable_since > self.timeout:
             raise CoordinatorError(
-                f"Version {self.version} could not close within {self.timeout:g} s: {len(self._order)} of the "
-                f"{self.bounded.wait_for} fresh codes needed arrived (from ranks {sorted(self._order)}); partitions "
-                f"without an entry younger than c={self.window}: {holders or 'none'} (partition: holders). Raise "
-                "`staleness`, set `widen_after`, or lower `fresh`."
+                f"Version {self.version} cannot close: partitions without an entry younger than c={self.window} "
+                f"and without a live holder: {orphans} (partition: holders; missing ranks {self.missing(now)}). "
+                "Raise `replication` so that every partition has a live holder, or set `widen_after`."
             )

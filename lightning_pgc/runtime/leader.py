@@ -1,20 +1,24 @@
-"""The leader's control plane: which ranks' codes close each version (no payload, no communication).
+"""The leader's control plane: which ranks' codes close each version, and who is alive (no payload, no I/O).
 
 The leader sees shard 0 of every code (it owns shard 0), so it knows when each rank's code for a version
-arrived. It closes the open version as soon as the codes in decode (``scheme.admits``) and no live rank would
-fall more than ``max_lag`` versions behind; every shard owner then decodes its shard with that same ordered set,
-so every replica applies the identical aggregate. It keeps a record per version and per-rank statistics.
+arrived. It closes the open version as soon as the codes in decode (``scheme.admits``): it never waits for a
+rank. Every shard owner then decodes its shard with that same ordered set, so every replica applies the
+identical aggregate. Liveness is separate from progress: a rank is alive while its heartbeats arrive. A rank
+whose training thread falls more than ``max_lag`` versions behind is *detached* (it gets no more aggregates, so
+its memory stays bounded) until it asks to rejoin, when a live rank donates the current training state.
+It keeps a record per version and per-rank statistics.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Optional
 
 from lightning_pgc.codes import Scheme
-from lightning_pgc.runtime.messages import Header
+from lightning_pgc.runtime.messages import STAT_FIELDS, Header
 
 
 class CoordinatorError(RuntimeError):
@@ -55,42 +59,63 @@ class RankStats:
     skipped: int = 0
     lag_sum_s: float = 0.0
     lag_count: int = 0
+    rejected: int = 0  # codes not sent because they were not finite
+    rejoined: int = 0  # state transfers after falling more than ``max_lag`` behind
 
     def as_dict(self, rank: int) -> dict[str, float]:
         return {"rank": rank, "admitted": self.admitted, "late": self.late, "skipped": self.skipped,
-                "mean_lag_s": self.lag_sum_s / self.lag_count if self.lag_count else 0.0}
+                "mean_lag_s": self.lag_sum_s / self.lag_count if self.lag_count else 0.0,
+                "rejected": self.rejected, "rejoined": self.rejoined}
+
+    def words(self) -> list[float]:
+        """The statistics in :data:`STAT_NAMES` order (for the STOP message)."""
+        d = self.as_dict(0)
+        return [float(d[k]) for k in STAT_NAMES]
+
+
+#: Order of the per-rank statistics in a STOP message.
+STAT_NAMES = ("admitted", "late", "skipped", "mean_lag_s", "rejected", "rejoined")
+assert len(STAT_NAMES) == STAT_FIELDS
 
 
 class Leader:
-    """Admission decisions for a scheme on ``world_size`` ranks, starting at ``start_version``.
+    """Admission decisions and liveness for a scheme on ``world_size`` ranks, starting at ``start_version``.
 
-    Call order (one thread): :meth:`on_code` / :meth:`on_bye` / :meth:`on_dead` as events arrive, then
-    :meth:`try_close` after each event and :meth:`check` periodically. :meth:`record` and :meth:`rank_stats`
-    may be called from any thread.
+    Call order (one thread): :meth:`on_code`, :meth:`on_beat`, :meth:`on_reject`, :meth:`on_bye`,
+    :meth:`on_dead` as events arrive; then :meth:`try_close` and, for each version it closes, :meth:`detach`
+    before the decision is sent; :meth:`on_rejoin` when a detached rank is back; :meth:`check` periodically.
+    :meth:`record` and :meth:`rank_stats` may be called from any thread.
 
     Args:
-        timeout: seconds after the first code of a version within which it must close; beyond, :meth:`check`
-            raises naming the missing ranks. Raise it if steps are legitimately that slow (compilation).
-        max_lag: versions a live rank may fall behind before the leader waits for it; bounds the aggregates a
-            slow rank buffers. Lower it if a slow rank's memory grows; raise it if fast ranks log waits.
+        timeout: seconds the job may stay without ``n - s`` live ranks (not counting the heartbeat window that
+            detects a death) before :meth:`check` raises naming them. Raise it if frozen ranks are expected back.
+        max_lag: versions a rank's training thread may fall behind before it is detached (no more aggregates;
+            it catches up by state transfer). Lower it if a slow rank's memory grows; raise it if ranks log
+            frequent rejoins (``rank_stats()[k]['rejoined']``) after short hiccups.
+        heartbeat_window: seconds without a heartbeat after which a rank counts as dead.
     """
 
     def __init__(self, scheme: Scheme, world_size: int, start_version: int, timeout: float, max_lag: int,
-                 keep_records: int = 4096) -> None:
+                 heartbeat_window: float = 3.0, keep_records: int = 4096, now: Optional[float] = None) -> None:
         self.scheme = scheme
         self.world_size = world_size
         self.version = start_version
         self.start_version = start_version
         self.timeout = timeout
         self.max_lag = max_lag
+        self.heartbeat_window = heartbeat_window
         self.records: deque[StepRecord] = deque(maxlen=keep_records)
         self.late_codes = 0
-        self.dead: set[int] = set()
+        self.dead: set[int] = set()  # streams broken: gone for good
         self.byes: set[int] = set()
+        self.detached: dict[int, int] = {}  # rank -> first version it gets no aggregate for
         self._lock = threading.Lock()
         self._stats = [RankStats() for _ in range(world_size)]
-        self._last_seen = {r: start_version - 1 for r in range(world_size)}
-        self._last_heard: dict[int, float] = {}
+        self.progress = {r: start_version for r in range(world_size)}  # version each training thread is at
+        start = time.monotonic() if now is None else now
+        self._last_beat = {r: start for r in range(world_size)}
+        self._last_close = start
+        self._short_since: Optional[float] = None
         self._open(now=None)
 
     def _open(self, now: Optional[float]) -> None:
@@ -111,8 +136,7 @@ class Leader:
         sender, version = header.sender, header.version
         if self._opened_at is None:
             self._opened_at = arrived
-        self._last_heard[sender] = arrived
-        self._last_seen[sender] = max(self._last_seen[sender], version)
+        self.on_beat(sender, version, arrived)
         stats = self._stats[sender]
         stats.skipped = max(stats.skipped, header.skipped)
         if version == self.version:
@@ -140,6 +164,17 @@ class Leader:
                 "are out of step (was the step counter changed?)"
             )
 
+    def on_beat(self, rank: int, progress: int, now: float) -> None:
+        """``rank`` is alive and its training thread is at version ``progress``."""
+        self._last_beat[rank] = max(self._last_beat[rank], now)
+        if rank not in self.detached:
+            self.progress[rank] = max(self.progress[rank], progress)
+
+    def on_reject(self, rank: int, version: int, now: float) -> None:
+        """``rank``'s code for ``version`` was not finite: counted, and the rank is a straggler for it."""
+        self._stats[rank].rejected += 1
+        self.on_beat(rank, version, now)
+
     def on_bye(self, rank: int, skipped: int = 0) -> None:
         """``rank`` finished training and sends nothing more."""
         self.byes.add(rank)
@@ -150,11 +185,29 @@ class Leader:
         if rank not in self.byes:
             self.dead.add(rank)
 
+    def on_rejoin(self, rank: int, leader_rank: int, leader_finished: bool = False) -> tuple[int, int]:
+        """Detached ``rank`` is back: it gets aggregates again from the open version ``u`` on, and the training
+        state at the start of ``u`` from a donor. Returns ``(u, donor)``. The donor is the leader (whose training
+        thread applies ``u`` or has finished), unless the leader is the one rejoining or is detached itself: then
+        the attached live rank furthest ahead."""
+        u = self.version
+        self.detached.pop(rank, None)
+        self.progress[rank] = u
+        self._stats[rank].rejoined += 1
+        if leader_finished or (rank != leader_rank and leader_rank not in self.detached):
+            return u, leader_rank
+        now = time.monotonic()
+        candidates = [r for r in range(self.world_size) if r != rank and r not in self.detached
+                      and r not in self.byes and self.is_alive(r, now)]
+        if not candidates:
+            raise CoordinatorError(f"rank {rank} asks to rejoin at version {u} but no live rank can donate the state")
+        return u, max(candidates, key=lambda r: (self.progress[r], -r))
+
     # ------------------------------------------------------------------------------------------ decisions
     def try_close(self, now: float) -> Optional[StepRecord]:
-        """Close the open version if the codes in decode it and no live rank lags too far; else None."""
+        """Close the open version if the codes in decode it (no rank is waited for); else None."""
         order = self._order
-        if not order or not self.scheme.admits(order) or not self._lag_ok(now):
+        if not order or not self.scheme.admits(order):
             return None
         weights = self.scheme.decoding_weights(order)
         for r in order:
@@ -162,36 +215,65 @@ class Leader:
         rec = StepRecord(version=self.version, admitted=list(order), weights=weights, arrivals=dict(self._arrivals),
                          valid=dict(self._valid), ages=dict(self._ages), opened_at=self._opened_at or now,
                          closed_at=now, first_arrival=self._first_arrival or now)
+        self._close(rec, now)
+        return rec
+
+    def _close(self, rec: StepRecord, now: float) -> None:
+        """Keep ``rec`` and open the next version."""
         with self._lock:
             self.records.append(rec)
         self.version += 1
+        self._last_close = now
         self._open(now)
-        return rec
 
-    def _lag_ok(self, now: float) -> bool:
-        """True unless a live, responsive rank would fall more than ``max_lag`` versions behind."""
-        for r, seen in self._last_seen.items():
-            heard = self._last_heard.get(r, self._opened_at or now)
-            if r in self.dead or r in self.byes or now - heard > self.timeout:
+    def detach(self, version: int) -> list[int]:
+        """Ranks to detach from ``version`` (just closed): those that would hold more than ``max_lag`` aggregates
+        they have not applied yet. Call before the decision for ``version`` is sent."""
+        out = []
+        for r in range(self.world_size):
+            if r in self.detached or r in self.byes or r in self.dead:
                 continue
-            if self.version - seen > self.max_lag:
-                return False
-        return True
+            if version - self.progress[r] >= self.max_lag:
+                self.detached[r] = version
+                out.append(r)
+        return out
+
+    def is_alive(self, rank: int, now: float) -> bool:
+        """Whether ``rank`` is alive: its stream is up and its last heartbeat is within the window."""
+        return rank not in self.dead and now - self._last_beat[rank] <= self.heartbeat_window
+
+    def gone(self, rank: int, now: float) -> bool:
+        """Whether ``rank`` is given up on: its stream broke, or it has been silent for the heartbeat window plus
+        ``timeout`` (a frozen rank that resumes within that rejoins instead)."""
+        return rank in self.dead or now - self._last_beat[rank] > self.heartbeat_window + self.timeout
+
+    def missing(self, now: float) -> list[int]:
+        """Ranks that neither finished nor are alive."""
+        return [r for r in range(self.world_size) if r not in self.byes and not self.is_alive(r, now)]
 
     def check(self, now: float) -> None:
-        """Raise if the open version cannot close within ``timeout`` of its first code.
+        """Raise once the open version has codes but fewer than the ``n - s`` ranks it needs have been alive and
+        training for ``timeout`` seconds (heartbeats missed, process gone, or finished early).
 
         Raises:
-            CoordinatorError: naming the missing ranks and how many the scheme tolerates.
+            CoordinatorError: naming the missing ranks, the last version closed and how many the scheme tolerates.
         """
-        if self._first_arrival is None or now - self._first_arrival <= self.timeout:
+        active = [r for r in range(self.world_size) if r not in self.byes and self.is_alive(r, now)]
+        if len(active) >= self.scheme.wait_for or self._first_arrival is None:
+            self._short_since = None
             return
-        if not self.scheme.admits(self._order):
-            missing = sorted(set(range(self.world_size)) - set(self._order))
+        if self._short_since is None:
+            self._short_since = now
+        if now - self._short_since > self.timeout:
+            missing = self.missing(now)
+            early = sorted(self.byes)
             raise CoordinatorError(
-                f"Missing ranks: {missing}. Version {self.version}: only ranks {sorted(self._order)} sent their "
-                f"code within {self.timeout:g} s; scheme '{self.scheme.name}' needs {self.scheme.wait_for} of "
-                f"{self.world_size} (tolerates {self.world_size - self.scheme.wait_for} missing)."
+                f"Missing ranks: {missing} (no heartbeat for {self.heartbeat_window:g} s, or process gone)"
+                + (f"; ranks {early} finished early" if early else "")
+                + f". Version {self.version} cannot close: scheme '{self.scheme.name}' needs "
+                f"{self.scheme.wait_for} of {self.world_size} ranks (tolerates "
+                f"{self.world_size - self.scheme.wait_for} missing); the last version closed is {self.version - 1}, "
+                f"{now - self._last_close:.1f} s ago."
             )
 
     # ------------------------------------------------------------------------------------------- reading
@@ -211,12 +293,9 @@ class Leader:
         return self.version - self.start_version
 
     def rank_stats(self) -> list[dict[str, float]]:
-        """One dict per rank: ``rank``, ``admitted``, ``late``, ``skipped``, ``mean_lag_s``."""
+        """One dict per rank: ``rank`` and the fields of :data:`STAT_NAMES`."""
         return [s.as_dict(r) for r, s in enumerate(self._stats)]
 
     def stats_words(self) -> list[float]:
-        """The statistics flattened (admitted, late, skipped, mean lag per rank), for the STOP message."""
-        out: list[float] = []
-        for s in self._stats:
-            out += [s.admitted, s.late, s.skipped, s.lag_sum_s / s.lag_count if s.lag_count else 0.0]
-        return out
+        """The statistics flattened (:data:`STAT_NAMES` per rank), for the STOP message."""
+        return [w for s in self._stats for w in s.words()]

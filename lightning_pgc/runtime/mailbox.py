@@ -11,7 +11,7 @@ from torch import Tensor
 
 
 class PGCTimeoutError(RuntimeError):
-    """No aggregate arrived within the liveness timeout."""
+    """No aggregate arrived in time: the leader stopped beating (or a bounded wait in a test ran out)."""
 
 
 class Mailbox:
@@ -27,6 +27,7 @@ class Mailbox:
         self.dtype = dtype
         self.pin_memory = pin_memory
         self._items: dict[int, list] = {}  # version -> [buffer, shards received]
+        self._notes: dict[int, tuple[int, int]] = {}  # version -> (rank that needs the state, donor)
         self._free: list[Tensor] = []
         self._cond = threading.Condition()
         self._abort: Optional[BaseException] = None
@@ -39,9 +40,15 @@ class Mailbox:
         self.allocated += 1
         return torch.zeros(self.num_shards * self.shard_numel, dtype=self.dtype, pin_memory=self.pin_memory)
 
-    def put_shard(self, version: int, shard: int, payload: Tensor) -> None:
-        """Copy ``payload`` into shard ``shard`` of version ``version``'s buffer (one copy, 1/num_shards of it)."""
+    def put_shard(self, version: int, shard: int, payload: Tensor, note: Optional[tuple[int, int]] = None) -> None:
+        """Copy ``payload`` into shard ``shard`` of version ``version``'s buffer (one copy, 1/num_shards of it).
+
+        ``note``: ``(rank, donor)`` when ``rank`` needs the training state at this version from ``donor``; it
+        arrives with the aggregate, so the donor learns of it before it applies this version.
+        """
         with self._cond:
+            if note is not None:
+                self._notes[version] = note
             entry = self._items.get(version)
             if entry is None:
                 entry = self._items[version] = [self._buffer(), 0]
@@ -82,15 +89,18 @@ class Mailbox:
                     raise self._abort
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise PGCTimeoutError(
-                        f"no aggregate for version {version} within {timeout:g} s: the leader, a shard owner or "
-                        "too many ranks are unresponsive (raise the strategy's `timeout` if steps are legitimately "
-                        "slow)"
-                    )
+                    raise PGCTimeoutError(f"no aggregate for version {version} within {timeout:g} s")
                 self._cond.wait(min(left, 0.5))
             for stale in [v for v in self._items if v < version]:
                 self._free.append(self._items.pop(stale)[0])
+            for stale in [v for v in self._notes if v < version]:
+                del self._notes[stale]
             return self._items.pop(version)[0]
+
+    def pop_note(self, version: int) -> Optional[tuple[int, int]]:
+        """The ``(rank, donor)`` note that came with ``version``'s aggregate, if any (once)."""
+        with self._cond:
+            return self._notes.pop(version, None)
 
     def release(self, buffer: Tensor) -> None:
         """Give a buffer returned by :meth:`take` back once nothing references it any more."""

@@ -25,17 +25,26 @@ class Kind(IntEnum):
     DECIDE = 4  # leader -> shard owners: version ``version`` closes with these ranks, in this order
     ASSIGN = 5  # leader -> every rank: shard ``a`` is owned by rank ``b`` from version ``version`` on
     STOP = 6  # leader -> every rank: every rank said BYE; ``version`` is the first version never opened
+    BEAT = 7  # heartbeat: worker -> leader (``version``: the version its training thread is at), leader -> every rank
+    REJECT = 8  # worker -> leader: its code for ``version`` was not finite and was not sent
+    DETACH = 9  # leader -> every rank: no aggregates to rank ``a`` from ``version`` on (it fell too far behind)
+    REJOIN = 10  # worker -> leader: rank ``sender`` is back at ``version`` and needs the current state
+    ATTACH = 11  # leader -> every rank: rank ``a`` gets aggregates again from ``version`` on; rank ``b`` donates
 
 
 HEADER_FIELDS = 8  # kind, version, sender, shard, valid entries, max age, packed ages, skipped versions
 AGE_SLOTS = 16  # ages of the first 16 cache entries, 4 bits each, clamped at 15
 CONTROL_FIELDS = 4  # kind, version, a, b
-STAT_FIELDS = 4  # per rank in a STOP: admitted, late, skipped, mean lag (float64 bits)
+STAT_FIELDS = 6  # per rank in a STOP: admitted, late, skipped, mean lag, rejected, rejoined (float64 bits)
 
 
 @dataclass(frozen=True)
 class Header:
-    """Decoded header of a data message; ``ages`` are the ages (in versions) of the cache entries a code used."""
+    """Decoded header of a data message; ``ages`` are the ages (in versions) of the cache entries a code used.
+
+    In an aggregate's shard 0, ``valid`` is ``1 + rank`` of a rank that needs the state of this version (0: none)
+    and ``max_age`` the rank that donates it (see :class:`~lightning_pgc.runtime.worker.PGCRuntime`).
+    """
 
     kind: Kind
     version: int

@@ -1,7 +1,8 @@
 """Transports: how messages move between ranks.
 
-The runtime needs only two point-to-point calls on three independent channels (codes, aggregate shards,
-control), so a transport is a small protocol with two implementations: gloo on three dedicated process groups
+The runtime needs only two point-to-point calls on five independent channels (codes, aggregate shards,
+control, heartbeats, state transfer), so a transport is a small protocol with two implementations: gloo on five
+dedicated process groups
 (real runs) and in-process queues (unit tests of the protocol without processes). Receives are blocking and
 made from one dedicated thread per (channel, peer); sends are asynchronous and return a handle whose ``wait``
 returns once the message left (the buffer must stay alive and unchanged until then).
@@ -25,6 +26,8 @@ class Channel(IntEnum):
     CODE = 0  # worker -> shard owner (and the leader sees shard 0 of every code)
     AGG = 1  # shard owner -> every rank
     CTRL = 2  # leader -> every rank
+    BEAT = 3  # every rank -> leader: heartbeats and small requests
+    STATE = 4  # donor -> a rank that rejoins: the training state (state transfer)
 
 
 class Handle(Protocol):
@@ -49,11 +52,11 @@ class Transport(Protocol):
 
 
 class GlooTransport:
-    """Point-to-point gloo streams on three dedicated groups, never on Lightning's default group.
+    """Point-to-point gloo streams on dedicated groups (one per channel), never on Lightning's default group.
 
     One group per channel, so each gloo pair of a group carries at most one receiving thread per direction.
     Gloo cannot poll a receive and a timed-out wait closes every pair of the group, so receives block without a
-    deadline (the group timeout is very long) and liveness is enforced by the runtime's own clock instead.
+    deadline (the group timeout is very long) and liveness is enforced by the runtime's heartbeats instead.
 
     Raises:
         RuntimeError: ``torch.distributed`` is not initialized.

@@ -12,6 +12,12 @@ plane (:class:`~lightning_pgc.runtime.leader.Leader`). Per version ``t``:
 All receiving, decoding and sending runs on background threads, so a rank whose training thread is slow still
 serves its shard on time. Per rank and step, ``4 (n-1)/n`` times the payload crosses its links, as for a ring
 all-reduce.
+
+Liveness is separate from progress: every rank's background thread sends the leader a heartbeat carrying the
+version its training thread is at, and the leader beats back. A rank whose training thread falls more than
+``max_lag`` versions behind is detached (no aggregates from then on, so its memory stays bounded); when its
+training thread is back it asks to rejoin and a live rank donates the training state at the open version
+(:meth:`PGCRuntime.rejoin`, :meth:`PGCRuntime.donation`, :meth:`PGCRuntime.send_state`). Nobody waits for it.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import torch
 from torch import Tensor
 
 from lightning_pgc.codes import Scheme
-from lightning_pgc.runtime.leader import CoordinatorError, Leader, StepRecord
+from lightning_pgc.runtime.leader import STAT_NAMES, CoordinatorError, Leader, StepRecord
 from lightning_pgc.runtime.mailbox import Mailbox, PGCTimeoutError
 from lightning_pgc.runtime.messages import (
     STAT_FIELDS,
@@ -49,7 +55,11 @@ from lightning_pgc.runtime.transport import Channel, Handle, Transport
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CodeMessage", "PGCRuntime", "PGCTimeoutError", "CoordinatorError", "Mailbox"]
+__all__ = ["CodeMessage", "PGCDetached", "PGCRuntime", "PGCTimeoutError", "CoordinatorError", "Mailbox"]
+
+
+class PGCDetached(RuntimeError):
+    """This rank fell more than ``max_lag`` versions behind: no aggregate comes until it rejoins."""
 
 
 class CodeMessage:
@@ -106,10 +116,12 @@ class _Pool:
 class PGCRuntime:
     """Every rank's runtime: worker API for the training thread plus the background service of one shard owner.
 
-    Call order: :meth:`start` once; per version ``t``: :meth:`published` (skip computing if True), else
-    :meth:`new_code` then :meth:`submit`; then :meth:`wait` and, once the returned aggregate is no longer
-    referenced, :meth:`release`; :meth:`stop` once at the end. :meth:`rank_stats`, :meth:`record` and
-    :meth:`buffer_stats` may be called at any time.
+    Call order: :meth:`start` once; per version ``t``: :meth:`published` (skip computing if True); if
+    :meth:`detached`, :meth:`rejoin` once and apply nothing until the version it returns; else :meth:`new_code`
+    then :meth:`submit` (or :meth:`reject` for a non-finite code); then :meth:`wait`, :meth:`donation` (if it
+    names a rank, :meth:`send_state` with the training state before applying ``t``) and, once the returned
+    aggregate is no longer referenced, :meth:`release`; :meth:`stop` once at the end. :meth:`rank_stats`,
+    :meth:`record` and :meth:`buffer_stats` may be called at any time.
 
     Args:
         scheme: the straggler-tolerance scheme (placement, encoder, decoding weights).
@@ -119,13 +131,17 @@ class PGCRuntime:
         down_dtype: dtype of the aggregate (float32, or float64 for double models). Codes travel in
             ``scheme.payload_dtype`` (float64 for Tandon-coded schemes, whose decode needs it).
         start_version: the first version of this fit (the global step).
-        timeout: liveness bound in seconds (see :class:`~lightning_pgc.runtime.leader.Leader`); a rank fails when
-            no aggregate comes within it plus a grace period.
-        max_lag: versions a live rank may fall behind before the leader waits for it.
+        timeout: seconds the job may run short of the ``n - s`` live ranks a version needs before the leader
+            fails naming them (see :class:`~lightning_pgc.runtime.leader.Leader`).
+        max_lag: versions a rank's training thread may fall behind before it is detached (it then catches up by
+            state transfer instead of buffering aggregates).
         leader: the rank that runs the control plane (owns shard 0).
         pin_memory: allocate message and aggregate buffers in pinned host memory (CUDA models).
         make_leader: builds the control plane on the leader's rank from ``(scheme, world_size, start_version,
-            timeout, max_lag)``; default :class:`Leader` (e.g. :class:`~lightning_pgc.runtime.bounded.BoundedLeader`).
+            timeout, max_lag, heartbeat_window)``; default :class:`Leader` (e.g.
+            :class:`~lightning_pgc.runtime.bounded.BoundedLeader`).
+        heartbeat_interval: seconds between heartbeats; heartbeat_misses: missed heartbeats after which a rank
+            (or the leader, seen from a worker) counts as dead.
     """
 
     def __init__(
@@ -142,7 +158,12 @@ class PGCRuntime:
         leader: int = 0,
         pin_memory: bool = False,
         make_leader: Optional[Callable[..., Leader]] = None,
+        heartbeat_interval: float = 0.2,
+        heartbeat_misses: int = 15,
     ) -> None:
+        if heartbeat_interval <= 0 or heartbeat_misses < 1:
+            raise ValueError(f"need heartbeat_interval > 0 and heartbeat_misses >= 1, got {heartbeat_interval}, "
+                             f"{heartbeat_misses}")
         if leader != 0:
             raise ValueError("the leader owns shard 0 and must be rank 0")
         if layout.num_shards > world_size:
@@ -160,11 +181,26 @@ class PGCRuntime:
         self.peers = [r for r in range(world_size) if r != rank]
         self.owners = OwnerMap(layout.num_shards, world_size)
         self.mailbox = Mailbox(layout.num_shards, layout.shard_numel, down_dtype, pin_memory=pin_memory)
+        self.heartbeat_interval = float(heartbeat_interval)
+        self.heartbeat_window = float(heartbeat_interval) * heartbeat_misses
         self.leader: Optional[Leader] = (
-            (make_leader or Leader)(scheme, world_size, start_version, timeout, max_lag) if rank == leader else None
+            (make_leader or Leader)(scheme, world_size, start_version, timeout, max_lag, self.heartbeat_window)
+            if rank == leader else None
         )
         self.error: Optional[BaseException] = None
         self.skipped = 0
+        self.rejected = 0
+        self.progress = start_version  # the version this rank's training thread is at (heartbeats carry it)
+        self._gaps: dict[int, list[tuple[int, Optional[int]]]] = {}  # rank -> versions it gets no aggregate for
+        self._gap_lock = threading.Lock()
+        self._attach_info: Optional[tuple[int, int]] = None  # (version, donor) of this rank's last ATTACH
+        self._attached = threading.Event()
+        self._leader_heard = time.monotonic()
+        self._last_check = self._resumed_at = time.monotonic()  # see _check_leader
+        self._notes: dict[int, tuple[int, int]] = {}  # leader: version -> (rank needing the state, donor)
+        self._final_requests: queue.Queue = queue.Queue()  # leader: (rank, version) to donate from stop()
+        self._beats_done = threading.Event()
+        self._small_lock = threading.Lock()
         self.final_stats: Optional[list[dict[str, float]]] = None
         self._hn_up = header_numel(self.up_dtype)
         self._hn_down = header_numel(down_dtype)
@@ -194,8 +230,11 @@ class PGCRuntime:
         for peer in self.peers:
             self._spawn(self._receive_codes, peer, name=f"pgc-code-recv-{peer}")
             self._spawn(self._receive_aggregates, peer, name=f"pgc-agg-recv-{peer}")
+            if self.is_leader:
+                self._spawn(self._receive_beats, peer, name=f"pgc-beat-recv-{peer}")
         if not self.is_leader:
             self._spawn(self._receive_control, self.leader_rank, name="pgc-ctrl-recv")
+            self._spawn(self._send_beats, self.leader_rank, name="pgc-beat")
         self._spawn(self._reap, -1, name="pgc-reaper")
         self._service = threading.Thread(target=self._serve_safely, name="pgc-service", daemon=True)
         self._service.start()
@@ -205,20 +244,28 @@ class PGCRuntime:
         t.start()
         self._threads.append(t)
 
-    def stop(self) -> None:
-        """Say BYE on every code stream, serve until the leader's STOP (or ``timeout``), join every thread.
+    def stop(self, donate: Optional[Callable[[], Tensor]] = None) -> None:
+        """Say BYE on every code stream, serve until the leader's STOP, join every thread.
 
-        Every rank's training is over once all said BYE, so the last rank to finish sets when all return.
+        Every rank's training is over once all live ranks said BYE, so the last rank to finish sets when all
+        return. On the leader, ``donate`` gives the final training state (a uint8 tensor) to ranks that rejoin
+        after the leader finished.
         """
         if self._stopped:
             return
         self._stopped = True
+        self._beats_done.set()
         bye = torch.zeros(message_numel(self.layout.shard_numel, self.up_dtype), dtype=self.up_dtype)
         write_header(bye, Header(Kind.BYE, -1, self.rank, skipped=self.skipped))
         self._send_all(Channel.CODE, bye, self.peers)
+        if not self.is_leader:
+            self._send_small(Channel.BEAT, control(self.world_size, Kind.BYE, -1), self.leader_rank)
         self._stopping.set()
-        if self._service is not None:
-            self._service.join(self.timeout + 10.0)
+        while self._service is not None and self._service.is_alive():
+            self._service.join(0.05)
+            while not self._final_requests.empty():
+                rank, version = self._final_requests.get()
+                self.send_state(rank, version, donate() if donate is not None else torch.zeros(0, dtype=torch.uint8))
         self._reaper_q.put(None)
         for t in self._threads:
             t.join(min(self.timeout, 10.0))
@@ -229,8 +276,68 @@ class PGCRuntime:
 
     # ------------------------------------------------------------------------------------------- worker API
     def published(self, version: int) -> bool:
-        """Whether the aggregate of ``version`` is already complete here (this rank fell behind)."""
+        """Whether the aggregate of ``version`` is already complete here (this rank fell behind). Also tells the
+        runtime that the training thread is at ``version`` (the heartbeats carry it)."""
+        self.progress = version
         return self.mailbox.has(version)
+
+    def detached(self, version: int) -> bool:
+        """Whether this rank gets no aggregate for ``version``: it fell more than ``max_lag`` behind and must
+        :meth:`rejoin`."""
+        return not self._receives(self.rank, version)
+
+    def rejoin(self, version: int) -> tuple[int, Tensor]:
+        """Ask to rejoin at ``version`` (this rank is :meth:`detached`); block until a donor sent the training
+        state. Returns ``(u, state)``: aggregates come again from version ``u`` on, and ``state`` (uint8, as given
+        to the donor's :meth:`send_state`) is the training state at the start of ``u``.
+
+        Raises:
+            PGCTimeoutError: the leader stopped beating.
+            RuntimeError: the runtime failed or the donor's stream broke.
+        """
+        self._attached.clear()
+        message = control(self.world_size, Kind.REJOIN, version)
+        if self.is_leader:
+            self._inbox.put(("rejoin", self.rank, version, time.monotonic()))
+        else:
+            self._send_small(Channel.BEAT, message, self.leader_rank)
+        while not self._attached.wait(self.heartbeat_interval):
+            self._check_leader(f"rejoining at version {version}")
+        assert self._attach_info is not None
+        u, donor = self._attach_info
+        header = torch.zeros(2, dtype=torch.int64)
+        self.transport.recv(Channel.STATE, donor, header)
+        state = torch.empty(int(header[1]), dtype=torch.uint8)
+        if state.numel():
+            self.transport.recv(Channel.STATE, donor, state)
+        self._count(received=16 + state.numel())
+        log.warning("PGC rank %d: rejoined at version %d with the state of rank %d (%.1f MB), after falling "
+                    "behind at version %d", self.rank, u, donor, state.numel() / 1e6, version)
+        return u, state
+
+    def donation(self, version: int) -> Optional[int]:
+        """The rank this rank must send its training state to before applying ``version`` (call after
+        :meth:`wait`), or None."""
+        note = self.mailbox.pop_note(version)
+        if note is not None and note[1] == self.rank:
+            return note[0]
+        return None
+
+    def send_state(self, rank: int, version: int, state: Tensor) -> None:
+        """Send ``state`` (a uint8 tensor, left unchanged until sent) to ``rank``, which rejoins at ``version``."""
+        header = torch.tensor([version, state.numel()], dtype=torch.int64)
+        self._send_all(Channel.STATE, header, [rank])
+        if state.numel():
+            self._send_all(Channel.STATE, state, [rank])
+
+    def reject(self, version: int) -> None:
+        """This rank's code for ``version`` is not finite and is not sent: the leader counts it and treats this
+        rank as a straggler for ``version``."""
+        self.rejected += 1
+        if self.is_leader:
+            self._inbox.put(("reject", self.rank, version, time.monotonic()))
+        else:
+            self._send_small(Channel.BEAT, control(self.world_size, Kind.REJECT, version), self.leader_rank)
 
     def new_code(self, version: int) -> CodeMessage:
         """A message to encode this rank's code for ``version`` into (reused once its sends completed and its
@@ -277,15 +384,39 @@ class PGCRuntime:
     def wait(self, version: int) -> Tensor:
         """The aggregate of ``version`` as a flat view of ``layout.numel`` elements (``down_dtype``).
 
-        Blocks up to the liveness timeout plus a grace period, so that the leader, whose clock starts at the
-        first code, reports missing ranks before a worker gives up.
+        Blocks while the leader is alive: the leader decides when too few ranks are left, and says so.
 
         Raises:
-            PGCTimeoutError: no aggregate in time.
+            PGCTimeoutError: the leader stopped beating.
+            PGCDetached: this rank is (or became, while waiting) :meth:`detached` at ``version``.
             RuntimeError: the leader failed (its error text) or a stream broke.
         """
-        buf = self.mailbox.take(version, self.timeout + max(1.0, 0.5 * self.timeout))
-        return buf[: self.layout.numel]
+        while True:
+            if self.detached(version) and not self.mailbox.has(version):
+                raise PGCDetached(f"PGC rank {self.rank} is detached at version {version}: rejoin first")
+            try:
+                buf = self.mailbox.take(version, self.heartbeat_interval)
+            except PGCTimeoutError:
+                self._check_leader(f"waiting for the aggregate of version {version}")
+                continue
+            return buf[: self.layout.numel]
+
+    def _check_leader(self, doing: str) -> None:
+        """Raise if this worker has not heard from the leader for a heartbeat window."""
+        if self.error is not None:
+            raise RuntimeError(f"PGC rank {self.rank} runtime failed: {self.error}") from self.error
+        now = time.monotonic()
+        if now - self._last_check > 3 * self.heartbeat_interval:
+            # This thread did not run for a while (this process was frozen, or busy elsewhere): the leader's
+            # heartbeats may be waiting in the socket, so give them a window from now.
+            self._resumed_at = now
+        self._last_check = now
+        silent = now - max(self._leader_heard, self._resumed_at)
+        if not self.is_leader and silent > self.heartbeat_window:
+            raise PGCTimeoutError(
+                f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no heartbeat for {silent:.1f} s "
+                f"while {doing}; its process is gone or frozen"
+            )
 
     def release(self, aggregate: Tensor) -> None:
         """Return an aggregate from :meth:`wait` to the pool once nothing (e.g. ``param.grad``) views it."""
@@ -316,6 +447,25 @@ class PGCRuntime:
             return self.leader.rank_stats()
         return list(self.final_stats or [])
 
+    def _receives(self, rank: int, version: int) -> bool:
+        """Whether ``rank`` gets the aggregate of ``version`` (not in one of its detached spans)."""
+        with self._gap_lock:
+            for start, end in self._gaps.get(rank, ()):
+                if start <= version and (end is None or version < end):
+                    return False
+        return True
+
+    def _set_gap(self, rank: int, version: int, detach: bool) -> None:
+        """Open (``detach``) or close ``rank``'s span of versions without aggregates at ``version``."""
+        with self._gap_lock:
+            spans = self._gaps.setdefault(rank, [])
+            if detach:
+                spans.append((version, None))
+            elif spans and spans[-1][1] is None:
+                spans[-1] = (spans[-1][0], version)
+            if len(spans) > 16:  # old spans end long before any version still published
+                del spans[0]
+
     def buffer_stats(self) -> dict[str, int]:
         """High-water marks and totals of the buffers and bytes this rank handled."""
         return {
@@ -326,6 +476,7 @@ class PGCRuntime:
             "aggregate_send_buffers": self._agg_pool.allocated,
             "bytes_sent": self.bytes_sent,
             "bytes_received": self.bytes_received,
+            "rejected": self.rejected,
         }
 
     def _count(self, sent: int = 0, received: int = 0) -> None:
@@ -344,6 +495,29 @@ class PGCRuntime:
                 log.warning("PGC rank %d: send to rank %d failed: %r", self.rank, p, exc)
         self._count(sent=len(handles) * message.numel() * message.element_size())
         self._reaper_q.put((handles, done))
+
+    def _send_small(self, channel: Channel, message: Tensor, peer: int) -> None:
+        """Send a small control message from any thread (one lock per rank keeps sends on a stream ordered)."""
+        with self._small_lock:
+            self._send_all(channel, message, [peer])
+
+    def _send_beats(self, leader: int) -> None:
+        """Worker: a heartbeat with this rank's progress every ``heartbeat_interval`` until :meth:`stop`."""
+        while not self._beats_done.wait(self.heartbeat_interval):
+            self._send_small(Channel.BEAT, control(self.world_size, Kind.BEAT, self.progress), leader)
+
+    def _receive_beats(self, peer: int) -> None:
+        """Leader: heartbeats, rejected codes and rejoin requests of ``peer``."""
+        buf = torch.zeros(control_numel(self.world_size), dtype=torch.int64)
+        while True:
+            try:
+                self.transport.recv(Channel.BEAT, peer, buf)
+            except Exception:  # the code stream reports the loss
+                return
+            kind, version, _, _, _ = read_control(buf)
+            if kind == Kind.BYE:
+                return
+            self._inbox.put((kind.name.lower(), peer, version, time.monotonic()))
 
     def _reap(self, _: int) -> None:
         """Wait for sends in order and release their buffers (gloo reads them asynchronously)."""
@@ -390,7 +564,8 @@ class PGCRuntime:
             header = read_header(buf)
             if header.kind == Kind.BYE:
                 return
-            self.mailbox.put_shard(header.version, header.shard, buf[self._hn_down :])
+            note = (header.valid - 1, header.max_age) if header.shard == 0 and header.valid > 0 else None
+            self.mailbox.put_shard(header.version, header.shard, buf[self._hn_down :], note)
 
     def _receive_control(self, leader: int) -> None:
         buf = torch.zeros(control_numel(self.world_size), dtype=torch.int64)
@@ -403,8 +578,13 @@ class PGCRuntime:
                 self._inbox.put(("stop", None, None))
                 return
             self._count(received=buf.numel() * 8)
+            self._leader_heard = time.monotonic()
             kind, version, a, b, data = read_control(buf)
-            if kind == Kind.DECIDE:
+            if kind == Kind.BEAT:
+                continue
+            if kind in (Kind.DETACH, Kind.ATTACH):  # through the inbox: ordered with the decisions
+                self._inbox.put((kind.name.lower(), version, a, b))
+            elif kind == Kind.DECIDE:
                 self._inbox.put(("decide", version, read_decide(version, a, b, data)))
             elif kind == Kind.ASSIGN:
                 self._apply_assign(a, b, version)
@@ -452,7 +632,9 @@ class PGCRuntime:
         decided: dict[int, list[tuple[int, int, int]]] = {}  # version -> (decode key, rank, code version)
         done_below = -1  # every version < done_below is aggregated here (or never will be)
         leader = self.leader
-        stop_deadline: Optional[float] = None
+        rejoins: list[int] = []  # leader: ranks waiting to rejoin (one per open version)
+        last_beat = 0.0
+        missing: set[int] = set()  # leader: ranks reported missing (no heartbeat or stream broken)
 
         def recycle(buf: Tensor, local: bool) -> None:
             if not local:
@@ -486,6 +668,21 @@ class PGCRuntime:
                         slot[header.sender] = (buf, local)
                 elif tag == "decide":
                     decided[item[1]] = item[2]
+                elif tag == "beat" and leader is not None:
+                    leader.on_beat(item[1], item[2], item[3])
+                elif tag == "reject" and leader is not None:
+                    log.warning("PGC: rank %d's code for version %d is not finite: not used", item[1], item[2])
+                    leader.on_reject(item[1], item[2], item[3])
+                elif tag == "rejoin" and leader is not None:
+                    leader.on_beat(item[1], item[2], item[3])
+                    if item[1] not in rejoins:
+                        rejoins.append(item[1])
+                elif tag in ("detach", "attach"):
+                    _, version, rank, donor = item
+                    self._set_gap(rank, version, detach=tag == "detach")
+                    if tag == "attach" and rank == self.rank:
+                        self._attach_info = (version, donor)
+                        self._attached.set()
                 elif tag == "bye" and leader is not None:
                     leader.on_bye(item[1], item[2])
                 elif tag == "dead" and leader is not None:
@@ -509,37 +706,70 @@ class PGCRuntime:
                     return
 
             if leader is not None:
+                leader.on_beat(self.rank, self.progress, now)
                 rec = leader.try_close(now)
                 if rec is not None:
+                    for r in leader.detach(rec.version):
+                        log.warning("PGC: rank %d is more than %d versions behind at version %d: detached (it "
+                                    "rejoins by state transfer)", r, leader.max_lag, rec.version)
+                        self._send_all(Channel.CTRL, control(self.world_size, Kind.DETACH, rec.version, r),
+                                       self.peers)
+                        self._set_gap(r, rec.version, detach=True)
                     owners = self.owners.owners(rec.version) - {self.rank}
                     a, b, words = decide_words(rec.version, rec.plan())
                     message = control(self.world_size, Kind.DECIDE, rec.version, a, b, data=words)
                     self._send_all(Channel.CTRL, message, sorted(owners))
                     decided[rec.version] = rec.plan()
+                if rejoins and leader.version not in self._notes:
+                    self._attach(leader, rejoins.pop(0))
+                if self._stopping.is_set():  # the leader's training is over: versions >= its own never close
+                    for v in [v for v, (_, d) in self._notes.items() if v >= leader.version and d == self.rank]:
+                        self._final_requests.put((self._notes.pop(v)[0], v))
+                now_missing = set(leader.missing(now))
+                for r in sorted(now_missing - missing):
+                    log.warning("PGC: rank %d is missing (no heartbeat for %.1f s, or its process is gone) at "
+                                "version %d", r, self.heartbeat_window, leader.version)
+                for r in sorted(missing - now_missing - leader.byes):
+                    log.warning("PGC: rank %d is alive again at version %d", r, leader.version)
+                missing = now_missing
+                if now - last_beat >= self.heartbeat_interval:
+                    last_beat = now
+                    self._send_all(Channel.CTRL, control(self.world_size, Kind.BEAT, leader.version), self.peers)
                 leader.check(now)
             done_below = self._aggregate_ready(pending, decided, done_below, recycle)
 
             if leader is not None and self._stopping.is_set():
-                if stop_deadline is None:
-                    stop_deadline = now + self.timeout
-                live = set(self.peers) - leader.dead
-                if live <= leader.byes or now > stop_deadline:
-                    missing = sorted(live - leader.byes)
+                if all(p in leader.byes or leader.gone(p, now) for p in self.peers):
+                    missing = [p for p in self.peers if p not in leader.byes]
                     if missing:
-                        log.warning("PGC: ranks %s did not finish within %.0f s of the leader", missing, self.timeout)
+                        log.warning("PGC: ranks %s did not finish (process gone, or no heartbeat for %.1f s)",
+                                    missing, self.heartbeat_window + self.timeout)
                     stats = torch.tensor(leader.stats_words(), dtype=torch.float64).view(torch.int64)
                     self._send_all(Channel.CTRL, control(self.world_size, Kind.STOP, leader.version, data=stats),
                                    self.peers)
                     self._say_agg_bye()
                     return
 
+    def _attach(self, leader: Leader, rank: int) -> None:
+        """Leader: ``rank`` gets aggregates again from the open version on; a donor sends it the state."""
+        finished = self._stopping.is_set()
+        u, donor = leader.on_rejoin(rank, self.rank, finished)
+        self._send_all(Channel.CTRL, control(self.world_size, Kind.ATTACH, u, rank, donor), self.peers)
+        self._set_gap(rank, u, detach=False)
+        if rank == self.rank:
+            self._attach_info = (u, donor)
+            self._attached.set()
+        if finished and donor == self.rank:
+            self._final_requests.put((rank, u))
+        else:
+            self._notes[u] = (rank, donor)  # travels in shard 0 of u's aggregate, to the donor
+
     def _read_final_stats(self, words: Tensor) -> None:
         values = words[: STAT_FIELDS * self.world_size].view(torch.float64).tolist()
-        self.final_stats = [
-            {"rank": r, "admitted": int(values[4 * r]), "late": int(values[4 * r + 1]),
-             "skipped": int(values[4 * r + 2]), "mean_lag_s": values[4 * r + 3]}
-            for r in range(self.world_size)
-        ]
+        self.final_stats = []
+        for r in range(self.world_size):
+            row = dict(zip(STAT_NAMES, values[STAT_FIELDS * r : STAT_FIELDS * (r + 1)]))
+            self.final_stats.append({"rank": r, **{k: v if k == "mean_lag_s" else int(v) for k, v in row.items()}})
 
     def _aggregate_ready(self, pending: dict, decided: dict[int, list[tuple[int, int, int]]], done_below: int,
                          recycle: Callable[[Tensor, bool], None]) -> int:
@@ -587,12 +817,15 @@ class PGCRuntime:
             for _, buf in codes:
                 tail.add_(buf[hn + ce : hn + pe].to(self.down_dtype), alpha=1.0 / len(codes))
         payload[pe:].zero_()
-        write_header(message, Header(Kind.AGGREGATE, version, self.rank, shard))
-        self.mailbox.put_shard(version, shard, payload)
+        note = self._notes.pop(version, None) if shard == 0 and self.is_leader else None
+        write_header(message, Header(Kind.AGGREGATE, version, self.rank, shard,
+                                     valid=0 if note is None else note[0] + 1, max_age=0 if note is None else note[1]))
+        if self._receives(self.rank, version):
+            self.mailbox.put_shard(version, shard, payload, note)
         # The first peer served gets its aggregate first and starts its next step first: rotate the order with
         # the version, or the lowest ranks would be admitted systematically more often (a bias under pgc_cr).
-        self._send_all(Channel.AGG, message, _rotated(self.peers, version),
-                       done=lambda: self._agg_pool.put(message))
+        peers = [p for p in _rotated(self.peers, version) if self._receives(p, version)]
+        self._send_all(Channel.AGG, message, peers, done=lambda: self._agg_pool.put(message))
 
 
 def _rotated(items: list[int], by: int) -> list[int]:

@@ -1,0 +1,71 @@
+"""Faults on real processes (4 CPU ranks, gloo): a long stall, a non-finite gradient; and the fault callbacks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from lightning_pgc.faults import Freeze, Kill, NaNGradient, Stall
+from tests.jobs import run_job
+
+MAX_LAG = 3
+
+
+def test_a_long_stall_costs_nobody_and_the_stalled_rank_rejoins_by_state_transfer(tmp_path):
+    """Rank 2 stalls 3 s at step 4 (about 30 steps of the others); rank 1's gradient is NaN at step 2; rank 3
+    (no shard owner: this payload has 2 shards) is frozen by SIGSTOP for 3 s at step 40.
+
+    Nobody waits for rank 2: it is detached past ``max_lag`` versions (its buffers stay bounded), comes back,
+    gets the leader's state and finishes with every replica identical. Rank 1's NaN is rejected (counted, not
+    decoded) and training goes on with finite losses. Frozen rank 3 misses its heartbeats, is reported missing,
+    and after SIGCONT rejoins by state transfer too.
+    """
+    job = run_job(
+        tmp_path, "stall", strategy="pgc", devices=4, max_steps=60, check_val_every_n_epoch=100,
+        compute_s_per_eval=0.05,
+        strategy_kwargs={"max_lag": MAX_LAG, "heartbeat_interval": 0.1, "heartbeat_misses": 20},
+        faults=[{"kind": "Stall", "rank": 2, "step": 4, "seconds": 3.0},
+                {"kind": "NaNGradient", "rank": 1, "step": 2},
+                {"kind": "Freeze", "rank": 3, "step": 40, "seconds": 3.0}],
+    )
+    ranks = job["ranks"]
+    assert len({r["checksum"] for r in ranks}) == 1 and len({r["global_step"] for r in ranks}) == 1
+    assert all(r["pgc_threads_after_fit"] == [] for r in ranks)
+    table = ranks[0]["rank_stats"]
+    assert all(r["rank_stats"] == table for r in ranks)
+    assert table[2]["rejoined"] >= 1 and table[3]["rejoined"] >= 1  # (others may too, on a busy machine)
+    assert table[1]["rejected"] == 1 and sum(row["rejected"] for row in table) == 1
+    # the others went on during the stall: rank 2 ran many steps without computing or applying anything
+    assert ranks[2]["skipped_steps"] >= MAX_LAG
+    # bounded memory: rank 2 never held more than max_lag aggregates
+    assert ranks[2]["buffers"]["mailbox_high_water"] <= MAX_LAG + 1
+    assert all(math.isfinite(loss) for _, _, loss in job["curve"])
+    assert "rejoined at version" in job["stderr"] and "non-finite gradient at step 2" in job["stderr"]
+    assert "rank 3 is missing (no heartbeat" in job["stderr"] and "rank 3 is alive again" in job["stderr"]
+
+
+def test_fault_callbacks_validate_their_arguments_and_fire_once():
+    with pytest.raises(ValueError, match="rank must be a non-negative integer"):
+        Kill(rank=-1, step=0)
+    with pytest.raises(ValueError, match="step must be a non-negative integer"):
+        Stall(rank=0, step="3", seconds=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="seconds must be a finite number"):
+        Freeze(rank=0, step=0, seconds=float("inf"))
+    fired = []
+
+    class Probe(Stall):
+        def fire(self, trainer, pl_module):
+            fired.append(trainer.global_step)
+
+    class T:
+        global_rank, global_step = 1, 0
+
+    probe = Probe(rank=1, step=2, seconds=0)
+    for step in range(5):
+        T.global_step = step
+        probe.on_train_batch_start(T, None, None, step)
+    other = Probe(rank=0, step=0, seconds=0)
+    other.on_train_batch_start(T, None, None, 0)
+    assert fired == [2] and other.fired_at is None
+    assert repr(NaNGradient(rank=1, step=3)) == "NaNGradient(rank=1, step=3)"
