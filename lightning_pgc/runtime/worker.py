@@ -266,6 +266,10 @@ class PGCRuntime:
             while not self._final_requests.empty():
                 rank, version = self._final_requests.get()
                 self.send_state(rank, version, donate() if donate is not None else torch.zeros(0, dtype=torch.uint8))
+            silent = time.monotonic() - max(self._leader_heard, self._resumed_at)
+            if not self.is_leader and silent > self.heartbeat_window + self.timeout:
+                log.warning("PGC rank %d: no STOP from the leader (silent for %.1f s); leaving", self.rank, silent)
+                break
         self._reaper_q.put(None)
         for t in self._threads:
             t.join(min(self.timeout, 10.0))
