@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -70,3 +71,22 @@ def test_fault_callbacks_validate_their_arguments_and_fire_once():
     other.on_train_batch_start(T, None, None, 0)
     assert fired == [2] and other.fired_at is None
     assert repr(NaNGradient(rank=1, step=3)) == "NaNGradient(rank=1, step=3)"
+
+
+def test_more_than_s_frozen_ranks_fail_every_survivor_fast_naming_them(tmp_path):
+    """s = 1 and ranks 2 and 3 freeze (SIGSTOP, 8 s) at step 3: no version can close. The leader reports the
+    missing ranks within the heartbeat window (1 s) plus ``timeout`` (1 s) of the last version it closed, the
+    other ranks get the error (ABORT; tested in-process in test_runtime.py), and the job exits non-zero instead of
+    hanging."""
+    from lightning_pgc.experiments import JobFailed
+
+    with pytest.raises(JobFailed) as failed:
+        run_job(
+            tmp_path, "frozen", strategy="pgc", devices=4, max_steps=40, check_val_every_n_epoch=100,
+            strategy_kwargs={"timeout": 1.0, "heartbeat_interval": 0.1, "heartbeat_misses": 10},
+            faults=[{"kind": "Freeze", "rank": r, "step": 3, "seconds": 8.0} for r in (2, 3)],
+        )
+    log = failed.value.result.log_tail
+    found = re.search(r"Missing ranks: \[2, 3\]; the last version closed is (\d+), ([\d.]+) s ago", log)
+    assert found is not None, log[-3000:]
+    assert 2 <= int(found.group(1)) <= 3 and float(found.group(2)) < 5.0

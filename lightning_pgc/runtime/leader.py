@@ -267,13 +267,13 @@ class Leader:
         if now - self._short_since > self.timeout:
             missing = self.missing(now)
             early = sorted(self.byes)
-            raise CoordinatorError(
-                f"Missing ranks: {missing} (no heartbeat for {self.heartbeat_window:g} s, or process gone)"
+            raise CoordinatorError(  # the key facts first: workers get this text truncated to a control message
+                f"Missing ranks: {missing}; the last version closed is {self.version - 1}, "
+                f"{now - self._last_close:.1f} s ago (no heartbeat for {self.heartbeat_window:g} s, or process gone)"
                 + (f"; ranks {early} finished early" if early else "")
                 + f". Version {self.version} cannot close: scheme '{self.scheme.name}' needs "
                 f"{self.scheme.wait_for} of {self.world_size} ranks (tolerates "
-                f"{self.world_size - self.scheme.wait_for} missing); the last version closed is {self.version - 1}, "
-                f"{now - self._last_close:.1f} s ago."
+                f"{self.world_size - self.scheme.wait_for} missing)."
             )
 
     # ------------------------------------------------------------------------------------------- reading

@@ -35,6 +35,7 @@ from lightning_pgc.codes import Scheme
 from lightning_pgc.runtime.leader import STAT_NAMES, CoordinatorError, Leader, StepRecord
 from lightning_pgc.runtime.mailbox import Mailbox, PGCTimeoutError
 from lightning_pgc.runtime.messages import (
+    CONTROL_FIELDS,
     STAT_FIELDS,
     Header,
     Kind,
@@ -619,7 +620,8 @@ class PGCRuntime:
             log.error("PGC rank %d runtime failed: %s", self.rank, exc)
             self.mailbox.abort(exc)
             if self.is_leader:
-                text = text_payload(f"{type(exc).__name__}: {exc}", 4 * self.world_size - 1, torch.int64)
+                room = control_numel(self.world_size) - CONTROL_FIELDS - 1  # words after the length word
+                text = text_payload(f"{type(exc).__name__}: {exc}", room, torch.int64)
                 version = self.leader.version if self.leader is not None else -1
                 self._send_all(Channel.CTRL, control(self.world_size, Kind.ABORT, version,
                                                      data=torch.cat([torch.tensor([text.numel()]), text])),
