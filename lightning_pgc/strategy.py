@@ -532,12 +532,8 @@ class PGCStrategy(DDPStrategy):
         skipped = runtime.published(version)
         if self._rejoin is None and not skipped and runtime.detached(version):
             self._rejoin = runtime.rejoin(version)
-        if self._rejoin is not None:
-            if version < self._rejoin[0]:
-                return self._idle_step(version, closure)
-            self._load_state(self._rejoin[1])  # the state at the start of this version: go on from here
-            self._rejoin = None
-            cache.clear()
+        if self._rejoin is not None and self._catch_up(version):
+            return self._idle_step(version, closure)
         waited = 0.0
         if not skipped:
             try:
@@ -545,11 +541,8 @@ class PGCStrategy(DDPStrategy):
                 aggregate = runtime.wait(version)
             except PGCDetached:  # fell too far behind while computing: catch up by state transfer
                 self._rejoin = runtime.rejoin(version)
-                if version < self._rejoin[0]:
+                if self._catch_up(version):
                     return self._idle_step(version, closure)
-                self._load_state(self._rejoin[1])
-                self._rejoin = None
-                cache.clear()
                 return self._exchange(version, closure)
             waited = time.monotonic() - start
         else:
@@ -614,6 +607,17 @@ class PGCStrategy(DDPStrategy):
         sent = time.monotonic()
         runtime.submit(version, code, tuple(cache.ages(version).values()))
         return sent
+
+    def _catch_up(self, version: int) -> bool:
+        """With a state received by :meth:`PGCRuntime.rejoin` pending: True while ``version`` is before the one it
+        belongs to (an idle step); at that version load it, empty the cache and return False (compute as usual)."""
+        assert self._rejoin is not None and self.cache is not None
+        if version < self._rejoin[0]:
+            return True
+        self._load_state(self._rejoin[1])  # the state at the start of this version: go on from here
+        self._rejoin = None
+        self.cache.clear()
+        return False
 
     def _idle_step(self, version: int, closure: Callable[[], Any]) -> Tensor:
         """A step before the version this rank rejoins at: nothing computed, nothing applied (no gradients, so the
