@@ -396,7 +396,7 @@ class PGCStrategy(DDPStrategy):
         assert scheme is not None
         self.cache = StaleCache(scheme.partitions(self.global_rank), max_age=scheme.cache_max_age)
         self._version = trainer.global_step
-        resumed = self._resumed_pipeline(trainer.global_step, dtype)  # this rank's stale cache from the checkpoint
+        resumed = self._resumed_pipeline(trainer.global_step)  # this rank's stale cache from the checkpoint
         warm_start = trainer.global_step if resumed is None else resumed.warm_start
         if self._warm_start is None:
             self._warm_start = warm_start
@@ -522,16 +522,17 @@ class PGCStrategy(DDPStrategy):
 
     def _pipeline_state(self) -> Optional[PipelineState]:
         """This rank's stale cache and warm-start step now (``None`` outside fit); tensors are not copied."""
-        cache, scheme, trainer = self.cache, self.scheme, self.lightning_module.trainer
-        if cache is None or scheme is None or self._layout is None:
+        cache, scheme = self.cache, self.scheme
+        if cache is None or scheme is None or self.lightning_module is None:
             return None
         return PipelineState(
             rank=self.global_rank, world_size=self.world_size, scheme=scheme.name, partitions=cache.partitions,
             seed=self.seed, grad_numel=self._grad_numel, dtype=dtype_name(self._payload_dtype),
-            global_step=trainer.global_step, warm_start=self._warm_start_step(), entries=cache.entries(),
+            global_step=self.lightning_module.trainer.global_step, warm_start=self._warm_start_step(),
+            entries=cache.entries(),
         )
 
-    def _resumed_pipeline(self, step: int, dtype: torch.dtype) -> Optional[PipelineState]:
+    def _resumed_pipeline(self, step: int) -> Optional[PipelineState]:
         """The pipeline state this rank saved with the checkpoint being resumed from, if it fits this run; otherwise
         ``None`` with a warning that names the reason (the pipeline then warms up again at ``step``)."""
         if self._resume_from is None:
@@ -541,7 +542,7 @@ class PGCStrategy(DDPStrategy):
         assert self.scheme is not None and self.cache is not None
         expected = PipelineState(rank=self.global_rank, world_size=self.world_size, scheme=self.scheme.name,
                                  partitions=self.cache.partitions, seed=self.seed, grad_numel=self._grad_numel,
-                                 dtype=dtype_name(dtype), global_step=step, warm_start=step)
+                                 dtype=dtype_name(self._payload_dtype), global_step=step, warm_start=step)
         reason = None
         saved: Optional[PipelineState] = None
         for path in sidecar_paths(checkpoint_path, self.global_rank):

@@ -99,7 +99,7 @@ def test_every_rank_saves_its_cache_next_to_the_checkpoint_and_a_resume_reloads_
 
     resumed = _strategy(rank=1)
     assert resumed.load_checkpoint(ckpt)["global_step"] == 7
-    state = resumed._resumed_pipeline(7, torch.float32)
+    state = resumed._resumed_pipeline(7)
     assert state is not None and state.warm_start == 0
     resumed._fill_cache(state)
     assert resumed.cache.versions() == {1: 6, 2: 5}  # expired entries too: as they were
@@ -130,7 +130,7 @@ def _resume(tmp_path, caplog, saved: Optional[PGCStrategy], resumed: PGCStrategy
         TorchCheckpointIO().save_checkpoint(saved._pipeline_state().to_dict(), sidecar_path(ckpt, 1))
     resumed._resume_from = (ckpt, {"global_step": 7} if info else None)
     with caplog.at_level(logging.WARNING, logger="lightning_pgc.strategy"):
-        return resumed._resumed_pipeline(step, torch.float32)
+        return resumed._resumed_pipeline(step)
 
 
 @pytest.mark.parametrize(
@@ -170,7 +170,7 @@ def test_an_unreadable_pipeline_file_warms_up_again(tmp_path, caplog):
     strategy = _strategy(rank=1)
     strategy._resume_from = (str(ckpt), {})
     with caplog.at_level(logging.WARNING, logger="lightning_pgc.strategy"):
-        assert strategy._resumed_pipeline(7, torch.float32) is None
+        assert strategy._resumed_pipeline(7) is None
     assert "x.ckpt.pgc/rank1.pt could not be read (" in caplog.records[-1].getMessage()
 
 
