@@ -13,6 +13,9 @@ Per optimizer step ``t`` (= the model version, Invariant 1) every rank:
 A rank that fell more than ``max_lag`` versions behind gets no aggregates (bounded memory); when it is back it
 receives the training state at the open version ``u`` from a donor (state transfer), runs its remaining steps
 before ``u`` without computing or applying anything, loads the state at ``u`` and goes on with an empty cache.
+
+A checkpoint saved during fit carries every rank's stale cache in ``<checkpoint>.pgc/rank{k}.pt``
+(:mod:`lightning_pgc.pipeline_state`); a fit resuming from it reloads the cache and continues the pipeline.
 """
 
 from __future__ import annotations
