@@ -524,9 +524,10 @@ class PGCStrategy(DDPStrategy):
         return checkpoint
 
     def _pipeline_state(self) -> Optional[PipelineState]:
-        """This rank's stale cache and warm-start step now (``None`` outside fit); tensors are not copied."""
+        """This rank's stale cache and warm-start step now; tensors are not copied. ``None`` outside fit, and for
+        schemes without a pipeline (their cache holds only the current step's gradients)."""
         cache, scheme = self.cache, self.scheme
-        if cache is None or scheme is None or self.lightning_module is None:
+        if cache is None or scheme is None or not scheme.pipelined or self.lightning_module is None:
             return None
         return PipelineState(
             rank=self.global_rank, world_size=self.world_size, scheme=scheme.name, partitions=cache.partitions,
@@ -537,12 +538,14 @@ class PGCStrategy(DDPStrategy):
 
     def _resumed_pipeline(self, step: int) -> Optional[PipelineState]:
         """The pipeline state this rank saved with the checkpoint being resumed from, if it fits this run; otherwise
-        ``None`` with a warning that names the reason (the pipeline then warms up again at ``step``)."""
-        if self._resume_from is None:
+        ``None`` with a warning that names the reason (the pipeline then warms up again at ``step``). Schemes
+        without a pipeline need nothing: ``None``, silently."""
+        assert self.scheme is not None and self.cache is not None
+        if self._resume_from is None or not self.scheme.pipelined:
+            self._resume_from = None
             return None
         checkpoint_path, info = self._resume_from
         self._resume_from = None
-        assert self.scheme is not None and self.cache is not None
         expected = PipelineState(rank=self.global_rank, world_size=self.world_size, scheme=self.scheme.name,
                                  partitions=self.cache.partitions, seed=self.seed, grad_numel=self._grad_numel,
                                  dtype=dtype_name(self._payload_dtype), global_step=step, warm_start=step)
@@ -554,8 +557,8 @@ class PGCStrategy(DDPStrategy):
                 break
             except FileNotFoundError:
                 reason = (f"{path} is missing (copy the .pgc folder along with the checkpoint)" if info is not None
-                          else "the checkpoint has no PGC pipeline state (saved by another strategy, or after fit "
-                               "ended)")
+                          else "the checkpoint has no PGC pipeline state (saved by another strategy or scheme, or "
+                               "after fit ended)")
             except Exception as err:  # an unreadable file must not stop the resume: warm up instead, loudly
                 reason = f"{path} could not be read ({type(err).__name__}: {err})"
                 break

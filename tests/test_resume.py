@@ -115,12 +115,21 @@ def test_every_rank_saves_its_cache_next_to_the_checkpoint_and_a_resume_reloads_
     assert not os.path.exists(ckpt) and not os.path.exists(sidecar_dir(ckpt))
 
 
-def test_outside_fit_only_lightnings_checkpoint_is_written(tmp_path):
-    strategy = _strategy(rank=0)
-    strategy.cache = None  # fit ended: the pipeline was released
+@pytest.mark.parametrize("scheme, s", [("pgc_cr", 1), ("gc_cr", 1), ("dgd", 0), ("bounded", 1)])
+def test_outside_fit_or_without_a_pipeline_only_lightnings_checkpoint_is_written(tmp_path, caplog, scheme, s):
+    strategy = _strategy(rank=0, scheme=scheme, stragglers=s)
+    if scheme == "pgc_cr":
+        strategy.cache = None  # fit ended: the pipeline was released
+    else:  # the cache holds this step's gradients only: nothing for a resume to continue
+        _fill(strategy, {strategy.cache.partitions[0]: 6})
     checkpoint: dict = {"global_step": 7}
     strategy.save_checkpoint(checkpoint, str(tmp_path / "after.ckpt"))
     assert "pgc" not in checkpoint and os.listdir(tmp_path) == ["after.ckpt"]
+    if scheme != "pgc_cr":  # and a resume of such a scheme has nothing to warn about
+        strategy.load_checkpoint(str(tmp_path / "after.ckpt"))
+        with caplog.at_level(logging.WARNING, logger="lightning_pgc.strategy"):
+            assert strategy._resumed_pipeline(7) is None
+        assert not caplog.records and strategy._resume_from is None
 
 
 def _resume(tmp_path, caplog, saved: Optional[PGCStrategy], resumed: PGCStrategy, step: int = 7, info: bool = True):
@@ -137,7 +146,7 @@ def _resume(tmp_path, caplog, saved: Optional[PGCStrategy], resumed: PGCStrategy
     "saved, resumed, step, info, reason",
     [
         (None, {}, 7, True, "x.ckpt.pgc/rank1.pt is missing (copy the .pgc folder"),
-        (None, {}, 7, False, "the checkpoint has no PGC pipeline state (saved by another strategy"),
+        (None, {}, 7, False, "the checkpoint has no PGC pipeline state (saved by another strategy or scheme"),
         ({"scheme": "pgc_fr"}, {}, 7, True, "scheme: saved 'pgc_fr', now 'pgc_cr'"),
         ({"seed": 3}, {}, 7, True, "seed (partition split and data streams): saved 3, now 0"),
         ({}, {}, 9, True, "global step (this file belongs to another save of the checkpoint): saved 7, now 9"),
