@@ -549,30 +549,29 @@ class PGCStrategy(DDPStrategy):
         expected = PipelineState(rank=self.global_rank, world_size=self.world_size, scheme=self.scheme.name,
                                  partitions=self.cache.partitions, seed=self.seed, grad_numel=self._grad_numel,
                                  dtype=dtype_name(self._payload_dtype), global_step=step, warm_start=step)
-        reason = None
-        saved: Optional[PipelineState] = None
-        for path in sidecar_paths(checkpoint_path, self.global_rank):
+        reasons = []
+        for path in sidecar_paths(checkpoint_path, self.global_rank):  # next to it, then next to a symlink's target
             try:
                 saved = PipelineState.from_dict(self.checkpoint_io.load_checkpoint(path, weights_only=True))
-                break
             except FileNotFoundError:
-                reason = (f"{path} is missing (copy the .pgc folder along with the checkpoint)" if info is not None
-                          else "the checkpoint has no PGC pipeline state (saved by another strategy or scheme, or "
-                               "after fit ended)")
+                reasons.append(f"{path} is missing (copy the .pgc folder along with the checkpoint)" if info is not None
+                               else "the checkpoint has no PGC pipeline state (saved by another strategy or scheme, "
+                                    "or after fit ended)")
+                continue
             except Exception as err:  # an unreadable file must not stop the resume: warm up instead, loudly
-                reason = f"{path} could not be read ({type(err).__name__}: {err})"
-                break
-        if saved is not None:
-            reason = saved.mismatch(expected)
-        if reason is None and saved is not None:
-            log.info("PGC rank %d: resumed the stale cache at step %d (%d entries)", self.global_rank, step,
-                     len(saved.entries))
-            return saved
+                reasons.append(f"{path} could not be read ({type(err).__name__}: {err})")
+                continue
+            mismatch = saved.mismatch(expected)
+            if mismatch is None:
+                log.info("PGC rank %d: resumed the stale cache at step %d (%d entries)", self.global_rank, step,
+                         len(saved.entries))
+                return saved
+            reasons.append(f"{path} is from another run ({mismatch})")
         how = ("every held partition is evaluated at that step" if self.warmup == "full"
                else "the cache refills over the next c steps")
         log.warning("PGC rank %d: resuming at step %d without the stale cache: %s. The pipeline warms up again "
                     "(warmup=%r: %s), so this run does not continue the interrupted one bitwise.",
-                    self.global_rank, step, reason, self.warmup, how)
+                    self.global_rank, step, reasons[0], self.warmup, how)
         return None
 
     def _fill_cache(self, state: PipelineState) -> None:

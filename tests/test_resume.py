@@ -168,7 +168,7 @@ def test_a_resume_on_fewer_ranks_warms_up_again(tmp_path, caplog):
     saver = _strategy(rank=1)
     _fill(saver, {1: 6, 2: 6})
     assert _resume(tmp_path, caplog, saver, _strategy(rank=1, world_size=2)) is None
-    assert "without the stale cache: ranks: saved 4, now 2" in caplog.records[-1].getMessage()
+    assert "rank1.pt is from another run (ranks: saved 4, now 2)" in caplog.records[-1].getMessage()
 
 
 def test_an_unreadable_pipeline_file_warms_up_again(tmp_path, caplog):
@@ -204,11 +204,25 @@ def test_pipeline_state_round_trips_and_refuses_malformed_files():
             PipelineState.from_dict(bad)
 
 
-def test_a_symlinked_last_checkpoint_finds_the_pipeline_of_its_target(tmp_path):
-    target = tmp_path / "epoch=0-step=4.ckpt"
+def test_a_symlinked_last_checkpoint_finds_the_pipeline_of_its_target(tmp_path, caplog):
+    """``ModelCheckpoint(save_last="link")`` makes ``last.ckpt`` a symlink; a ``last.ckpt.pgc`` folder left by an
+    earlier ``save_last=True`` run belongs to another step and is passed over."""
+    target = tmp_path / "epoch=0-step=7.ckpt"
     target.write_bytes(b"")
     link = tmp_path / "last.ckpt"
     link.symlink_to(target.name)
-    assert sidecar_paths(str(link), 3) == [str(tmp_path / "last.ckpt.pgc" / "rank3.pt"),
-                                           str(tmp_path / "epoch=0-step=4.ckpt.pgc" / "rank3.pt")]
-    assert sidecar_paths(str(target), 3) == [sidecar_path(str(target), 3)]
+    assert sidecar_paths(str(link), 1) == [str(tmp_path / "last.ckpt.pgc" / "rank1.pt"),
+                                           str(tmp_path / "epoch=0-step=7.ckpt.pgc" / "rank1.pt")]
+    assert sidecar_paths(str(target), 1) == [sidecar_path(str(target), 1)]
+    io = TorchCheckpointIO()
+    old, now = _strategy(rank=1, step=5), _strategy(rank=1, step=7)
+    _fill(old, {1: 4})
+    _fill(now, {1: 6, 2: 5})
+    io.save_checkpoint(old._pipeline_state().to_dict(), sidecar_path(str(link), 1))
+    io.save_checkpoint(now._pipeline_state().to_dict(), sidecar_path(str(target), 1))
+    resumed = _strategy(rank=1)
+    resumed._resume_from = (str(link), {})
+    with caplog.at_level(logging.WARNING, logger="lightning_pgc.strategy"):
+        state = resumed._resumed_pipeline(7)
+    assert state is not None and {p: v for p, (v, _) in state.entries.items()} == {1: 6, 2: 5}
+    assert not caplog.records
