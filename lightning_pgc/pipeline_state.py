@@ -43,7 +43,7 @@ def sidecar_paths(checkpoint_path: str, rank: int) -> list[str]:
     return paths
 
 
-@dataclass
+@dataclass(eq=False)  # entries hold tensors: compare fields and tensors explicitly
 class PipelineState:
     """What one rank's pipeline needs to continue bitwise after a resume.
 
