@@ -212,12 +212,13 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def update_markdown(path: Path, generated: str) -> None:
-    text = path.read_text() if path.exists() else f"# Simulated clock\n\n{MARK_BEGIN}\n{MARK_END}\n"
-    if MARK_BEGIN not in text or MARK_END not in text:
-        text = text.rstrip() + f"\n\n{MARK_BEGIN}\n{MARK_END}\n"
-    head, rest = text.split(MARK_BEGIN, 1)
-    _, tail = rest.split(MARK_END, 1)
+def update_markdown(path: Path, generated: str, begin: str = MARK_BEGIN, end: str = MARK_END) -> None:
+    """Replace the block between ``begin`` and ``end`` in ``path`` (appended if missing; the prose around is kept)."""
+    text = path.read_text() if path.exists() else "# Simulated clock\n"
+    if begin not in text or end not in text:
+        text = text.rstrip() + f"\n\n{begin}\n{end}\n"
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
     path.write_text(head + generated + tail)
 
 

@@ -21,6 +21,7 @@ aggregate of ``t`` (``Costs.aggregate_s`` after the close). Every step, computed
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import statistics
@@ -39,6 +40,9 @@ from lightning_pgc.stragglers import DelayModel, delay_for, parse_delay
 __all__ = ["Costs", "SimResult", "simulate"]
 
 _TOKEN = torch.zeros(1)  # what the simulated caches hold: only versions matter here
+
+#: ``delay_for`` memoised: every scheme of a grid cell draws the same (model, seed, rank, step) realisation.
+_delay = functools.lru_cache(maxsize=1 << 18)(delay_for)
 
 
 @dataclass(frozen=True)
@@ -201,7 +205,7 @@ def simulate(scheme: Scheme, steps: int, delay: Union[DelayModel, str] = "none",
                 applied(k, v, now)
                 continue
             evals = scheme.evaluations(k, v, start=0)
-            busy = len(evals) * costs.compute_s + delay_for(model, delay_seed, k, v) * scale
+            busy = len(evals) * costs.compute_s + _delay(model, delay_seed, k, v) * scale
             res.busy_s[k] += busy
             res.evaluations[k] += len(evals)
             res.computed[k] += 1

@@ -167,3 +167,28 @@ def test_all_schemes_run_for_every_small_configuration():
             if s < n:
                 res = simulate(make_scheme(name, n, s), 5, "exponential(mean=0.1)", UNIT)
                 assert len(res.records) == 5
+
+
+def test_simulated_grid_smoke(tmp_path):
+    # benchmarks/grid.py --simulate: every scheme n allows, paired ratios to dgd, labelled simulated, in the doc block
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import grid
+
+    (tmp_path / "costs.json").write_text(json.dumps({"costs": {"compute_s": 0.05, "overhead_s": 0.01,
+                                                              "code_s": 0.001, "aggregate_s": 0.002}}))
+    (tmp_path / "simulation.md").write_text("# page\n\nprose kept\n")
+    result = grid.main(["--simulate", "--n", "4", "--c", "2", "--seeds", "0", "1", "--steps", "4",
+                        "--costs", str(tmp_path / "costs.json"), "--docs", str(tmp_path)])
+    assert result["simulated"] is True
+    labels = {r["scheme"] for r in result["rows"] if r["delay"] == "exponential"}
+    assert labels == {"dgd", "ignore c=2", "gc_fr c=2", "gc_cr c=2", "pgc_fr c=2", "pgc_cr c=2", "bounded r=2 c=2"}
+    for r in result["rows"]:
+        assert (r["scheme"] == "dgd") == ("speedup_vs_dgd" not in r)
+        assert r["seeds"] == 2 and r["steps_per_s"] > 0
+    page = (tmp_path / "simulation.md").read_text()
+    assert "prose kept" in page and "**Simulated**" in page
+    assert json.loads((tmp_path / "sim_grid.json").read_text())["rows"] == result["rows"]
