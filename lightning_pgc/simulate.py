@@ -214,9 +214,8 @@ def simulate(scheme: Scheme, steps: int, delay: Union[DelayModel, str] = "none",
             caches[k].evict(v)
             end = now + busy
             valid = caches[k].ages(v)
-            if scheme.cache_max_age is None and len(valid) < len(caches[k].partitions):
-                pass  # pgc_cr_naive after an empty cache: no code (as the strategy)
-            else:
+            # pgc_cr_naive sends no code until its cache is full again (as the strategy does)
+            if scheme.cache_max_age is not None or len(valid) == len(caches[k].partitions):
                 ages = tuple(valid.values())
                 header = Header(Kind.CODE, v, k, 0, len(ages), max(ages, default=0), ages, res.skipped[k])
                 arrive = end if k == 0 else end + costs.code_s
