@@ -7,12 +7,20 @@ import itertools
 import threading
 import time
 from functools import partial
+from typing import Optional
 
 import numpy as np
 import pytest
 import torch
 
-from lightning_pgc.codes import BoundedScheme, CoverageTable, Entry, adapt_step, error_decomposition
+from lightning_pgc.codes import (
+    BoundedScheme,
+    CoverageTable,
+    Entry,
+    adapt_step,
+    choose_partition,
+    error_decomposition,
+)
 from lightning_pgc.runtime import Channel, PGCRuntime, QueueHub, ShardLayout
 from lightning_pgc.runtime.bounded import BoundedLeader, BoundedRecord
 from lightning_pgc.runtime.messages import control, decide_words, read_control, read_decide, Kind
@@ -34,6 +42,99 @@ def test_round_robin_evaluates_every_partition_once_per_step_and_only_held_ones(
             # within r consecutive steps a rank visits every partition it holds
             for k in range(n):
                 assert {scheme.evaluated(k, t) for t in range(5, 5 + r)} == set(scheme.partitions(k))
+
+
+def test_oldest_choice_rule_exhaustive_on_small_cases():
+    """Every held set of a 5-partition cyclic placement (r = 1..4), every table of ages in 0..2, every step in
+    0..r and every own code (none, or one held partition at versions step-1 or step-2): the choice is a held
+    partition of the largest age, counting the rank's own code; among those the first in the held order rotated
+    by the step; with unknown or equal ages it is round robin."""
+    n = 5
+    for r in range(1, 5):
+        scheme = BoundedScheme(n, r, 2, choice="oldest")
+        for k in (0, 3):
+            held = scheme.partitions(k)
+            owns = [{}] + [{i: v} for i in held for v in (-1, 0)]
+            for t in range(r + 1):
+                rr = scheme.evaluations(k, t)[0]
+                assert choose_partition(held, t, None) == rr and scheme.choose(k, t) == (rr,)
+                assert choose_partition(held, t, [1] * n) == rr
+                for ages in itertools.product(range(3), repeat=n):
+                    for own in owns:
+                        own = {i: v + t for i, v in own.items()}  # versions step-1 and step-2
+                        eff = {i: min(ages[i], t - 1 - own[i]) if i in own else ages[i] for i in held}
+                        got = choose_partition(held, t, ages, own)
+                        rotated = [held[(t + j) % r] for j in range(r)]
+                        assert got == next(i for i in rotated if eff[i] == max(eff.values()))
+                        assert scheme.choose(k, t, ages, own) == (got,)
+    with pytest.raises(ValueError, match="ages of all 5"):
+        BoundedScheme(5, 2, 2, choice="oldest").choose(0, 1, [0, 0])
+    with pytest.raises(ValueError, match="choice"):
+        BoundedScheme(4, 2, 2, choice="newest")
+    with pytest.raises(ValueError, match="room for 16 partitions"):
+        BoundedScheme(17, 2, 2, choice="oldest")
+    assert BoundedScheme(4, 2, 2, choice="oldest").sampled(1, 5) == (1, 2)
+    assert BoundedScheme(4, 2, 2).sampled(1, 5) == (2,)
+
+
+def _simulate_choices(n: int, r: int, late: list[Optional[int]], slow: Optional[int], count_own: bool):
+    """Pure model of the leader and ``n`` ranks under ``choice="oldest"``: at each step every rank except ``slow``
+    picks a partition from the table ages at the last close (and its own codes when ``count_own``); the code of rank
+    ``late[t]`` misses the close of ``t`` and enters the table just after it. Returns per step the choices of the
+    ranks that report and the ages at the close."""
+    scheme = BoundedScheme(n, r, 2, choice="oldest")
+    versions = [-1] * n  # table: version of every partition's entry (-1: the empty table's placeholder)
+    own: list[dict[int, int]] = [{} for _ in range(n)]
+    ages = None
+    out = []
+    for t, lateness in enumerate(late):
+        ranks = [k for k in range(n) if k != slow]
+        chosen = {k: scheme.choose(k, t, ages, own[k] if count_own else None)[0] for k in ranks}
+        for k in ranks:
+            own[k][chosen[k]] = t
+            if k != lateness:
+                versions[chosen[k]] = max(versions[chosen[k]], t)
+        ages = [t - v for v in versions]  # what the aggregate of t carries
+        if lateness is not None:
+            versions[chosen[lateness]] = max(versions[chosen[lateness]], t)
+        out.append((chosen, ages))
+    return out
+
+
+def test_oldest_choice_keeps_a_full_rotation_when_one_code_per_step_misses_the_close():
+    """r = 2, n = 3..6, every sequence of ranks whose code misses the close (one per step, 4 steps): the ranks'
+    choices cover every partition once per step (no duplicated work), as round robin's do. Without counting the
+    rank's own late code, some sequence makes two ranks compute the same partition."""
+    for n in range(3, 7):
+        duplicated_without_own = False
+        for late in itertools.product(range(n), repeat=4):
+            for chosen, _ in _simulate_choices(n, 2, list(late), None, count_own=True):
+                assert sorted(chosen.values()) == list(range(n)), (n, late)
+            duplicated_without_own |= any(len(set(c.values())) < n
+                                          for c, _ in _simulate_choices(n, 2, list(late), None, count_own=False))
+        assert duplicated_without_own
+
+
+def test_oldest_choice_with_a_persistently_slow_rank_covers_its_partitions_with_their_other_holders():
+    """r = 2, n = 3..6, the last rank never reports: the other ranks never compute the same partition twice in a
+    step, the slow rank's partitions are evaluated by their other holders at least every other step, and the ages
+    at the close never exceed 1, as under round robin (whose ages are checked in the same model)."""
+    for n in range(3, 7):
+        slow = n - 1
+        runs = _simulate_choices(n, 2, [None] * 12, slow, count_own=True)
+        for t, (chosen, ages) in enumerate(runs):
+            assert len(set(chosen.values())) == n - 1
+            if t >= 1:
+                assert max(ages) <= 1
+        for p in BoundedScheme(n, 2, 2).partitions(slow):
+            assert all(any(p in runs[t + d][0].values() for d in (0, 1)) for t in range(len(runs) - 1))
+        rr = BoundedScheme(n, 2, 2)
+        versions = [-1] * n
+        for t in range(12):
+            for k in range(n - 1):
+                versions[rr.evaluated(k, t)] = t
+            if t >= 1:
+                assert max(t - v for v in versions) == 1
 
 
 def test_scheme_configuration_errors_are_clear():
