@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-__all__ = ["PartitionBatchSampler", "PartitionStreams", "split_batch", "split_partitions"]
+__all__ = ["PartitionBatchSampler", "PartitionStreams", "select_partition", "split_batch", "split_partitions"]
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -165,6 +165,19 @@ class PartitionBatchSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         """Record the epoch (Lightning calls this); the streams are indexed by step, not epoch."""
         self.epoch = epoch
+
+
+def select_partition(batch: Any, partitions: Sequence[int], chosen: int, size: Optional[int] = None) -> Any:
+    """The mini-batch of partition ``chosen`` out of a collated ``batch`` that holds the mini-batches of
+    ``partitions``, in that order, ``size`` samples in all (what :class:`PartitionBatchSampler` yields when the
+    scheme ``sampled`` more partitions than the rank computes).
+
+    Raises:
+        ValueError: ``chosen`` is not among ``partitions``, or the batch does not split (see :func:`split_batch`).
+    """
+    if chosen not in partitions:
+        raise ValueError(f"partition {chosen} is not in this batch (it holds partitions {list(partitions)})")
+    return split_batch(batch, len(partitions), size=size)[list(partitions).index(chosen)]
 
 
 def split_batch(batch: Any, chunks: int, size: Optional[int] = None) -> list[Any]:

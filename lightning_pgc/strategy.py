@@ -56,7 +56,7 @@ from lightning_pgc.compat import (
     check_train_loader,
     check_trainer,
 )
-from lightning_pgc.data import PartitionBatchSampler, split_batch
+from lightning_pgc.data import PartitionBatchSampler, select_partition, split_batch
 from lightning_pgc.runtime import GlooTransport, PGCDetached, PGCRuntime, ShardLayout, choose_num_shards
 from lightning_pgc.runtime.bounded import BoundedLeader
 from lightning_pgc.runtime.transport import payload_dtype_for
@@ -494,8 +494,7 @@ class PGCStrategy(DDPStrategy):
         evals = self._evaluations
         if args and len(self._sampled) > len(evals):  # the batch holds every held partition: compute the chosen one
             size = None if self._partition_batch_size is None else self._partition_batch_size * len(self._sampled)
-            chunks = split_batch(args[0], len(self._sampled), size=size)
-            args = (chunks[self._sampled.index(evals[0])], *args[1:])
+            args = (select_partition(args[0], self._sampled, evals[0], size=size), *args[1:])
         with self.collective_guard(self.lightning_module):
             if len(evals) <= 1 or not args:
                 return super().training_step(*args, **kwargs)
