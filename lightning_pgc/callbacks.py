@@ -20,7 +20,7 @@ staleness, the window ``c``) when the measured staleness term becomes a large fr
 same decision on every rank and no collective.
 
 Under ``scheme="bounded"`` the leader's rank also logs ``pgc/bounded/...``: every step the window ``c`` in effect,
-coverage waits, widenings, table displacements and the delay histogram ``t - s(t,i)``; at the probe cadence the
+coverage waits, widenings, table displacements, duplicated evaluations and the delay histogram ``t - s(t,i)``; at the probe cadence the
 card's error decomposition of the aggregate with its cross terms and the stale/fresh gradient correlation, both on
 the probe batch (see :func:`lightning_pgc.codes.bounded.error_decomposition`).
 """
@@ -269,6 +269,7 @@ class PGCDiagnostics(Callback):
             "pgc/bounded/coverage_waits": float(leader.coverage_waits),
             "pgc/bounded/widened": float(leader.widened),
             "pgc/bounded/displaced": float(leader.displaced),
+            "pgc/bounded/duplicates": float(leader.duplicates),
         }
         for a, count in sorted(self._delay_counts.items()):
             out[f"pgc/bounded/delay_count/{a}"] = float(count)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler
 
-__all__ = ["PartitionBatchSampler", "PartitionStreams", "split_batch", "split_partitions"]
+__all__ = ["PartitionBatchSampler", "PartitionStreams", "select_partition", "split_batch", "split_partitions"]
 
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -84,7 +84,8 @@ class PartitionStreams:
 
 
 class SchemeLike(Protocol):
-    """What the sampler needs from a coding scheme: ``n`` and the partitions a worker evaluates per step."""
+    """What the sampler needs from a coding scheme: ``n`` and the partitions a worker evaluates per step (``sampled``,
+    optional: the partitions whose mini-batches it loads, when the choice among them is made at step time)."""
 
     n: int
 
@@ -97,6 +98,11 @@ def _zero() -> int:
 
 class PartitionBatchSampler(Sampler[list[int]]):
     """Batch sampler of one rank: at step ``t`` it yields the mini-batches of the partitions it evaluates.
+
+    A scheme with ``sampled`` (bounded staleness with ``choice="oldest"``) decides which held partition a rank
+    evaluates only at step time, after the loader prefetched: the sampler then yields the mini-batches of every
+    partition ``sampled`` names, each still the stream's batch of that (partition, step), and the strategy
+    computes one of them.
 
     The yielded index list is the concatenation of ``batch_size`` indices per evaluated partition (in
     :meth:`evaluations` order), so the collated batch splits into equal chunks with :func:`split_batch`.
@@ -146,13 +152,32 @@ class PartitionBatchSampler(Sampler[list[int]]):
         for pos in range(len(self)):
             step = t0 + pos
             indices: list[int] = []
-            for i in self.scheme.evaluations(self.rank, step, start=warmup):
+            for i in self._partitions(step, warmup):
                 indices.extend(self.streams.batch(i, step, self.batch_size))
             yield indices
+
+    def _partitions(self, step: int, warmup: int) -> tuple[int, ...]:
+        sampled = getattr(self.scheme, "sampled", None)
+        if sampled is not None:
+            return sampled(self.rank, step, start=warmup)
+        return self.scheme.evaluations(self.rank, step, start=warmup)
 
     def set_epoch(self, epoch: int) -> None:
         """Record the epoch (Lightning calls this); the streams are indexed by step, not epoch."""
         self.epoch = epoch
+
+
+def select_partition(batch: Any, partitions: Sequence[int], chosen: int, size: Optional[int] = None) -> Any:
+    """The mini-batch of partition ``chosen`` out of a collated ``batch`` that holds the mini-batches of
+    ``partitions``, in that order, ``size`` samples in all (what :class:`PartitionBatchSampler` yields when the
+    scheme ``sampled`` more partitions than the rank computes).
+
+    Raises:
+        ValueError: ``chosen`` is not among ``partitions``, or the batch does not split (see :func:`split_batch`).
+    """
+    if chosen not in partitions:
+        raise ValueError(f"partition {chosen} is not in this batch (it holds partitions {list(partitions)})")
+    return split_batch(batch, len(partitions), size=size)[list(partitions).index(chosen)]
 
 
 def split_batch(batch: Any, chunks: int, size: Optional[int] = None) -> list[Any]:

@@ -50,7 +50,7 @@ from lightning_pgc._lightning import (
     sync_module_states,
     wrap_launcher,
 )
-from lightning_pgc.codes import SCHEMES, BoundedScheme, Scheme, StaleCache, make_scheme
+from lightning_pgc.codes import CHOICES, SCHEMES, BoundedScheme, Scheme, StaleCache, make_scheme
 from lightning_pgc.compat import (
     CollectiveGuard,
     PGCUnsupportedError,
@@ -60,7 +60,7 @@ from lightning_pgc.compat import (
     check_train_loader,
     check_trainer,
 )
-from lightning_pgc.data import PartitionBatchSampler, split_batch
+from lightning_pgc.data import PartitionBatchSampler, select_partition, split_batch
 from lightning_pgc.pipeline_state import PipelineState, dtype_name, sidecar_dir, sidecar_path, sidecar_paths
 from lightning_pgc.runtime import GlooTransport, PGCDetached, PGCRuntime, ShardLayout, choose_num_shards
 from lightning_pgc.runtime.bounded import BoundedLeader
@@ -115,6 +115,14 @@ class PGCStrategy(DDPStrategy):
         widen_after: ``bounded`` only: seconds of coverage wait after which the leader widens ``c`` by one (logged,
             ``pgc/bounded/widened``), up to ``max_staleness``; ``None`` (default) only waits.
         max_staleness: ``bounded`` only: the largest ``c`` widening may reach (default ``2 * staleness``).
+        choice: ``bounded`` only: which held partition a rank evaluates. ``"round_robin"`` (default): held position
+            ``t mod r``, so when every rank reports each partition is evaluated once per step. ``"oldest"``: the one
+            whose table entry was oldest when ``t - 1`` closed (ties by round robin); the loader then fetches the
+            mini-batches of all ``r`` held partitions per step (one is computed). On the digits job it was never
+            better and was worse under stalls (``docs/bounded_staleness.md``), so keep ``"round_robin"`` unless you
+            measure otherwise. Under ``"oldest"``, ``pgc/bounded/duplicates`` growing by about one per step means
+            ranks compute the same partition for the same version (a rank out of phase after skipping a version):
+            go back to ``"round_robin"``.
         warmup: ``"full"`` evaluates every held partition at the first step (the paper), ``"gradual"`` fills
             the cache over the first ``c`` steps at no extra cost.
         timeout: seconds the job may run with fewer live ranks than a version needs (``n - s``) before every rank
@@ -155,6 +163,7 @@ class PGCStrategy(DDPStrategy):
         fresh: Optional[int] = None,
         widen_after: Optional[float] = None,
         max_staleness: Optional[int] = None,
+        choice: Optional[Literal["round_robin", "oldest"]] = None,
         warmup: Literal["full", "gradual"] = "full",
         timeout: float = 3.0,
         max_lag: Optional[int] = None,
@@ -192,6 +201,7 @@ class PGCStrategy(DDPStrategy):
                             ("max_staleness", max_staleness)):
             _check_type(name, value, (Integral, type(None)))
         _check_type("widen_after", widen_after, (Real, type(None)))
+        _check_type("choice", choice, (str, type(None)))
         if scheme not in STRATEGY_SCHEMES:
             raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(STRATEGY_SCHEMES)}")
         if stragglers < 0:
@@ -199,12 +209,14 @@ class PGCStrategy(DDPStrategy):
         if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
         bounded_args = {"replication": replication, "staleness": staleness, "fresh": fresh,
-                        "widen_after": widen_after, "max_staleness": max_staleness}
+                        "widen_after": widen_after, "max_staleness": max_staleness, "choice": choice}
         if scheme != "bounded" and any(v is not None for v in bounded_args.values()):
             given = sorted(k for k, v in bounded_args.items() if v is not None)
             raise ValueError(f"{given} apply to scheme='bounded' only (scheme={scheme!r} uses `stragglers`)")
         if widen_after is not None and widen_after < 0:
             raise ValueError(f"widen_after must be >= 0 seconds or None, got {widen_after}")
+        if choice is not None and choice not in CHOICES:
+            raise ValueError(f"choice must be one of {', '.join(CHOICES)}, got {choice!r}")
         if max_staleness is not None and max_staleness < (2 if staleness is None else staleness):
             raise ValueError(f"max_staleness ({max_staleness}) must be >= staleness ({staleness})")
         if warmup not in ("full", "gradual"):
@@ -241,6 +253,7 @@ class PGCStrategy(DDPStrategy):
         self.fresh = fresh
         self.widen_after = widen_after
         self.max_staleness = max_staleness
+        self.choice = choice
         self.warmup = warmup
         self.liveness_timeout = float(timeout)
         self.max_lag = max_lag
@@ -269,6 +282,9 @@ class PGCStrategy(DDPStrategy):
         self._warm_start: Optional[int] = None
         self._version = 0
         self._evaluations: tuple[int, ...] = ()
+        self._sampled: tuple[int, ...] = ()  # partitions whose mini-batches the step's batch holds (in that order)
+        self._table: Optional[tuple[int, Optional[tuple[int, ...]]]] = None  # (version, its table ages), bounded
+        self._own: dict[int, int] = {}  # bounded: partition -> version of this rank's newest code sent
         self._fresh: set[int] = set()
         self.collective_guard = CollectiveGuard()  # active while the user's training_step runs (also in probes)
         self._partition_batch_size: Optional[int] = None  # samples per partition evaluation (the loader's batch_size)
@@ -279,7 +295,8 @@ class PGCStrategy(DDPStrategy):
     def _make_scheme(self, world_size: int) -> Scheme:
         if self.scheme_name == "bounded":
             return BoundedScheme(world_size, 2 if self.replication is None else self.replication,
-                                 2 if self.staleness is None else self.staleness, fresh=self.fresh, seed=self.seed)
+                                 2 if self.staleness is None else self.staleness, fresh=self.fresh,
+                                 choice=self.choice or "round_robin", seed=self.seed)
         return make_scheme(
             self.scheme_name,
             world_size,
@@ -439,6 +456,8 @@ class PGCStrategy(DDPStrategy):
         self.skipped_steps = 0
         self._rank_stats = []
         self._rejoin = None
+        self._table = None
+        self._own = {}
 
     def _pinned(self) -> bool:
         """Stage CUDA gradients through pinned host buffers (asynchronous copies; gloo moves host memory)."""
@@ -588,6 +607,9 @@ class PGCStrategy(DDPStrategy):
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         """Run the user's training step once per evaluated partition; all but the last are back-propagated here."""
         evals = self._evaluations
+        if args and len(self._sampled) > len(evals):  # the batch holds every held partition: compute the chosen one
+            size = None if self._partition_batch_size is None else self._partition_batch_size * len(self._sampled)
+            args = (select_partition(args[0], self._sampled, evals[0], size=size), *args[1:])
         with self.collective_guard(self.lightning_module):
             if len(evals) <= 1 or not args:
                 return super().training_step(*args, **kwargs)
@@ -635,7 +657,14 @@ class PGCStrategy(DDPStrategy):
             return super().optimizer_step(optimizer, closure, model, **kwargs)
         assert self.scheme is not None
         version = self._version = self.lightning_module.trainer.global_step
-        self._evaluations = self.scheme.evaluations(self.global_rank, version, start=self._warm_start_step())
+        start = self._warm_start_step()
+        self._evaluations = self.scheme.evaluations(self.global_rank, version, start=start)
+        self._sampled = self._evaluations
+        if isinstance(self.scheme, BoundedScheme):  # under "oldest": from the table as of the close of version - 1
+            table = self._table
+            ages = table[1] if table is not None and table[0] == version - 1 else None
+            self._evaluations = self.scheme.choose(self.global_rank, version, ages, self._own)
+            self._sampled = self.scheme.sampled(self.global_rank, version, start=start)
 
         pgc_closure = SingleUseClosure(lambda: self._exchange(version, closure))
         return super().optimizer_step(optimizer, pgc_closure, model, **kwargs)
@@ -664,6 +693,7 @@ class PGCStrategy(DDPStrategy):
             runtime.skipped = self.skipped_steps
             aggregate = runtime.wait(version)
         recipient = runtime.donation(version)
+        self._table = (version, runtime.table(version))
         if recipient is not None:  # a rank rejoins at this version: it needs the state before this step applies
             runtime.send_state(recipient, version, self._state_bytes())
         n_grad = self._grad_numel
@@ -719,7 +749,10 @@ class PGCStrategy(DDPStrategy):
         if self._buffers:
             code.write(self._grad_numel + 1, self._flat_buffers(code.shards.dtype))
         sent = time.monotonic()
-        runtime.submit(version, code, tuple(cache.ages(version).values()))
+        partition = self._evaluations[0] if isinstance(scheme, BoundedScheme) else -1
+        runtime.submit(version, code, tuple(cache.ages(version).values()), partition=partition)
+        if partition >= 0:
+            self._own[partition] = version
         return sent
 
     def _catch_up(self, version: int) -> bool:

@@ -7,12 +7,20 @@ import itertools
 import threading
 import time
 from functools import partial
+from typing import Optional
 
 import numpy as np
 import pytest
 import torch
 
-from lightning_pgc.codes import BoundedScheme, CoverageTable, Entry, adapt_step, error_decomposition
+from lightning_pgc.codes import (
+    BoundedScheme,
+    CoverageTable,
+    Entry,
+    adapt_step,
+    choose_partition,
+    error_decomposition,
+)
 from lightning_pgc.runtime import Channel, PGCRuntime, QueueHub, ShardLayout
 from lightning_pgc.runtime.bounded import BoundedLeader, BoundedRecord
 from lightning_pgc.runtime.messages import control, decide_words, read_control, read_decide, Kind
@@ -34,6 +42,95 @@ def test_round_robin_evaluates_every_partition_once_per_step_and_only_held_ones(
             # within r consecutive steps a rank visits every partition it holds
             for k in range(n):
                 assert {scheme.evaluated(k, t) for t in range(5, 5 + r)} == set(scheme.partitions(k))
+
+
+def test_oldest_choice_rule_exhaustive_on_small_cases():
+    """Every held set of a 5-partition cyclic placement (r = 1..4), every table of ages in 0..2, every step in
+    0..r and every own code (none, or one held partition at versions step-1 or step-2): the choice is a held
+    partition of the largest age, counting the rank's own code; among those the first in the held order rotated
+    by the step; with unknown or equal ages it is round robin."""
+    n = 5
+    for r in range(1, 5):
+        scheme = BoundedScheme(n, r, 2, choice="oldest")
+        for k in (0, 3):
+            held = scheme.partitions(k)
+            owns = [{}] + [{i: v} for i in held for v in (-1, 0)]
+            for t in range(r + 1):
+                rr = scheme.evaluations(k, t)[0]
+                assert choose_partition(held, t, None) == rr and scheme.choose(k, t) == (rr,)
+                assert choose_partition(held, t, [1] * n) == rr
+                for ages in itertools.product(range(3), repeat=n):
+                    for own in owns:
+                        own = {i: v + t for i, v in own.items()}  # versions step-1 and step-2
+                        eff = {i: min(ages[i], t - 1 - own[i]) if i in own else ages[i] for i in held}
+                        got = choose_partition(held, t, ages, own)
+                        rotated = [held[(t + j) % r] for j in range(r)]
+                        assert got == next(i for i in rotated if eff[i] == max(eff.values()))
+                        assert scheme.choose(k, t, ages, own) == (got,)
+    with pytest.raises(ValueError, match="ages of all 5"):
+        BoundedScheme(5, 2, 2, choice="oldest").choose(0, 1, [0, 0])
+    with pytest.raises(ValueError, match="choice"):
+        BoundedScheme(4, 2, 2, choice="newest")
+    with pytest.raises(ValueError, match="room for 16 partitions"):
+        BoundedScheme(17, 2, 2, choice="oldest")
+    assert BoundedScheme(4, 2, 2, choice="oldest").sampled(1, 5) == (1, 2)
+    assert BoundedScheme(4, 2, 2).sampled(1, 5) == (2,)
+
+
+def _simulate_choices(n: int, r: int, late: list[Optional[int]], slow: Optional[int], count_own: bool):
+    """Pure model of the leader and ``n`` ranks under ``choice="oldest"``: at each step every rank except ``slow``
+    picks a partition from the table ages at the last close (and its own codes when ``count_own``); the code of rank
+    ``late[t]`` misses the close of ``t`` and enters the table just after it. Returns per step the choices of the
+    ranks that report and the ages at the close."""
+    scheme = BoundedScheme(n, r, 2, choice="oldest")
+    versions = [-1] * n  # table: version of every partition's entry (-1: the empty table's placeholder)
+    own: list[dict[int, int]] = [{} for _ in range(n)]
+    ages = None
+    out = []
+    for t, lateness in enumerate(late):
+        ranks = [k for k in range(n) if k != slow]
+        chosen = {k: scheme.choose(k, t, ages, own[k] if count_own else None)[0] for k in ranks}
+        for k in ranks:
+            own[k][chosen[k]] = t
+            if k != lateness:
+                versions[chosen[k]] = max(versions[chosen[k]], t)
+        ages = [t - v for v in versions]  # what the aggregate of t carries
+        if lateness is not None:
+            versions[chosen[lateness]] = max(versions[chosen[lateness]], t)
+        out.append((chosen, ages))
+    return out
+
+
+def test_oldest_choice_keeps_a_full_rotation_when_one_code_per_step_misses_the_close():
+    """r = 2, n = 3..6, every sequence of ranks whose code misses the close (one per step, 4 steps): the ranks'
+    choices cover every partition once per step (no duplicated work), as round robin's do. Without counting the
+    rank's own late code, some sequence makes two ranks compute the same partition."""
+    for n in range(3, 7):
+        duplicated_without_own = False
+        for late in itertools.product(range(n), repeat=4):
+            for chosen, _ in _simulate_choices(n, 2, list(late), None, count_own=True):
+                assert sorted(chosen.values()) == list(range(n)), (n, late)
+            duplicated_without_own |= any(len(set(c.values())) < n
+                                          for c, _ in _simulate_choices(n, 2, list(late), None, count_own=False))
+        assert duplicated_without_own
+
+
+def test_oldest_choice_with_a_persistently_slow_rank_covers_its_partitions_with_their_other_holders():
+    """r = 2, n = 3..6, the last rank never reports: the other ranks never compute the same partition twice in a
+    step, the slow rank's partitions are evaluated by their other holders at least every other step, and the ages
+    at the close never exceed 1. With r = 2 these are exactly round robin's choices (round robin alternates
+    between the only two assignments that give every partition one evaluator)."""
+    for n in range(3, 7):
+        slow = n - 1
+        runs = _simulate_choices(n, 2, [None] * 12, slow, count_own=True)
+        rr = BoundedScheme(n, 2, 2)
+        for t, (chosen, ages) in enumerate(runs):
+            assert chosen == {k: rr.evaluated(k, t) for k in range(n - 1)}
+            assert len(set(chosen.values())) == n - 1
+            if t >= 1:
+                assert max(ages) <= 1
+        for p in rr.partitions(slow):
+            assert all(any(p in runs[t + d][0].values() for d in (0, 1)) for t in range(len(runs) - 1))
 
 
 def test_scheme_configuration_errors_are_clear():
@@ -222,6 +319,58 @@ def test_steps_advance_without_a_persistently_slow_rank_with_identical_replicas(
         stop_all(rts)
 
 
+def test_oldest_choice_on_the_runtime_follows_the_table_ages_each_aggregate_carries():
+    """r = 2, c = 2, choice="oldest", rank 3 reports only at version 0. Ranks 0-2 pick their partition from the
+    table ages that the aggregate of v - 1 carried (and their own codes) and name it in their code. Every rank
+    reads the ages of the leader's record, each entry is the code of a rank that named that partition, the fast
+    ranks never compute the same partition twice in a version, the slow rank's partitions are covered by their
+    other holders with age < c, and replicas are identical. Rank 3, catching up by applying the published
+    aggregates, reads the last table too and picks its held partition with the older entry."""
+    scheme = BoundedScheme(4, 2, 2, choice="oldest")
+    rts = make_runtimes(scheme)
+    own: list[dict[int, int]] = [{} for _ in range(4)]
+    chosen: dict[int, dict[int, int]] = {}  # version -> rank -> partition
+    applied: dict[int, torch.Tensor] = {}
+
+    def send(rank, version, ages):
+        p = scheme.choose(rank, version, ages, own[rank])[0]
+        msg = rts[rank].new_code(version)
+        msg.write(0, payload(rank, version))
+        rts[rank].submit(version, msg, (0,), partition=p)
+        own[rank][p] = version
+        chosen.setdefault(version, {})[rank] = p
+
+    try:
+        send(3, 0, None)
+        ages = {r: None for r in (0, 1, 2)}
+        for v in range(8):
+            for r in (0, 1, 2):
+                send(r, v, ages[r])
+            assert len({chosen[v][r] for r in (0, 1, 2)}) == 3
+            got = [rts[r].wait(v).clone() for r in (0, 1, 2)]
+            applied[v] = got[0]
+            rec = rts[0].record(v)
+            for r in (0, 1, 2):
+                ages[r] = rts[r].table(v)
+                assert ages[r] == tuple(rec.delays())
+                assert torch.equal(got[r], got[0])
+            torch.testing.assert_close(got[0].double(), reference(scheme, rec), rtol=1e-6, atol=1e-5)
+            assert max(rec.delays()) < 2
+            for i, e in enumerate(rec.entries):
+                assert chosen[e.version][e.rank] == i
+        assert rts[0].leader.duplicates == 0
+        for p in scheme.partitions(3):  # the slow rank's partitions, by their other holder
+            assert sum(p in chosen[v].values() for v in range(1, 8)) >= 3
+        for v in range(8):  # rank 3 catches up by applying the same aggregates
+            assert torch.equal(rts[3].wait(v), applied[v])
+            last = rts[3].table(v)
+        assert last == tuple(rts[0].record(7).delays())
+        (p,) = scheme.choose(3, 8, last, own[3])
+        assert last[p] == max(last[i] for i in scheme.partitions(3))
+    finally:
+        stop_all(rts)
+
+
 def test_late_code_fills_the_table_and_a_coverage_failure_waits_for_it():
     """r = 1 (no replica), fresh = 3, c = 2: partition 3 is rank 3's alone. Version 1 closes on rank 3's version-0
     entry; version 2 waits (counted) until rank 3's late code of version 1 arrives, and then uses it."""
@@ -332,22 +481,27 @@ def test_registered_name_and_bad_configurations_fail_in_the_launching_process():
         PGCStrategy(scheme="bounded", widen_after=-1.0)
 
 
-def test_real_ranks_persistent_slow_rank_bounded_ages_identical_replicas_and_window_valve(tmp_path):
+@pytest.mark.parametrize("choice", ["round_robin", "oldest"])
+def test_real_ranks_persistent_slow_rank_bounded_ages_identical_replicas_and_window_valve(tmp_path, choice):
     """4 CPU ranks, r = 2, c = 3, rank 3 sleeps 1 s in every step it computes; the valve (action='window',
     threshold 0) lowers c to 2 at its first check. Steps advance without rank 3 (which catches up by applying
     published aggregates), every aggregate's entries are younger than the window in effect, the valve took the
-    same decisions on every rank, replicas are bit-identical, and the logged error decomposition adds up."""
+    same decisions on every rank, replicas are bit-identical, and the logged error decomposition adds up. Under
+    both partition choices: with "oldest" the loader yields both held mini-batches, each rank computes the one the
+    last aggregate's table names, and the fast ranks cover the slow rank's partitions as closely as round robin."""
     from tests.jobs import run_job
 
     steps = 30
     job = run_job(tmp_path, "bounded", strategy="bounded_staleness",
-                  strategy_kwargs={"staleness": 3, "shard_bytes": 4096}, devices=4, max_steps=steps,
+                  strategy_kwargs={"staleness": 3, "shard_bytes": 4096, "choice": choice}, devices=4, max_steps=steps,
                   delay="slowranks(ranks=[3], seconds=1.0)", check_val_every_n_epoch=100,
                   diagnostics={"every_n_steps": 5},
                   valve={"action": "window", "threshold": 0.0, "check_every_n_steps": 5, "min_window": 2})
     ranks = job["ranks"]
     assert len({r["checksum"] for r in ranks}) == 1 and {r["global_step"] for r in ranks} == {steps}
     assert ranks[3]["injected_sleep_s"] >= 1.0 and ranks[3]["skipped_steps"] >= 1
+    # the loader's batches: one mini-batch of 16 per step, or both held ones under "oldest" (one is computed)
+    assert {b for r in ranks for b in r["batch_sizes"]} == {16 * (2 if choice == "oldest" else 1)}
     assert all(r["skipped_steps"] == 0 for r in ranks[:3])
     assert job["summary"]["fit_wall_s"] < 0.5 * steps  # waiting for rank 3 would take >= 1 s per step
 

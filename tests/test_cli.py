@@ -213,6 +213,7 @@ def test_seeds_fragment_and_strategy_fragments(tmp_path: Path, strategy: str) ->
     elif strategy == "bounded_staleness":
         assert "class_path: lightning_pgc.PGCStrategy" in config
         assert "scheme: bounded" in config and "replication: 2" in config and "staleness: 2" in config
+        assert "choice: round_robin" in config
     else:  # the class_path form reached the Trainer with its init_args
         assert "class_path: lightning_pgc.PGCStrategy" in config
         assert "scheme: pgc_fr" in config and "warmup: gradual" in config

@@ -6,7 +6,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from lightning_pgc.data import PartitionBatchSampler, PartitionStreams, split_batch, split_partitions
+from lightning_pgc.codes import BoundedScheme
+from lightning_pgc.data import (
+    PartitionBatchSampler,
+    PartitionStreams,
+    select_partition,
+    split_batch,
+    split_partitions,
+)
 
 
 class FakeScheme:
@@ -181,6 +188,33 @@ def test_dataloader_collates_and_split_batch_recovers_chunks():
             expected = torch.tensor(streams.batch(i, t, batch_size))
             assert torch.equal(cy, expected)
             assert torch.equal(cx, x[expected])
+
+
+def test_oldest_choice_loader_yields_every_held_batch_and_the_chosen_one_is_the_streams_batch():
+    """Bounded staleness with choice="oldest": the loader (which prefetches) yields the mini-batches of all r held
+    partitions per step; whichever partition the rank then computes, its chunk is the stream's batch of that
+    (partition, step), the same one a round-robin rank (or the other holder) gets for it."""
+    num_samples, batch_size, n, r = 120, 4, 4, 3
+    x = torch.arange(num_samples, dtype=torch.float32).unsqueeze(1)
+    y = torch.arange(num_samples)
+    oldest, rr = BoundedScheme(n, r, 2, choice="oldest"), BoundedScheme(n, r, 2)
+    streams = PartitionStreams(num_samples, n, seed=3)
+    for rank in range(n):
+        held = oldest.partitions(rank)
+        loader = DataLoader(TensorDataset(x, y), batch_sampler=PartitionBatchSampler(
+            num_samples, oldest, rank=rank, batch_size=batch_size, seed=3, base_step=lambda: 7))
+        rr_batches = list(PartitionBatchSampler(num_samples, rr, rank=rank, batch_size=batch_size, seed=3,
+                                                base_step=lambda: 7))
+        for pos, (bx, by) in enumerate(loader):
+            t = 7 + pos
+            assert by.shape == (r * batch_size,)
+            for p in held:
+                cx, cy = select_partition([bx, by], held, p, size=r * batch_size)
+                assert cy.tolist() == streams.batch(p, t, batch_size) and torch.equal(cx, x[cy])
+            p_rr = rr.evaluated(rank, t)
+            assert select_partition(by, held, p_rr).tolist() == rr_batches[pos]
+    with pytest.raises(ValueError, match="partition 3 is not in this batch"):
+        select_partition(torch.arange(8), (0, 1), 3)
 
 
 def test_split_batch_nested():

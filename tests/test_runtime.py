@@ -133,10 +133,11 @@ def _eventually(pred, timeout=3.0):
 # ------------------------------------------------------------------------------------------------- pure parts
 def test_header_roundtrip_float32_and_float64():
     for dtype in (torch.float32, torch.float64):
-        h = Header(Kind.CODE, 123456789012, 3, 2, 4, 7, (0, 1, 15, 7), 99)
-        msg = pack(h, torch.arange(D, dtype=dtype), D, dtype)
-        got, payload = unpack(msg)
-        assert got == h
+        for h in (Header(Kind.CODE, 123456789012, 3, 2, 4, 7, (0, 1, 15, 7), 99, partition=5),
+                  Header(Kind.AGGREGATE, 8, 0, 0, 0, 1, table=tuple(i % 16 for i in range(16)))):
+            msg = pack(h, torch.arange(D, dtype=dtype), D, dtype)
+            got, payload = unpack(msg)
+            assert got == h
         assert torch.equal(payload, torch.arange(D, dtype=dtype))
     assert unpack_ages(pack_ages((3, 20)), 2) == (3, 15)  # clamped at 15
 

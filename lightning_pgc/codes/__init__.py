@@ -8,7 +8,7 @@ builds the cyclic gradient code of Tandon et al. (2017); ``BoundedScheme`` and
 
 from __future__ import annotations
 
-from .bounded import BoundedScheme, CoverageTable, Entry, adapt_step, error_decomposition
+from .bounded import CHOICES, BoundedScheme, CoverageTable, Entry, adapt_step, choose_partition, error_decomposition
 from .cache import StaleCache
 from .placements import CRPlacement, FRPlacement, OwnPlacement, Placement
 from .schemes import (
@@ -38,6 +38,8 @@ __all__ = [
     "CoverageTable",
     "Entry",
     "adapt_step",
+    "choose_partition",
+    "CHOICES",
     "error_decomposition",
     "tandon_b",
     "best_tandon_b",

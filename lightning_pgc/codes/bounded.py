@@ -19,7 +19,40 @@ from torch import Tensor
 from .placements import CRPlacement, Placement
 from .schemes import Scheme, _as_int
 
-__all__ = ["BoundedScheme", "CoverageTable", "Entry", "adapt_step", "error_decomposition"]
+__all__ = ["CHOICES", "BoundedScheme", "CoverageTable", "Entry", "adapt_step", "choose_partition",
+           "error_decomposition"]
+
+#: How a rank picks the held partition it evaluates (``BoundedScheme(choice=...)``).
+CHOICES: tuple[str, ...] = ("round_robin", "oldest")
+#: Most partitions whose table ages an aggregate header carries (4 bits each in one int64 word).
+MAX_TABLE_PARTITIONS = 16
+
+
+def choose_partition(held: Sequence[int], step: int, ages: Optional[Sequence[int]],
+                     own: Optional[Mapping[int, int]] = None) -> int:
+    """The held partition a rank evaluates at ``step`` under ``choice="oldest"``.
+
+    ``held``: the rank's partitions in placement order. ``ages``: ``(step - 1) - v_i`` of every partition's table
+    entry when ``step - 1`` closed (None: unknown, e.g. the first step of a fit or after a rejoin). ``own``: the
+    version of this rank's newest code per partition; a code sent but late for its close still reaches the table,
+    so it counts (without it, a rank whose code missed the close would evaluate that partition again next to its
+    other holder, who evaluates it anyway). The rank takes the held partition with the largest age; ties (and
+    unknown ages) go to the held order rotated by ``step``, so with equal ages it is round robin
+    (``held[step % r]``) and the ranks' choices cover every partition once.
+    """
+    r = len(held)
+    if r == 0:
+        raise ValueError("choose_partition needs at least one held partition")
+    order = [held[(step + j) % r] for j in range(r)]
+    if ages is None:
+        return order[0]
+    own = own or {}
+
+    def age(i: int) -> int:
+        mine = own.get(i)
+        return ages[i] if mine is None else min(ages[i], step - 1 - mine)
+
+    return max(order, key=age)  # max keeps the first of equal keys: the rotation breaks ties
 
 
 class BoundedScheme(Scheme):
@@ -34,13 +67,18 @@ class BoundedScheme(Scheme):
         fresh: codes of the open version the leader waits for before closing it (besides coverage); default
             ``n - r + 1`` (as many as pgc_cr with ``s = r - 1``). 1 steps as soon as the fastest rank reports.
         partition_sizes: weight partitions by these sizes instead of ``1/n`` each.
+        choice: which held partition a rank evaluates: ``"round_robin"`` (held position ``t mod r``) or
+            ``"oldest"`` (the one whose table entry is oldest at the close of ``t - 1``, ties by round robin; see
+            :func:`choose_partition`). Under ``"oldest"`` a rank samples the mini-batches of all its held partitions
+            (:meth:`sampled`) and computes the one :meth:`choose` names.
     """
 
     name = "bounded"
     reuses_codes = True
 
     def __init__(self, n: int, replication: int = 2, staleness: int = 2, *, fresh: Optional[int] = None,
-                 partition_sizes: Optional[Sequence[int]] = None, seed: int = 0) -> None:
+                 partition_sizes: Optional[Sequence[int]] = None, choice: str = "round_robin",
+                 seed: int = 0) -> None:
         replication = _as_int(replication, "replication")
         staleness = _as_int(staleness, "staleness")
         if replication < 1:
@@ -48,8 +86,14 @@ class BoundedScheme(Scheme):
         if staleness < 1:
             raise ValueError(f"bounded: staleness c must be >= 1 (c = 1 uses only gradients of the current "
                              f"version), got {staleness}")
+        if choice not in CHOICES:
+            raise ValueError(f"bounded: choice must be one of {CHOICES}, got {choice!r}")
         super().__init__(n, replication - 1, seed=seed)
+        if choice == "oldest" and self.n > MAX_TABLE_PARTITIONS:
+            raise ValueError(f"bounded: choice='oldest' carries the table's ages in the aggregate header, which has "
+                             f"room for {MAX_TABLE_PARTITIONS} partitions; n = {self.n}: use choice='round_robin'")
         self.replication = replication
+        self.choice = choice
         self.window = staleness  # current c; lowered by StalenessValve(action="window"), identical on every rank
         if fresh is not None:
             fresh = _as_int(fresh, "fresh")
@@ -86,8 +130,32 @@ class BoundedScheme(Scheme):
         return (self.partitions(worker)[step % self.replication],)
 
     def evaluated(self, worker: int, version: int) -> int:
-        """The partition ``worker``'s code for ``version`` carries."""
+        """The partition ``worker``'s code for ``version`` carries under round robin."""
         return self.evaluations(worker, version)[0]
+
+    def sampled(self, worker: int, step: int, start: int = 0) -> tuple[int, ...]:
+        """The partitions whose mini-batches the data loader yields for ``step``: every held one under
+        ``"oldest"`` (the loader prefetches before the choice is known), else :meth:`evaluations`."""
+        if self.choice == "oldest":
+            self.placement.check_worker(worker)
+            return self.partitions(worker)
+        return self.evaluations(worker, step, start)
+
+    def choose(self, worker: int, step: int, ages: Optional[Sequence[int]] = None,
+               own: Optional[Mapping[int, int]] = None) -> tuple[int, ...]:
+        """The partition ``worker`` evaluates at ``step``: :meth:`evaluations` under round robin; under
+        ``"oldest"`` :func:`choose_partition` with the table ``ages`` at the close of ``step - 1`` (None: unknown)
+        and ``own``, the version of ``worker``'s newest code per partition.
+
+        Raises:
+            ValueError: ``ages`` does not have one entry per partition.
+        """
+        if self.choice != "oldest":
+            return self.evaluations(worker, step)
+        if ages is not None and len(ages) != self.n:
+            raise ValueError(f"bounded: need the ages of all {self.n} partitions, got {len(ages)}")
+        self.placement.check_worker(worker)
+        return (choose_partition(self.partitions(worker), step, ages, own),)
 
     def _copy_weights(self, worker: int) -> dict[int, float]:
         return {j: 1.0 for j in self.partitions(worker)}
@@ -113,7 +181,7 @@ class BoundedScheme(Scheme):
 
     def __repr__(self) -> str:
         return (f"BoundedScheme(n={self.n}, replication={self.replication}, staleness={self.window}, "
-                f"fresh={self.wait_for})")
+                f"fresh={self.wait_for}" + ("" if self.choice == "round_robin" else f", choice={self.choice!r}") + ")")
 
 
 @dataclass(frozen=True)

@@ -66,6 +66,8 @@ class BoundedLeader(Leader):
         self.widened = 0  # leader-only widening on top of scheme.window (the replicated, configured window)
         self.coverage_waits = 0  # versions that waited for coverage
         self.displaced = 0  # table entries replaced by a newer version
+        self.duplicates = 0  # codes carrying a partition another code of the same version already carried
+        self._carried: dict[int, set[int]] = {}  # version -> partitions its codes carried (recent versions only)
         self._covered_since: Optional[float] = None
         self._uncoverable_since: Optional[float] = None
 
@@ -75,9 +77,22 @@ class BoundedLeader(Leader):
         return min(self.bounded.window + self.widened, max(self.max_window, self.bounded.window))
 
     def on_code(self, header: Header, arrived: float) -> None:
-        """Shard 0 of a code arrived (late ones too): offer it to the table as its partition's newest entry."""
+        """Shard 0 of a code arrived (late ones too): offer it to the table as its partition's newest entry.
+
+        Raises:
+            CoordinatorError: the code names a partition its sender does not hold.
+        """
         super().on_code(header, arrived)
-        partition = self.bounded.evaluated(header.sender, header.version)
+        partition = header.partition if header.partition >= 0 else self.bounded.evaluated(header.sender,
+                                                                                            header.version)
+        if partition not in self.bounded.partitions(header.sender):
+            raise CoordinatorError(f"rank {header.sender}'s code of version {header.version} carries partition "
+                                   f"{partition}, which it does not hold")
+        carried = self._carried.setdefault(header.version, set())
+        self.duplicates += partition in carried
+        carried.add(partition)
+        for v in [v for v in self._carried if v < self.version - 16]:
+            del self._carried[v]
         old = self.table.entries[partition]
         if self.table.offer(partition, header.sender, header.version) and old is not None:
             self.displaced += 1

@@ -28,6 +28,7 @@ class Mailbox:
         self.pin_memory = pin_memory
         self._items: dict[int, list] = {}  # version -> [buffer, shards received]
         self._notes: dict[int, tuple[int, int]] = {}  # version -> (rank that needs the state, donor)
+        self._tables: dict[int, tuple[int, ...]] = {}  # version -> table ages it closed with (bounded, "oldest")
         self._free: list[Tensor] = []
         self._cond = threading.Condition()
         self._abort: Optional[BaseException] = None
@@ -40,15 +41,19 @@ class Mailbox:
         self.allocated += 1
         return torch.zeros(self.num_shards * self.shard_numel, dtype=self.dtype, pin_memory=self.pin_memory)
 
-    def put_shard(self, version: int, shard: int, payload: Tensor, note: Optional[tuple[int, int]] = None) -> None:
+    def put_shard(self, version: int, shard: int, payload: Tensor, note: Optional[tuple[int, int]] = None,
+                  table: Optional[tuple[int, ...]] = None) -> None:
         """Copy ``payload`` into shard ``shard`` of version ``version``'s buffer (one copy, 1/num_shards of it).
 
         ``note``: ``(rank, donor)`` when ``rank`` needs the training state at this version from ``donor``; it
-        arrives with the aggregate, so the donor learns of it before it applies this version.
+        arrives with the aggregate, so the donor learns of it before it applies this version. ``table``: the ages
+        of the table entries the version closed with (bounded staleness, :meth:`pop_table`).
         """
         with self._cond:
             if note is not None:
                 self._notes[version] = note
+            if table is not None:
+                self._tables[version] = table
             entry = self._items.get(version)
             if entry is None:
                 entry = self._items[version] = [self._buffer(), 0]
@@ -95,12 +100,19 @@ class Mailbox:
                 self._free.append(self._items.pop(stale)[0])
             for stale in [v for v in self._notes if v < version]:
                 del self._notes[stale]
+            for stale in [v for v in self._tables if v < version]:
+                del self._tables[stale]
             return self._items.pop(version)[0]
 
     def pop_note(self, version: int) -> Optional[tuple[int, int]]:
         """The ``(rank, donor)`` note that came with ``version``'s aggregate, if any (once)."""
         with self._cond:
             return self._notes.pop(version, None)
+
+    def pop_table(self, version: int) -> Optional[tuple[int, ...]]:
+        """The table ages that came with ``version``'s aggregate, if any (once)."""
+        with self._cond:
+            return self._tables.pop(version, None)
 
     def release(self, buffer: Tensor) -> None:
         """Give a buffer returned by :meth:`take` back once nothing references it any more."""

@@ -32,7 +32,8 @@ class Kind(IntEnum):
     ATTACH = 11  # leader -> every rank: rank ``a`` gets aggregates again from ``version`` on; rank ``b`` donates
 
 
-HEADER_FIELDS = 8  # kind, version, sender, shard, valid entries, max age, packed ages, skipped versions
+HEADER_FIELDS = 11  # kind, version, sender, shard, valid entries, max age, packed ages, skipped, partition, table
+# (the table takes two words: its length and the packed ages)
 AGE_SLOTS = 16  # ages of the first 16 cache entries, 4 bits each, clamped at 15
 CONTROL_FIELDS = 4  # kind, version, a, b
 STAT_FIELDS = 6  # per rank in a STOP: admitted, late, skipped, mean lag, rejected, rejoined (float64 bits)
@@ -44,6 +45,9 @@ class Header:
 
     In an aggregate's shard 0, ``valid`` is ``1 + rank`` of a rank that needs the state of this version (0: none)
     and ``max_age`` the rank that donates it (see :class:`~lightning_pgc.runtime.worker.PGCRuntime`).
+    Bounded staleness: a code's ``partition`` is the partition it carries (-1: the scheme's round robin); an
+    aggregate's ``table`` is ``t - v_i`` of every partition's entry the version closed with (at most 16, clamped
+    at 15), which workers read to pick their next partition (``choice="oldest"``).
     """
 
     kind: Kind
@@ -54,6 +58,8 @@ class Header:
     max_age: int = 0
     ages: tuple[int, ...] = ()
     skipped: int = 0  # versions the sender applied without computing so far (for rank statistics)
+    partition: int = -1
+    table: tuple[int, ...] = ()
 
 
 def pack_ages(ages: Sequence[int]) -> int:
@@ -84,7 +90,7 @@ def message_numel(shard_numel: int, dtype: torch.dtype) -> int:
 
 def header_words(header: Header) -> list[int]:
     return [int(header.kind), header.version, header.sender, header.shard, header.valid, header.max_age,
-            pack_ages(header.ages), header.skipped]
+            pack_ages(header.ages), header.skipped, header.partition + 1, len(header.table), pack_ages(header.table)]
 
 
 def write_header(message: Tensor, header: Header) -> None:
@@ -95,7 +101,8 @@ def write_header(message: Tensor, header: Header) -> None:
 
 def read_header(message: Tensor) -> Header:
     h = message[: header_numel(message.dtype)].view(torch.int64).tolist()
-    return Header(Kind(h[0]), h[1], h[2], h[3], h[4], h[5], unpack_ages(h[6], h[4]), h[7])
+    return Header(Kind(h[0]), h[1], h[2], h[3], h[4], h[5], unpack_ages(h[6], h[4]), h[7], h[8] - 1,
+                  unpack_ages(h[10], h[9]))
 
 
 def pack(header: Header, payload: Tensor | None, shard_numel: int, dtype: torch.dtype) -> Tensor:

@@ -320,6 +320,11 @@ class PGCRuntime:
                     "behind at version %d", self.rank, u, donor, state.numel() / 1e6, version)
         return u, state
 
+    def table(self, version: int) -> Optional[tuple[int, ...]]:
+        """Bounded staleness with ``choice="oldest"``: ``t - v_i`` per partition of the entries ``version`` closed
+        with, from its aggregate's header (call after :meth:`wait` of ``version``, once); None if not carried."""
+        return self.mailbox.pop_table(version)
+
     def donation(self, version: int) -> Optional[int]:
         """The rank this rank must send its training state to before applying ``version`` (call after
         :meth:`wait`), or None."""
@@ -364,13 +369,14 @@ class PGCRuntime:
             return True
         return version < self._keep_from
 
-    def submit(self, version: int, code: CodeMessage, ages: Sequence[int]) -> None:
+    def submit(self, version: int, code: CodeMessage, ages: Sequence[int], partition: int = -1) -> None:
         """Send shard ``j`` of ``code`` (this rank's code for ``version``, from cache entries of ``ages``) to the
-        owner of shard ``j``. Returns at once; the code stays kept until its version closes (for re-sends)."""
+        owner of shard ``j``. Returns at once; the code stays kept until its version closes (for re-sends).
+        ``partition``: under bounded staleness, the partition the code carries (-1: the scheme's round robin)."""
         ages = tuple(int(a) for a in ages)
         for j in range(self.layout.num_shards):
             write_header(code.rows[j], Header(Kind.CODE, version, self.rank, j, len(ages), max(ages, default=0),
-                                              ages, self.skipped))
+                                              ages, self.skipped, partition))
         with self._send_lock:
             code.version = version
             for j in _rotated(list(range(self.layout.num_shards)), version + self.rank):
@@ -570,7 +576,8 @@ class PGCRuntime:
             if header.kind == Kind.BYE:
                 return
             note = (header.valid - 1, header.max_age) if header.shard == 0 and header.valid > 0 else None
-            self.mailbox.put_shard(header.version, header.shard, buf[self._hn_down :], note)
+            table = header.table if header.shard == 0 and header.table else None
+            self.mailbox.put_shard(header.version, header.shard, buf[self._hn_down :], note, table)
 
     def _receive_control(self, leader: int) -> None:
         buf = torch.zeros(control_numel(self.world_size), dtype=torch.int64)
@@ -792,7 +799,7 @@ class PGCRuntime:
                 break  # an admitted code's shard is still on its way
             for j in shards:  # summed in decode-key order, not arrival order: the same set gives the same bits
                 codes = [(key, pending[v][j][k][0]) for key, k, v in sorted(plan)]
-                self._publish_shard(version, j, codes)
+                self._publish_shard(version, j, codes, plan)
             del decided[version]
             done_below = max(done_below, version + 1)
             reused = min((v for _, _, v in plan), default=done_below) if self.scheme.reuses_codes else done_below
@@ -803,9 +810,17 @@ class PGCRuntime:
                         recycle(buf, local)
         return done_below
 
-    def _publish_shard(self, version: int, shard: int, codes: list[tuple[int, Tensor]]) -> None:
-        """Decode shard ``shard`` of ``version`` from the admitted codes (decode key, code; in key order) and
-        send it."""
+    def _table(self, version: int, plan: list[tuple[int, int, int]]) -> tuple[int, ...]:
+        """What an aggregate's header carries of the table: the age of every partition's entry under
+        ``choice="oldest"`` (workers pick their next partition from it), else nothing."""
+        if getattr(self.scheme, "choice", None) != "oldest":
+            return ()
+        return tuple(version - v for _, _, v in sorted(plan))
+
+    def _publish_shard(self, version: int, shard: int, codes: list[tuple[int, Tensor]],
+                       plan: list[tuple[int, int, int]]) -> None:
+        """Decode shard ``shard`` of ``version`` from the admitted codes (decode key, code; in key order; the
+        leader's ``plan`` they came from) and send it."""
         layout, hn = self.layout, self._hn_up
         ce, pe = layout.coded_end(shard), layout.plain_end(shard)
         message = self._agg_pool.get()
@@ -825,10 +840,12 @@ class PGCRuntime:
                 tail.add_(buf[hn + ce : hn + pe].to(self.down_dtype), alpha=1.0 / len(codes))
         payload[pe:].zero_()
         note = self._notes.pop(version, None) if shard == 0 and self.is_leader else None
+        table = self._table(version, plan) if shard == 0 else ()
         write_header(message, Header(Kind.AGGREGATE, version, self.rank, shard,
-                                     valid=0 if note is None else note[0] + 1, max_age=0 if note is None else note[1]))
+                                     valid=0 if note is None else note[0] + 1, max_age=0 if note is None else note[1],
+                                     table=table))
         if self._receives(self.rank, version):
-            self.mailbox.put_shard(version, shard, payload, note)
+            self.mailbox.put_shard(version, shard, payload, note, table or None)
         # The first peer served gets its aggregate first and starts its next step first: rotate the order with
         # the version, or the lowest ranks would be admitted systematically more often (a bias under pgc_cr).
         peers = [p for p in _rotated(self.peers, version) if self._receives(p, version)]
