@@ -284,7 +284,7 @@ class PGCStrategy(DDPStrategy):
         self._evaluations: tuple[int, ...] = ()
         self._sampled: tuple[int, ...] = ()  # partitions whose mini-batches the step's batch holds (in that order)
         self._table: Optional[tuple[int, Optional[tuple[int, ...]]]] = None  # (version, its table ages), bounded
-        self._own: dict[int, int] = {}  # bounded: partition -> version of this rank's newest code sent
+        self._own: dict[int, int] = {}  # bounded: partition -> the last version this rank chose it (sent or not)
         self._fresh: set[int] = set()
         self.collective_guard = CollectiveGuard()  # active while the user's training_step runs (also in probes)
         self._partition_batch_size: Optional[int] = None  # samples per partition evaluation (the loader's batch_size)
@@ -665,6 +665,9 @@ class PGCStrategy(DDPStrategy):
             ages = table[1] if table is not None and table[0] == version - 1 else None
             self._evaluations = self.scheme.choose(self.global_rank, version, ages, self._own)
             self._sampled = self.scheme.sampled(self.global_rank, version, start=start)
+            # the choice counts whether or not this rank computes it (it may skip a version it is late for): a
+            # rank that forgot a skipped choice would pick that partition again, next to its other holder
+            self._own[self._evaluations[0]] = version
 
         pgc_closure = SingleUseClosure(lambda: self._exchange(version, closure))
         return super().optimizer_step(optimizer, pgc_closure, model, **kwargs)
@@ -751,8 +754,6 @@ class PGCStrategy(DDPStrategy):
         sent = time.monotonic()
         partition = self._evaluations[0] if isinstance(scheme, BoundedScheme) else -1
         runtime.submit(version, code, tuple(cache.ages(version).values()), partition=partition)
-        if partition >= 0:
-            self._own[partition] = version
         return sent
 
     def _catch_up(self, version: int) -> bool:

@@ -77,11 +77,14 @@ def test_oldest_choice_rule_exhaustive_on_small_cases():
     assert BoundedScheme(4, 2, 2).sampled(1, 5) == (2,)
 
 
-def _simulate_choices(n: int, r: int, late: list[Optional[int]], slow: Optional[int], count_own: bool):
+def _simulate_choices(n: int, r: int, late: list[Optional[int]], slow: Optional[int], count_own: bool,
+                      skips: frozenset = frozenset(), count_skipped: bool = True):
     """Pure model of the leader and ``n`` ranks under ``choice="oldest"``: at each step every rank except ``slow``
     picks a partition from the table ages at the last close (and its own codes when ``count_own``); the code of rank
-    ``late[t]`` misses the close of ``t`` and enters the table just after it. Returns per step the choices of the
-    ranks that report and the ages at the close."""
+    ``late[t]`` misses the close of ``t`` and enters the table just after it; a rank with ``(rank, t)`` in ``skips``
+    chooses at ``t`` but computes nothing (the version closed before it got there), and remembers that choice only
+    when ``count_skipped`` (as the strategy does). Returns per step the choices of the ranks that report and the
+    ages at the close."""
     scheme = BoundedScheme(n, r, 2, choice="oldest")
     versions = [-1] * n  # table: version of every partition's entry (-1: the empty table's placeholder)
     own: list[dict[int, int]] = [{} for _ in range(n)]
@@ -90,12 +93,17 @@ def _simulate_choices(n: int, r: int, late: list[Optional[int]], slow: Optional[
     for t, lateness in enumerate(late):
         ranks = [k for k in range(n) if k != slow]
         chosen = {k: scheme.choose(k, t, ages, own[k] if count_own else None)[0] for k in ranks}
-        for k in ranks:
+        for k in list(chosen):
+            if (k, t) in skips:
+                if count_skipped:
+                    own[k][chosen[k]] = t
+                del chosen[k]
+        for k in chosen:
             own[k][chosen[k]] = t
             if k != lateness:
                 versions[chosen[k]] = max(versions[chosen[k]], t)
         ages = [t - v for v in versions]  # what the aggregate of t carries
-        if lateness is not None:
+        if lateness is not None and lateness in chosen:
             versions[chosen[lateness]] = max(versions[chosen[lateness]], t)
         out.append((chosen, ages))
     return out
@@ -113,6 +121,23 @@ def test_oldest_choice_keeps_a_full_rotation_when_one_code_per_step_misses_the_c
             duplicated_without_own |= any(len(set(c.values())) < n
                                           for c, _ in _simulate_choices(n, 2, list(late), None, count_own=False))
         assert duplicated_without_own
+
+
+def test_oldest_choice_stays_in_step_after_a_rank_skips_a_version():
+    """r = 2, n = 3..6, any one rank skipping any one of 6 versions (it arrives after that version closed and only
+    applies it): from the next version on, the ranks' choices cover every partition once per step again. A rank
+    that forgot its skipped choice would pick the partition it skipped, next to that partition's other holder, and
+    stay out of phase: some skip makes two ranks compute the same partition at a later step."""
+    for n in range(3, 7):
+        out_of_phase_without = False
+        for k, t_skip in itertools.product(range(n), range(1, 6)):
+            skips = frozenset({(k, t_skip)})
+            runs = _simulate_choices(n, 2, [None] * 8, None, True, skips)
+            for chosen, _ in runs[t_skip + 1 :]:
+                assert sorted(chosen.values()) == list(range(n)), (n, k, t_skip)
+            forgetful = _simulate_choices(n, 2, [None] * 8, None, True, skips, count_skipped=False)
+            out_of_phase_without |= any(len(set(c.values())) < n for c, _ in forgetful[t_skip + 1 :])
+        assert out_of_phase_without
 
 
 def test_oldest_choice_with_a_persistently_slow_rank_covers_its_partitions_with_their_other_holders():

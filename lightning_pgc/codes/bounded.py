@@ -34,9 +34,11 @@ def choose_partition(held: Sequence[int], step: int, ages: Optional[Sequence[int
 
     ``held``: the rank's partitions in placement order. ``ages``: ``(step - 1) - v_i`` of every partition's table
     entry when ``step - 1`` closed (None: unknown, e.g. the first step of a fit or after a rejoin). ``own``: the
-    version of this rank's newest code per partition; a code sent but late for its close still reaches the table,
-    so it counts (without it, a rank whose code missed the close would evaluate that partition again next to its
-    other holder, who evaluates it anyway). The rank takes the held partition with the largest age; ties (and
+    last version this rank *chose* each partition, whether its code was sent, late or never computed (a version
+    the rank skipped because it was already closed). Counting late codes keeps a rank whose code missed the close
+    from evaluating that partition again next to its other holder; counting skipped choices keeps a rank that
+    skipped a version in step with the others (it would otherwise pick the partition it skipped, which its other
+    holder picks too, and stay out of phase). The rank takes the held partition with the largest age; ties (and
     unknown ages) go to the held order rotated by ``step``, so with equal ages it is round robin
     (``held[step % r]``) and the ranks' choices cover every partition once.
     """
@@ -145,7 +147,7 @@ class BoundedScheme(Scheme):
                own: Optional[Mapping[int, int]] = None) -> tuple[int, ...]:
         """The partition ``worker`` evaluates at ``step``: :meth:`evaluations` under round robin; under
         ``"oldest"`` :func:`choose_partition` with the table ``ages`` at the close of ``step - 1`` (None: unknown)
-        and ``own``, the version of ``worker``'s newest code per partition.
+        and ``own``, the last version ``worker`` chose each partition (see :func:`choose_partition`).
 
         Raises:
             ValueError: ``ages`` does not have one entry per partition.
