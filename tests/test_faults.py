@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import math
+import os
 import re
 
 import pytest
+import torch
 
 from lightning_pgc.faults import Freeze, Kill, NaNGradient, Stall
 from tests.jobs import run_job
@@ -90,3 +92,47 @@ def test_more_than_s_frozen_ranks_fail_every_survivor_fast_naming_them(tmp_path)
     found = re.search(r"Missing ranks: \[2, 3\]; the last version closed is (\d+), ([\d.]+) s ago", log)
     assert found is not None, log[-3000:]
     assert 2 <= int(found.group(1)) <= 3 and float(found.group(2)) < 5.0
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (from /proc: the launcher and its ranks)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if fields[0] != "Z":  # a zombie is gone, only not reaped yet
+                parents[int(entry)] = int(fields[1])
+    out, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - out
+        out |= frontier
+    return out
+
+
+def test_a_killed_worker_is_survived_validation_and_checkpoints_included(tmp_path):
+    """SIGKILL of rank 3 at step 3 (4 CPU ranks, s = 1, one shard on rank 0): the launcher kills nobody, the other
+    three finish fit with validation (``sync_dist`` reduce, torchmetrics accuracy) and checkpoints (barriers,
+    broadcasts) among the live ranks; their replicas are identical; the leader names the dead rank and the version;
+    ``pgc/alive`` drops to 3; the launching process exits 0."""
+    job = run_job(
+        tmp_path, "kill", strategy="pgc", devices=4, max_steps=16, val_check_interval=8, check_val_every_n_epoch=None,
+        limit_val_batches=2, checkpoint_every_n_steps=8,
+        strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0},
+        faults=[{"kind": "Kill", "rank": 3, "step": 3}],
+    )
+    ranks = job["ranks"]
+    assert ranks[3] is None
+    assert len({r["checksum"] for r in ranks[:3]}) == 1 and {r["global_step"] for r in ranks[:3]} == {16}
+    died = re.search(r"rank 3 died at version (\d+) .*3 of 4 ranks alive", job["stderr"])
+    assert died is not None and int(died.group(1)) >= 3, job["stderr"][-3000:]
+    alive = [row["pgc/alive"] for row in job["summary"]["diagnostics"] if "pgc/alive" in row]
+    assert alive and alive[-1] == 3.0
+    assert math.isfinite(job["summary"]["metrics"]["val_loss"]) and "val_acc" in job["summary"]["metrics"]
+    ckpt = torch.load(tmp_path / "kill" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 16
+    saved = sorted(int(re.search(r"step=(\d+)", p.name).group(1)) for p in (tmp_path / "kill" / "checkpoints").glob("epoch*"))
+    assert saved == [8, 16]
