@@ -5,6 +5,9 @@ from __future__ import annotations
 import math
 import os
 import re
+import threading
+import time
+from typing import Optional
 
 import pytest
 import torch
@@ -136,3 +139,47 @@ def test_a_killed_worker_is_survived_validation_and_checkpoints_included(tmp_pat
     assert ckpt["global_step"] == 16
     saved = sorted(int(re.search(r"step=(\d+)", p.name).group(1)) for p in (tmp_path / "kill" / "checkpoints").glob("epoch*"))
     assert saved == [8, 16]
+
+
+def test_more_than_s_killed_ranks_fail_every_survivor_fast_naming_them_and_leave_no_process(tmp_path):
+    """s = 1 and ranks 2 and 3 are SIGKILLed at step 3: no version can close. Every surviving rank exits non-zero
+    within twice the heartbeat window (1 s; ``timeout`` 1 s) of the first kill, the errors name the dead ranks and
+    the last version closed, the last checkpoint on disk loads, and no process of the job is left."""
+    from lightning_pgc.experiments import JobFailed
+
+    failed: list[JobFailed] = []
+
+    def run() -> None:
+        try:
+            run_job(tmp_path, "kill2", strategy="pgc", devices=4, max_steps=40, check_val_every_n_epoch=100,
+                    checkpoint_every_n_steps=2,
+                    strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0},
+                    faults=[{"kind": "Kill", "rank": r, "step": 3} for r in (2, 3)])
+        except JobFailed as exc:
+            failed.append(exc)
+
+    job = threading.Thread(target=run)
+    job.start()
+    exits: dict[int, Optional[float]] = {}  # every process of the job -> when it was gone
+    while job.is_alive():
+        now, procs = time.monotonic(), _descendants(os.getpid())
+        exits.update({p: None for p in procs if p not in exits})
+        exits.update({p: now for p, t in exits.items() if t is None and p not in procs})
+        time.sleep(0.05)
+    assert failed and len(exits) >= 5  # the launching process and its 4 ranks
+    assert not _descendants(os.getpid()) and not any(_running(p) for p in exits)
+    ranks = sorted(t for t in exits.values() if t is not None)[:4]  # the launcher exits last (it reaps the ranks)
+    first_kill = ranks[0]
+    assert ranks[3] - first_kill < 2 * 1.0 * 2, ranks  # survivors: twice the window, with slack for a loaded CPU
+    log = failed[0].result.log_tail
+    assert re.search(r"Missing ranks: \[2, 3\]; the last version closed is \d+", log), log[-3000:]
+    assert re.search(r"rank 1 \(pid \d+\) exited with status 1: .*Missing ranks: \[2, 3\]", log), log[-3000:]
+    ckpt = torch.load(tmp_path / "kill2" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] >= 2 and "state_dict" in ckpt
+
+
+def _running(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
