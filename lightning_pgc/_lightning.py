@@ -6,6 +6,7 @@ When Lightning changes one of these, this module is the only one to fix. Checked
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pickle
@@ -29,8 +30,8 @@ from lightning.pytorch.strategies.launchers.multiprocessing import (  # 2.6.6: f
     _MultiProcessingLauncher,
 )
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher  # 2.6.6: popen
-from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities.exceptions import SIGTERMException
+from lightning.pytorch.trainer.call import _interrupt  # 2.6.6: on_exception hooks of an interrupted run
+from lightning.pytorch.trainer.states import TrainerFn, TrainerStatus
 
 import lightning.pytorch as pl
 
@@ -184,6 +185,7 @@ class SurvivingMultiprocessingLauncher(_MultiProcessingLauncher):
         process_args: list[Any] = [trainer, function, args, kwargs, return_queue]
         if self._start_method == "spawn":
             process_args.append(_GlobalStateSnapshot.capture())
+        process_args[1] = functools.partial(_run_rank, trainer, function)
         context = mp.start_processes(self._wrapping_function, args=tuple(process_args),
                                      nprocs=self._strategy.num_processes, start_method=self._start_method, join=False)
         self.procs = context.processes
@@ -195,14 +197,37 @@ class SurvivingMultiprocessingLauncher(_MultiProcessingLauncher):
         if rank0.exitcode != 0:
             raise RuntimeError(f"lightning_pgc: rank 0 (the PGC leader) exited with status {rank0.exitcode}:\n"
                                + (_child_error(context, 0) or "(no Python error: killed by a signal?)"))
-        if return_queue.empty():  # rank 0 exited without results: stopped by SIGTERM (SIGTERMException exits 0)
-            raise SIGTERMException()
+        if return_queue.empty():
+            # Rank 0 exited 0 without results: a SIGTERM stopped it (``SIGTERMException`` is a ``SystemExit``, exit
+            # status 0, as under ``ddp``), after its own on-exception hooks ran. Raising here would run the
+            # on-exception hooks again in this process, on the untrained model (e.g. overwrite OnExceptionCheckpoint's
+            # file), so the launch just ends, interrupted.
+            if trainer is not None:
+                trainer.state.status = TrainerStatus.INTERRUPTED
+            log.warning("lightning_pgc: rank 0 stopped on SIGTERM; the job ends without results")
+            return None
         worker_output = return_queue.get()
         if trainer is None:
             return worker_output
         self._already_fit |= trainer.state.fn == TrainerFn.FITTING
         self._recover_results_in_main_process(worker_output, trainer)
         return worker_output.trainer_results
+
+
+def _run_rank(trainer: Optional["pl.Trainer"], function: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Run ``function`` in a forked or spawned rank with Lightning's exception handling around it, as every rank
+    gets under ``popen`` (2.6.6: ``trainer.fit`` runs ``call._call_and_handle_interrupt`` only in the launching
+    process; a forked rank's exception skips the on-exception hooks and the strategy's teardown). With it, a rank
+    that fails or gets SIGTERM runs ``on_exception`` (e.g. ``ModelCheckpoint(save_on_exception=True)``) and stops
+    its PGC runtime cleanly."""
+    try:
+        return function(*args, **kwargs)
+    except BaseException as exc:
+        if trainer is not None:
+            _interrupt(trainer, exc)  # 2.6.6: TrainerStatus.INTERRUPTED, on_exception hooks, loggers finalized
+            trainer._teardown()  # 2.6.6: strategy.teardown() and the loops'
+            trainer.state.stage = None
+        raise
 
 
 def _child_error(context: Any, index: int) -> str:

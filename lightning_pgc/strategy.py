@@ -451,7 +451,11 @@ class PGCStrategy(DDPStrategy):
         self._restore_metric_syncs()
         if self.runtime is not None:
             trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-            self.runtime.stop(donate=self._state_bytes, leave=trainer is not None and trainer.received_sigterm)
+            leave = trainer is not None and trainer.received_sigterm
+            if leave:
+                log.warning("PGC rank %d: SIGTERM: leaving at step %d (the others go on while enough ranks are left)",
+                            self.global_rank, trainer.global_step)
+            self.runtime.stop(donate=self._state_bytes, leave=leave)
             self.buffer_stats = self.runtime.buffer_stats()
             self._rank_stats = self.runtime.rank_stats()
             if self.cache is not None:
@@ -811,8 +815,6 @@ def _local_sigterm_check(trainer: "pl.Trainer") -> Callable[[], None]:
 
     def check() -> None:
         if getattr(trainer, "received_sigterm", False):
-            log.warning("PGC rank %d: SIGTERM: leaving at step %d (the others go on while enough ranks are left)",
-                        trainer.global_rank, trainer.global_step)
             raise SIGTERMException()
 
     return check

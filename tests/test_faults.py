@@ -183,3 +183,39 @@ def _running(pid: int) -> bool:
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_sigterm_on_one_worker_leaves_the_others_training(tmp_path):
+    """A SIGTERM on rank 2 only (one node evicted) at step 3: rank 2 says BYE and leaves at once; the others go on
+    as with a dead rank and finish with identical replicas; the job succeeds."""
+    job = run_job(
+        tmp_path, "term1", strategy="pgc", devices=4, max_steps=16, check_val_every_n_epoch=100,
+        strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0},
+        faults=[{"kind": "Terminate", "rank": 2, "step": 3}],
+    )
+    ranks = job["ranks"]
+    assert ranks[2] is None
+    assert len({ranks[r]["checksum"] for r in (0, 1, 3)}) == 1 and {ranks[r]["global_step"] for r in (0, 1, 3)} == {16}
+    assert re.search(r"PGC rank 2: SIGTERM: leaving at step [3-5] ", job["stderr"]), job["stderr"][-3000:]
+    assert re.search(r"PGC: rank 2 left at version \d+ \(SIGTERM on that rank\); training goes on with 3 of 4",
+                     job["stderr"]), job["stderr"][-3000:]
+
+
+def test_sigterm_on_every_rank_stops_the_job_cleanly_with_a_checkpoint(tmp_path):
+    """A SIGTERM on every rank at step 5 stops the job as under ``ddp``: each rank raises Lightning's
+    ``SIGTERMException`` at its next batch, rank 0's ``ModelCheckpoint(save_on_exception=True)`` writes a checkpoint
+    of its state, nothing hangs and the launcher exits 0 (as Lightning's ``SIGTERMException``, a ``SystemExit``)."""
+    from lightning_pgc.experiments import launch
+
+    result = launch({"out": str(tmp_path / "term_all"), "start_method": "fork", "strategy": "pgc", "devices": 4,
+                     "max_steps": 40, "check_val_every_n_epoch": 100, "checkpoint_every_n_steps": 100,
+                     "checkpoint_on_exception": True,
+                     "strategy_kwargs": {"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0},
+                     "faults": [{"kind": "Terminate", "rank": r, "step": 5} for r in range(4)]},
+                    timeout=240, check=False)
+    assert result.returncode == 0, result.log_tail[-3000:]
+    assert all(f"PGC rank {r}: SIGTERM: leaving at step" in result.log_tail for r in range(4)), result.log_tail[-3000:]
+    saved = list((tmp_path / "term_all" / "checkpoints").glob("*.ckpt"))
+    assert saved, result.log_tail[-3000:]
+    steps = {torch.load(p, weights_only=False)["global_step"] for p in saved}
+    assert min(steps) >= 5 and max(steps) < 40

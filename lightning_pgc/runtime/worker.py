@@ -528,6 +528,7 @@ class PGCRuntime:
             try:
                 handles.append(self.transport.isend(channel, p, message))
             except Exception as exc:  # a peer that is gone; its streams report it
+                self._broken.add(p)
                 log.warning("PGC rank %d: send to rank %d failed: %r", self.rank, p, exc)
         self._count(sent=len(handles) * message.numel() * message.element_size())
         self._reaper_q.put((handles, done))
@@ -584,6 +585,8 @@ class PGCRuntime:
             header = read_header(buf)
             if header.kind == Kind.BYE:
                 self._finished.add(peer)  # its training is over: it needs no more aggregates
+                if header.valid == 1:  # it left early (SIGTERM): its process is about to exit, send it nothing
+                    self._broken.add(peer)
                 self._inbox.put(("bye", peer, header.skipped, header.valid == 1))
                 self._code_pool.put(buf)
                 return
