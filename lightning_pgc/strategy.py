@@ -545,12 +545,13 @@ class PGCStrategy(DDPStrategy):
 
     def _collectives(self) -> Any:
         """Where Lightning's collectives go now: None (the default group: outside fit, every rank alive), the
-        runtime's live-rank collectives (during fit), or ``_ALONE`` on a rank that got SIGTERM and is leaving (it
-        runs them by itself: the others do not join them, and it writes nothing rank 0 would not)."""
+        runtime's live-rank collectives (during fit), or ``_ALONE`` on a rank that got SIGTERM and is leaving, or
+        whose runtime failed (it runs them by itself: the others do not join them, and only rank 0 writes
+        checkpoints, so e.g. ``ModelCheckpoint(save_on_exception=True)`` still saves rank 0's state)."""
         if self.runtime is None:
             return None
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-        if trainer is not None and trainer.received_sigterm:
+        if (trainer is not None and trainer.received_sigterm) or self.runtime.failure() is not None:
             return _ALONE
         return self.runtime.collectives
 

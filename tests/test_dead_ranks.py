@@ -111,11 +111,11 @@ def test_a_dead_shard_owner_fails_the_job_fast_naming_it():
         for rt in rts:
             submit(rt, 0, ages=(0, 0))
         _kill(rts, 3)
-        with pytest.raises(CoordinatorError, match=r"rank 3 died at version \d+ and it owns shard\(s\) \[3\].*"
-                                                   r"shard_bytes"):
-            rts[0].wait(0) if not rts[0].published(0) else rts[0].wait(1)
-        with pytest.raises(RuntimeError, match="rank 3 died at version|shard owner 3"):
-            rts[1].wait(1)
+        dead_owner = r"rank 3 died at version \d+ and it owns shard\(s\) \[3\].*shard_bytes"
+        for rt in rts:  # the leader's error, or the same words from a rank that lost the owner's stream first
+            with pytest.raises(RuntimeError, match=dead_owner):
+                rt.wait(1)
+        assert _eventually(lambda: isinstance(rts[0].error, CoordinatorError))
         got = _together(rts, lambda rt: rt.collectives.barrier())
         assert all(isinstance(v, RuntimeError) for v in got.values())  # collectives fail too, instead of hanging
     finally:

@@ -145,16 +145,30 @@ def test_more_than_s_killed_ranks_fail_every_survivor_fast_naming_them_and_leave
     """s = 1 and ranks 2 and 3 are SIGKILLed at step 3: no version can close. Every surviving rank exits non-zero
     within twice the heartbeat window (1 s; ``timeout`` 1 s) of the first kill, the errors name the dead ranks and
     the last version closed, the last checkpoint on disk loads, and no process of the job is left."""
+    failed, exits = _failing_job_watched(
+        tmp_path, "kill2", max_steps=40, check_val_every_n_epoch=100, checkpoint_every_n_steps=2,
+        faults=[{"kind": "Kill", "rank": r, "step": 3} for r in (2, 3)])
+    ranks = sorted(t for t in exits.values() if t is not None)[:4]  # the launcher exits last (it reaps the ranks)
+    first_kill = ranks[0]
+    assert ranks[3] - first_kill < 2 * 1.0 * 2, ranks  # survivors: twice the window, with slack for a loaded CPU
+    log = failed.result.log_tail
+    assert re.search(r"Missing ranks: \[2, 3\]; the last version closed is \d+", log), log[-3000:]
+    assert re.search(r"rank 1 \(pid \d+\) exited with status 1: .*Missing ranks: \[2, 3\]", log), log[-3000:]
+    ckpt = torch.load(tmp_path / "kill2" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] >= 2 and "state_dict" in ckpt
+
+
+def _failing_job_watched(tmp_path, name: str, **spec):
+    """Run a job that must fail (4 ranks, pgc, heartbeat window 1 s, timeout 1 s) while watching its processes;
+    returns the JobFailed and, per process of the job, when it was gone. Asserts none is left."""
     from lightning_pgc.experiments import JobFailed
 
     failed: list[JobFailed] = []
 
     def run() -> None:
         try:
-            run_job(tmp_path, "kill2", strategy="pgc", devices=4, max_steps=40, check_val_every_n_epoch=100,
-                    checkpoint_every_n_steps=2,
-                    strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0},
-                    faults=[{"kind": "Kill", "rank": r, "step": 3} for r in (2, 3)])
+            run_job(tmp_path, name, strategy="pgc", devices=4,
+                    strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0}, **spec)
         except JobFailed as exc:
             failed.append(exc)
 
@@ -168,14 +182,21 @@ def test_more_than_s_killed_ranks_fail_every_survivor_fast_naming_them_and_leave
         time.sleep(0.05)
     assert failed and len(exits) >= 5  # the launching process and its 4 ranks
     assert not _descendants(os.getpid()) and not any(_running(p) for p in exits)
-    ranks = sorted(t for t in exits.values() if t is not None)[:4]  # the launcher exits last (it reaps the ranks)
-    first_kill = ranks[0]
-    assert ranks[3] - first_kill < 2 * 1.0 * 2, ranks  # survivors: twice the window, with slack for a loaded CPU
-    log = failed[0].result.log_tail
-    assert re.search(r"Missing ranks: \[2, 3\]; the last version closed is \d+", log), log[-3000:]
-    assert re.search(r"rank 1 \(pid \d+\) exited with status 1: .*Missing ranks: \[2, 3\]", log), log[-3000:]
-    ckpt = torch.load(tmp_path / "kill2" / "checkpoints" / "last.ckpt", weights_only=False)
-    assert ckpt["global_step"] >= 2 and "state_dict" in ckpt
+    return failed[0], exits
+
+
+def test_a_killed_leader_ends_the_job_fast_and_clean(tmp_path):
+    """Rank 0 (the leader) is SIGKILLed at step 3: leader failover is not built, so the job must end, fast and
+    without leftovers. Every worker fails within twice the heartbeat window, naming the lost leader, and the
+    launching process exits non-zero saying rank 0 died."""
+    failed, exits = _failing_job_watched(tmp_path, "kill0", max_steps=40, check_val_every_n_epoch=100,
+                                         faults=[{"kind": "Kill", "rank": 0, "step": 3}])
+    ranks = sorted(t for t in exits.values() if t is not None)[:4]
+    assert ranks[3] - ranks[0] < 2 * 1.0 * 2, ranks
+    log = failed.result.log_tail
+    assert re.search(r"rank 0 \(the PGC leader\) exited with status -9", log), log[-3000:]
+    for r in (1, 2, 3):
+        assert re.search(rf"rank {r} \(pid \d+\) exited with status 1: .*(PGC leader|lost the leader)", log), log[-3000:]
 
 
 def _running(pid: int) -> bool:

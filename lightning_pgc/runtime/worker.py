@@ -226,7 +226,7 @@ class PGCRuntime:
         self.alive = world_size  # ranks alive and training, as the leader last counted them (its heartbeats carry it)
         self.collectives = LiveCollectives(LiveGather(
             transport, rank, world_size, leader, self.heartbeat_interval, members=self._members,
-            failure=self._failure, check_leader=self._check_leader,
+            failure=self.failure, check_leader=self._check_leader,
             send=lambda channel, message, peers: self._send_all(channel, message, peers)))
 
     @property
@@ -599,8 +599,12 @@ class PGCRuntime:
                 self.transport.recv(Channel.AGG, peer, buf)
             except Exception as exc:
                 self._broken.add(peer)
-                if not self._stopping.is_set() and self.owners.shards_of(peer, self.progress):
-                    self.mailbox.abort(f"lost the stream from shard owner {peer}: {exc!r}")
+                shards = self.owners.shards_of(peer, self.progress)
+                if not self._stopping.is_set() and shards:
+                    if peer == self.leader_rank:
+                        self.mailbox.abort(f"lost the PGC leader (rank {peer}, owner of shard 0): {exc!r}")
+                    else:
+                        self.mailbox.abort(f"{_dead_owner(peer, self.progress, shards)} ({exc!r})")
                 return
             self._count(received=buf.numel() * buf.element_size())
             header = read_header(buf)
@@ -810,11 +814,7 @@ class PGCRuntime:
         leader.on_dead(rank)
         shards = self.owners.shards_of(rank, leader.version)
         if shards:
-            raise CoordinatorError(
-                f"rank {rank} died at version {leader.version} and it owns shard(s) {shards} of the data plane; dead "
-                f"shard owners are not survived yet. Payloads above `shard_bytes` are split over every rank: raise "
-                f"PGCStrategy(shard_bytes=...) above this model's payload to keep one shard, on rank 0"
-            )
+            raise CoordinatorError(_dead_owner(rank, leader.version, shards))
         alive = len(leader.alive(time.monotonic()))
         log.warning("PGC: rank %d died at version %d (%s); training goes on without it: %d of %d ranks alive, "
                     "scheme '%s' needs %d", rank, leader.version, why, alive, self.world_size, self.scheme.name,
@@ -827,8 +827,8 @@ class PGCRuntime:
         return {r for r in range(self.world_size)
                 if r not in leader.byes and r not in self._broken and not leader.gone(r, now)}
 
-    def _failure(self) -> Optional[BaseException]:
-        """The error that ended this runtime (its own, or the leader's ABORT), or None."""
+    def failure(self) -> Optional[BaseException]:
+        """The error that ended this runtime (its own, or the leader's ABORT), or None (any time, any thread)."""
         return self.error if self.error is not None else self.mailbox.failure()
 
     def _attach(self, leader: Leader, rank: int) -> None:
@@ -907,6 +907,13 @@ class PGCRuntime:
         # the version, or the lowest ranks would be admitted systematically more often (a bias under pgc_cr).
         peers = [p for p in _rotated(self.peers, version) if self._receives(p, version) and p not in self._finished]
         self._send_all(Channel.AGG, message, peers, done=lambda: self._agg_pool.put(message))
+
+
+def _dead_owner(rank: int, version: int, shards: list[int]) -> str:
+    """The error for a dead shard owner (the leader's, or a rank's that lost the owner's aggregate stream)."""
+    return (f"rank {rank} died at version {version} and it owns shard(s) {shards} of the data plane; dead shard "
+            "owners are not survived yet. Payloads above `shard_bytes` are split over every rank: raise "
+            "PGCStrategy(shard_bytes=...) above this model's payload to keep one shard, on rank 0")
 
 
 def _rotated(items: list[int], by: int) -> list[int]:
