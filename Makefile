@@ -23,8 +23,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) -m lightning_pgc.demo
 
+# two workers, whole files each (module-scoped jobs are shared by a file's tests); `pytest -q` runs serially
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 bench: $(STAMP)
 	$(PY) benchmarks/step_time.py

@@ -13,12 +13,16 @@ Per optimizer step ``t`` (= the model version, Invariant 1) every rank:
 A rank that fell more than ``max_lag`` versions behind gets no aggregates (bounded memory); when it is back it
 receives the training state at the open version ``u`` from a donor (state transfer), runs its remaining steps
 before ``u`` without computing or applying anything, loads the state at ``u`` and goes on with an empty cache.
+
+A checkpoint saved during fit carries every rank's stale cache in ``<checkpoint>.pgc/rank{k}.pt``
+(:mod:`lightning_pgc.pipeline_state`); a fit resuming from it reloads the cache and continues the pipeline.
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import os
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -60,6 +64,7 @@ from lightning_pgc.compat import (
     check_trainer,
 )
 from lightning_pgc.data import PartitionBatchSampler, split_batch
+from lightning_pgc.pipeline_state import PipelineState, dtype_name, sidecar_dir, sidecar_path, sidecar_paths
 from lightning_pgc.runtime import GlooTransport, PGCDetached, PGCRuntime, ShardLayout, choose_num_shards
 from lightning_pgc.runtime.bounded import BoundedLeader
 from lightning_pgc.runtime.transport import payload_dtype_for
@@ -271,6 +276,7 @@ class PGCStrategy(DDPStrategy):
         self.collective_guard = CollectiveGuard()  # active while the user's training_step runs (also in probes)
         self._partition_batch_size: Optional[int] = None  # samples per partition evaluation (the loader's batch_size)
         self._rejoin: Optional[tuple[int, Tensor]] = None  # (version, state) received by state transfer, not loaded
+        self._resume_from: Optional[tuple[str, Any]] = None  # (checkpoint path, its "pgc" entry) until fit starts
 
     # ------------------------------------------------------------------------------------------ configuration
     def _make_scheme(self, world_size: int) -> Scheme:
@@ -399,9 +405,13 @@ class PGCStrategy(DDPStrategy):
         assert scheme is not None
         self.cache = StaleCache(scheme.partitions(self.global_rank), max_age=scheme.cache_max_age)
         self._version = trainer.global_step
-        if self._warm_start_step() != trainer.global_step:
-            raise RuntimeError(f"PGC: training starts at step {trainer.global_step}, data was laid out for step "
-                               f"{self._warm_start}")
+        resumed = self._resumed_pipeline(trainer.global_step)  # this rank's stale cache from the checkpoint
+        warm_start = trainer.global_step if resumed is None else resumed.warm_start
+        if self._warm_start is None:
+            self._warm_start = warm_start
+        if self._warm_start != warm_start:
+            raise RuntimeError(f"PGC: training starts with the pipeline warmed up at step {warm_start}, data was laid "
+                               f"out for step {self._warm_start}")
         wire_bytes = numel * torch.empty((), dtype=scheme.payload_dtype).element_size()
         self._layout = ShardLayout(numel, self._grad_numel + 1,
                                    choose_num_shards(wire_bytes, self.world_size, self.shard_bytes))
@@ -414,6 +424,8 @@ class PGCStrategy(DDPStrategy):
         max_lag = self.max_lag or int(min(1024, max(max(scheme.c, window) + 1, (512 << 20) // message_bytes)))
         self._slots = {}
         self._held = None
+        if resumed is not None:
+            self._fill_cache(resumed)
         self.runtime = PGCRuntime(
             scheme,
             GlooTransport(),
@@ -468,6 +480,7 @@ class PGCStrategy(DDPStrategy):
     @override
     def teardown(self) -> None:
         self._stop_runtime()
+        self._resume_from = None
         super().teardown()
 
     def rank_stats(self) -> list[dict[str, float]]:
@@ -481,6 +494,107 @@ class PGCStrategy(DDPStrategy):
         if self.runtime is not None:
             return self.runtime.rank_stats()
         return list(self._rank_stats)
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    @override
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Optional[Any] = None
+    ) -> None:
+        """Rank 0 writes Lightning's checkpoint (with a ``pgc`` entry); during fit every rank also writes its stale
+        cache to ``<filepath>.pgc/rank{k}.pt``, before the barrier that ``Trainer.save_checkpoint`` ends with.
+
+        Called by ``Trainer.save_checkpoint`` on every rank. Outside fit (the cache is released when training
+        ends) only Lightning's checkpoint is written; resuming from it warms the pipeline up again.
+        """
+        state = self._pipeline_state()
+        if state is not None and self.is_global_zero:
+            checkpoint["pgc"] = {"world_size": state.world_size, "scheme": state.scheme,
+                                 "global_step": state.global_step, "warm_start": state.warm_start,
+                                 "pipeline": os.path.basename(sidecar_dir(str(filepath)))}
+        super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+        if state is not None:
+            self.checkpoint_io.save_checkpoint(state.to_dict(), sidecar_path(str(filepath), self.global_rank),
+                                               storage_options=storage_options)
+
+    @override
+    def remove_checkpoint(self, filepath: Any) -> None:
+        """Remove the checkpoint (rank 0) and this rank's pipeline file next to it (every rank; the folder goes
+        with the last one). Called on every rank, e.g. by ``ModelCheckpoint`` dropping an old checkpoint."""
+        super().remove_checkpoint(filepath)
+        path = sidecar_path(str(filepath), self.global_rank)
+        self.checkpoint_io.remove_checkpoint(path)
+        try:
+            os.rmdir(sidecar_dir(str(filepath)))
+        except OSError:  # other ranks' files still there (or not a local path): the last rank removes it
+            pass
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict[str, Any]:
+        """Load Lightning's checkpoint and remember where it is: a fit resuming from it reloads this rank's stale
+        cache in ``on_train_start`` (called on every rank, before ``setup``)."""
+        checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        self._resume_from = (str(checkpoint_path), checkpoint.get("pgc"))
+        return checkpoint
+
+    def _pipeline_state(self) -> Optional[PipelineState]:
+        """This rank's stale cache and warm-start step now; tensors are not copied. ``None`` outside fit, and for
+        schemes without a pipeline (their cache holds only the current step's gradients)."""
+        cache, scheme = self.cache, self.scheme
+        if cache is None or scheme is None or not scheme.pipelined or self.lightning_module is None:
+            return None
+        return PipelineState(
+            rank=self.global_rank, world_size=self.world_size, scheme=scheme.name, partitions=cache.partitions,
+            seed=self.seed, grad_numel=self._grad_numel, dtype=dtype_name(self._payload_dtype),
+            global_step=self.lightning_module.trainer.global_step, warm_start=self._warm_start_step(),
+            entries=cache.entries(),
+        )
+
+    def _resumed_pipeline(self, step: int) -> Optional[PipelineState]:
+        """The pipeline state this rank saved with the checkpoint being resumed from, if it fits this run; otherwise
+        ``None`` with a warning that names the reason (the pipeline then warms up again at ``step``). Schemes
+        without a pipeline need nothing: ``None``, silently."""
+        assert self.scheme is not None and self.cache is not None
+        if self._resume_from is None or not self.scheme.pipelined:
+            self._resume_from = None
+            return None
+        checkpoint_path, info = self._resume_from
+        self._resume_from = None
+        expected = PipelineState(rank=self.global_rank, world_size=self.world_size, scheme=self.scheme.name,
+                                 partitions=self.cache.partitions, seed=self.seed, grad_numel=self._grad_numel,
+                                 dtype=dtype_name(self._payload_dtype), global_step=step, warm_start=step)
+        reasons = []
+        for path in sidecar_paths(checkpoint_path, self.global_rank):  # next to it, then next to a symlink's target
+            try:
+                saved = PipelineState.from_dict(self.checkpoint_io.load_checkpoint(path, weights_only=True))
+            except FileNotFoundError:
+                reasons.append(f"{path} is missing (copy the .pgc folder along with the checkpoint)" if info is not None
+                               else "the checkpoint has no PGC pipeline state (saved by another strategy or scheme, "
+                                    "or after fit ended)")
+                continue
+            except Exception as err:  # an unreadable file must not stop the resume: warm up instead, loudly
+                reasons.append(f"{path} could not be read ({type(err).__name__}: {err})")
+                continue
+            mismatch = saved.mismatch(expected)
+            if mismatch is None:
+                log.info("PGC rank %d: resumed the stale cache at step %d (%d entries)", self.global_rank, step,
+                         len(saved.entries))
+                return saved
+            reasons.append(f"{path} is from another run ({mismatch})")
+        how = ("every held partition is evaluated at that step" if self.warmup == "full"
+               else "the cache refills over the next c steps")
+        log.warning("PGC rank %d: resuming at step %d without the stale cache: %s. The pipeline warms up again "
+                    "(warmup=%r: %s), so this run does not continue the interrupted one bitwise.",
+                    self.global_rank, step, reasons[0], self.warmup, how)
+        return None
+
+    def _fill_cache(self, state: PipelineState) -> None:
+        """Copy the saved entries into this rank's cache slots (after the layout and the slots are reset)."""
+        assert self.cache is not None
+        used = self._grad_numel + 1
+        for partition, (version, flat) in state.entries.items():
+            slot = self._slot(partition)
+            slot[:used].copy_(flat[:used])
+            self.cache.put(partition, slot, version, copy=False)
 
     # ------------------------------------------------------------------------------------------ the step
     @override

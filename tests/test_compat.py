@@ -76,7 +76,10 @@ def test_features_work_with_identical_replicas(tmp_path):
     assert max(seen["pre_clip_norms"]) > 2 * compat_job.CLIP
     assert max(seen["applied_norms"]) <= compat_job.CLIP * (1 + 1e-5)
     assert seen["chunks_checked"] > 0  # training_step checked each chunk's names and ragged tensors
-    assert Path(r0["best_model_path"]).exists()
+    best = Path(r0["best_model_path"])
+    # ModelCheckpoint(save_top_k=1) removed the older checkpoints, each with its folder of per-rank stale caches
+    assert sorted(p.name for p in best.parent.iterdir()) == [best.name, best.name + ".pgc"]
+    assert sorted(p.name for p in (best.parent / (best.name + ".pgc")).iterdir()) == ["rank0.pt", "rank1.pt"]
     _assert_logged_once_at_the_step_measured(logged, r0["global_step"])
 
 

@@ -263,6 +263,29 @@ def test_pgc_cr_weights_and_arrival_order():
         _stop_all(rts)
 
 
+def test_the_same_admitted_set_gives_the_same_bits_whatever_the_arrival_order():
+    """Owners sum the admitted codes in rank order: a resumed or repeated run with the same admitted sets
+    computes the same bits even when the codes arrive in another order (float32 sums depend on the order)."""
+    scheme = make_scheme("dgd", 4, 0)
+    gen = torch.Generator().manual_seed(0)
+    codes = {r: torch.randn(D, generator=gen) * 10.0 ** (3 * r - 4) for r in range(4)}
+    rts = make_runtimes(scheme)
+    try:
+        aggs = []
+        for version, order in enumerate([(0, 1, 2, 3), (3, 2, 1, 0), (2, 0, 3, 1)]):
+            for r in order:
+                submit(rts[r], version, codes[r])
+                time.sleep(0.05)
+            aggs.append(rts[0].wait(version).clone())
+            assert rts[0].record(version).admitted == list(order)
+        for agg in aggs[1:]:
+            assert torch.equal(agg, aggs[0])
+        in_arrival_order = [sum((codes[r] / 4 for r in order), torch.zeros(D)) for order in [(0, 1, 2, 3), (3, 2, 1, 0)]]
+        assert not torch.equal(*in_arrival_order)  # so the orders above would give other bits if summed as they came
+    finally:
+        _stop_all(rts)
+
+
 def _release_receivers(hub, rank, peers):
     """Let a runtime's receiver threads from ``peers`` end (those peers never existed)."""
     for ch in Channel:

@@ -79,6 +79,11 @@ class StaleCache:
         """Model version of every stored entry (valid or not), in held order."""
         return {p: self._versions[p] for p in self.partitions if p in self._versions}
 
+    def entries(self) -> dict[int, tuple[int, Tensor]]:
+        """Every stored entry (valid or not) as ``partition -> (version, tensor)``, in held order; not copied
+        (what a checkpoint saves)."""
+        return {p: (self._versions[p], self._grads[p]) for p in self.partitions if p in self._grads}
+
     def ages(self, step: int) -> dict[int, int]:
         """``step - version`` of the entries valid at ``step``, in held order."""
         return {p: self._age(p, step) for p in self.partitions if p in self._grads and self._is_valid(p, step)}

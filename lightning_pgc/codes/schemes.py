@@ -230,7 +230,7 @@ class Scheme(ABC):
         return self._weights(ranks)
 
     def decode(self, coded: Mapping[int, Tensor], out: Tensor | None = None) -> Tensor:
-        """Aggregate ``sum_k w_k coded[k]`` (mapping order = arrival order).
+        """Aggregate ``sum_k w_k coded[k]``, summed in mapping order (the runtime passes codes in key order).
 
         Weights are computed in float64. Without ``out`` they are applied in float64 (a new tensor); with ``out``
         (one shard of an aggregate, in the payload's dtype) they are applied in ``out``'s dtype, in place.

@@ -8,7 +8,9 @@
 - :mod:`~lightning_pgc.experiments.callbacks`: the measurement callbacks the job config lists;
 - :mod:`~lightning_pgc.experiments.curves`: ``smoothed``, ``first_crossing`` (one meaning: the fractional index
   at which a piecewise-linear curve first reaches the target), ``at_index``, ``crossing``, ``interpolate``,
-  ``cumulative_at``.
+  ``cumulative_at``;
+- :mod:`~lightning_pgc.experiments.stats`: paired confidence intervals over seeds (t and bootstrap), time to a
+  target validation loss, values at equal wall time.
 
 The demo (:mod:`lightning_pgc.demo`), ``benchmarks/`` and the tests all launch jobs through :func:`launch`.
 Needs the ``[examples]`` extra (LightningCLI's jsonargparse, the digits data).

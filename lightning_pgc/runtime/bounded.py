@@ -48,16 +48,17 @@ class BoundedLeader(Leader):
         widen_after: seconds of coverage wait after which ``c`` grows by one (``None``: never widen, only wait).
             Set it when ``coverage_waits`` grow and steps stall on a missing partition.
         max_window: the largest ``c`` widening may reach.
+        now: the clock's start (default ``time.monotonic()``; the simulator passes its virtual time).
     """
 
     def __init__(self, scheme: BoundedScheme, world_size: int, start_version: int, timeout: float, max_lag: int,
                  heartbeat_window: float = 3.0, widen_after: Optional[float] = None,
-                 max_window: Optional[int] = None) -> None:
+                 max_window: Optional[int] = None, now: Optional[float] = None) -> None:
         if not isinstance(scheme, BoundedScheme):
             raise TypeError(f"BoundedLeader needs a BoundedScheme, got {type(scheme).__name__}")
         if widen_after is not None and widen_after < 0:
             raise ValueError(f"widen_after must be >= 0 seconds or None, got {widen_after}")
-        super().__init__(scheme, world_size, start_version, timeout, max_lag, heartbeat_window)
+        super().__init__(scheme, world_size, start_version, timeout, max_lag, heartbeat_window, now=now)
         self.bounded = scheme
         self.table = CoverageTable(scheme.n)
         self.widen_after = widen_after

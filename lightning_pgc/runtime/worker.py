@@ -865,8 +865,9 @@ class PGCRuntime:
             shards = self.owners.shards_of(self.rank, version)
             if any(k not in pending.get(v, {}).get(j, {}) for j in shards for _, k, v in plan):
                 break  # an admitted code's shard is still on its way
-            for j in shards:
-                self._publish_shard(version, j, [(key, pending[v][j][k][0]) for key, k, v in plan])
+            for j in shards:  # summed in decode-key order, not arrival order: the same set gives the same bits
+                codes = [(key, pending[v][j][k][0]) for key, k, v in sorted(plan)]
+                self._publish_shard(version, j, codes)
             del decided[version]
             done_below = max(done_below, version + 1)
             reused = min((v for _, _, v in plan), default=done_below) if self.scheme.reuses_codes else done_below
@@ -878,7 +879,7 @@ class PGCRuntime:
         return done_below
 
     def _publish_shard(self, version: int, shard: int, codes: list[tuple[int, Tensor]]) -> None:
-        """Decode shard ``shard`` of ``version`` from the admitted codes (decode key, code; admission order) and
+        """Decode shard ``shard`` of ``version`` from the admitted codes (decode key, code; in key order) and
         send it."""
         layout, hn = self.layout, self._hn_up
         ce, pe = layout.coded_end(shard), layout.plain_end(shard)
