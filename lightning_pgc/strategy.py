@@ -123,7 +123,8 @@ class PGCStrategy(DDPStrategy):
         timeout: seconds the job may run with fewer live ranks than a version needs (``n - s``) before every rank
             fails with an error naming the missing ones; counted after the heartbeat window that detects a death.
             Slow steps never trigger it: liveness is the heartbeats, not progress. Raise it if frozen ranks are
-            expected back (e.g. a preempted node that resumes).
+            expected back (e.g. a preempted node that resumes). Lightning's collectives during fit (validation,
+            checkpoints) also wait this long past the heartbeat window for a silent rank, then go on without it.
         max_lag: how many versions a rank may fall behind before it is detached: it stops receiving aggregates
             (its memory stays bounded) and, once back, catches up by state transfer; nobody waits for it.
             Default: as many as fit in 512 MiB, between ``c + 1`` and 1024. Lower it if a slow rank's memory grows
@@ -144,7 +145,8 @@ class PGCStrategy(DDPStrategy):
         diagnostics_every: steps between the probe-batch diagnostics (displacement, ``L_hat``).
         max_condition: largest worst-case condition number accepted for Tandon-coded cyclic schemes.
         process_group_timeout: timeout of Lightning's default process group (as ``DDPStrategy(timeout=...)``).
-        start_method: how Lightning launches the ranks, as for ``ddp``.
+        start_method: how Lightning launches the ranks, as for ``ddp``; with any of them a dead rank does not make
+            the launcher kill the others (up to ``s`` dead workers are survived, see docs/guide.md).
     """
 
     strategy_name = "pgc"
