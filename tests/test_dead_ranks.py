@@ -3,6 +3,7 @@ owner fails fast naming it, and Lightning's collectives run among the live ranks
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
@@ -120,3 +121,29 @@ def test_a_dead_shard_owner_fails_the_job_fast_naming_it():
         assert all(isinstance(v, RuntimeError) for v in got.values())  # collectives fail too, instead of hanging
     finally:
         _stop_all(rts, timeout=0.5)
+
+
+def test_the_launchers_kill_nobody_while_the_job_runs_and_reap_every_rank_after_rank_0(caplog):
+    """PGCStrategy launches through Lightning's launchers minus their kill-all: ``popen`` and ``fork`` both map to
+    a surviving launcher, and after rank 0 returned the other ranks get ``grace_s`` to exit, then are killed; the
+    ones that failed are named with their status."""
+    import subprocess
+    import time
+
+    from lightning.pytorch import Trainer
+
+    from lightning_pgc import PGCStrategy
+    from lightning_pgc._lightning import SurvivingMultiprocessingLauncher, SurvivingSubprocessLauncher, _reap
+
+    for start_method, kind in (("popen", SurvivingSubprocessLauncher), ("fork", SurvivingMultiprocessingLauncher)):
+        trainer = Trainer(strategy=PGCStrategy(start_method=start_method), devices=2, accelerator="cpu", logger=False)
+        assert isinstance(trainer.strategy.launcher.launcher, kind)  # inside the preflight wrapper
+    procs = [subprocess.Popen(["sleep", "30"]), subprocess.Popen(["sh", "-c", "exit 3"]), subprocess.Popen(["true"])]
+    procs[1].wait()
+    procs[2].wait()
+    started = time.monotonic()
+    _reap(procs, lambda p: p.poll() is None, lambda p: (p.kill(), p.wait()), lambda p: p.returncode, grace_s=0.5,
+          first_rank=1)
+    assert time.monotonic() - started < 10 and procs[0].returncode == -9
+    assert re.search(rf"rank 1 \(pid {procs[0].pid}\) still runs \d+ s after rank 0 returned: killed", caplog.text)
+    assert f"rank 2 (pid {procs[1].pid}) exited with status 3" in caplog.text and "rank 3" not in caplog.text
