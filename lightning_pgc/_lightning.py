@@ -6,13 +6,32 @@ When Lightning changes one of these, this module is the only one to fix. Checked
 
 from __future__ import annotations
 
+import functools
+import logging
+import os
+import pickle
+import time
 from typing import Any, Callable, Optional
 
 import torch
+import torch.multiprocessing as mp
+from typing_extensions import override
+from lightning.fabric.strategies.launchers.multiprocessing import (  # 2.6.6: the launcher's start checks
+    _check_bad_cuda_fork,
+    _check_missing_main_guard,
+)
+from lightning.fabric.utilities.distributed import _set_num_threads_if_needed  # 2.6.6: OMP threads per rank
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout  # 2.6.6: module constant
 from lightning.pytorch.loops.optimization.automatic import ClosureResult  # 2.6.6: automatic optimization output
 from lightning.pytorch.overrides.distributed import _sync_module_states  # 2.6.6: broadcast rank 0's weights
 from lightning.pytorch.strategies.launchers.launcher import _Launcher as Launcher  # 2.6.6: every launcher's base
+from lightning.pytorch.strategies.launchers.multiprocessing import (  # 2.6.6: fork/spawn launcher
+    _GlobalStateSnapshot,
+    _MultiProcessingLauncher,
+)
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher  # 2.6.6: popen
+from lightning.pytorch.trainer.call import _interrupt  # 2.6.6: on_exception hooks of an interrupted run
+from lightning.pytorch.trainer.states import TrainerFn, TrainerStatus
 
 import lightning.pytorch as pl
 
@@ -25,7 +44,14 @@ __all__ = [
     "has_layer_sync",
     "Launcher",
     "wrap_launcher",
+    "surviving_launcher",
+    "SurvivingSubprocessLauncher",
+    "SurvivingMultiprocessingLauncher",
+    "replace_sigterm_notifier",
+    "mark_sigterm",
 ]
+
+log = logging.getLogger(__name__)
 
 
 def sync_module_states(module: torch.nn.Module) -> None:
@@ -82,3 +108,163 @@ def wrap_launcher(strategy: Any, wrap: Callable[[Any], Any]) -> None:
     launcher = getattr(strategy, "_launcher", None)
     if launcher is not None:
         strategy._launcher = wrap(launcher)
+
+
+# ------------------------------------------------------------------------------------------------ launchers
+# Lightning's launchers end the whole job when one rank dies: the popen launcher's ``_ChildProcessObserver``
+# (lightning/fabric/strategies/launchers/subprocess_script.py, 2.6.6) SIGKILLs every process a few seconds after
+# a child exits non-zero, and the fork/spawn launcher joins through ``torch.multiprocessing``'s
+# ``ProcessContext.join``, which terminates every process and raises at the first failed child. PGC survives up
+# to ``s`` dead ranks, so it launches with the subclasses below: nobody is killed while the job runs; the
+# launching process fails if rank 0 (the leader) fails, and reaps every child, killing those still running
+# ``grace_s`` seconds after rank 0 returned.
+
+
+def _reap(procs: list[Any], alive: Callable[[Any], bool], kill: Callable[[Any], None],
+          code: Callable[[Any], Optional[int]], grace_s: float, first_rank: int,
+          error: Callable[[int], str] = lambda i: "") -> None:
+    """Wait up to ``grace_s`` for ``procs`` (ranks ``first_rank``, ...) to exit, then kill the rest; log the ranks
+    that exited with a non-zero status (with ``error(i)``, the last line of the error of the ``i``-th, if known)."""
+    deadline = time.monotonic() + grace_s
+    while any(alive(p) for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for i, p in enumerate(procs):
+        if alive(p):
+            log.warning("lightning_pgc: rank %d (pid %s) still runs %.0f s after rank 0 returned: killed",
+                        first_rank + i, p.pid, grace_s)
+            kill(p)
+        elif code(p):
+            log.warning("lightning_pgc: rank %d (pid %s) exited with status %s%s", first_rank + i, p.pid, code(p),
+                        error(first_rank + i))
+
+
+class SurvivingSubprocessLauncher(_SubprocessScriptLauncher):
+    """Lightning's ``popen`` launcher (2.6.6 ``_SubprocessScriptLauncher``) without the observer that SIGKILLs
+    every rank when one child exits non-zero. Rank 0 runs in the launching process; its ``launch`` returns (or
+    raises) as usual, then the children get ``grace_s`` seconds to exit before they are killed."""
+
+    def __init__(self, base: _SubprocessScriptLauncher, grace_s: float) -> None:
+        super().__init__(base.cluster_environment, base.num_processes, base.num_nodes)
+        self.grace_s = grace_s
+
+    @override
+    def launch(self, function: Callable, *args: Any, trainer: Optional["pl.Trainer"] = None, **kwargs: Any) -> Any:
+        self.cluster_environment.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
+        if not self.cluster_environment.creates_processes_externally:
+            self._call_children_scripts()  # 2.6.6: starts ranks 1..n-1 and fills ``self.procs``
+        _set_num_threads_if_needed(num_processes=self.num_processes)
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _reap(self.procs, lambda p: p.poll() is None, lambda p: (p.kill(), p.wait()),
+                  lambda p: p.returncode, self.grace_s, first_rank=1)
+
+
+class SurvivingMultiprocessingLauncher(_MultiProcessingLauncher):
+    """Lightning's ``fork``/``spawn``/``forkserver`` launcher (2.6.6 ``_MultiProcessingLauncher``) with a join that
+    tolerates dead ranks: it waits for rank 0, which returns the results; the launching process raises only if
+    rank 0 failed. Other ranks get ``grace_s`` seconds after rank 0 to exit, then are killed."""
+
+    def __init__(self, base: _MultiProcessingLauncher, grace_s: float) -> None:
+        super().__init__(base._strategy, base._start_method)
+        self.grace_s = grace_s
+
+    @override
+    def launch(self, function: Callable, *args: Any, trainer: Optional["pl.Trainer"] = None, **kwargs: Any) -> Any:
+        # 2.6.6: the same checks, environment and process arguments as ``_MultiProcessingLauncher.launch``.
+        if self._start_method in ("fork", "forkserver"):
+            _check_bad_cuda_fork()
+        if self._start_method == "spawn":
+            _check_missing_main_guard()
+        if self._already_fit and trainer is not None and trainer.state.fn == TrainerFn.FITTING:
+            raise NotImplementedError("fit() twice on one Trainer with a spawn-based strategy is not supported by "
+                                      "Lightning; create a new Trainer and pass fit(ckpt_path=...)")
+        assert self._strategy.cluster_environment is not None
+        os.environ["MASTER_PORT"] = str(self._strategy.cluster_environment.main_port)
+        return_queue = mp.get_context(self._start_method).SimpleQueue()
+        process_args: list[Any] = [trainer, function, args, kwargs, return_queue]
+        if self._start_method == "spawn":
+            process_args.append(_GlobalStateSnapshot.capture())
+        process_args[1] = functools.partial(_run_rank, trainer, function)
+        context = mp.start_processes(self._wrapping_function, args=tuple(process_args),
+                                     nprocs=self._strategy.num_processes, start_method=self._start_method, join=False)
+        self.procs = context.processes
+        rank0, others = self.procs[0], self.procs[1:]
+        rank0.join()
+        _reap(others, lambda p: p.is_alive(), lambda p: (p.kill(), p.join()), lambda p: p.exitcode,
+              self.grace_s, first_rank=1, error=lambda i: ": " + _child_error(context, i).strip().splitlines()[-1]
+              if _child_error(context, i) else "")
+        if rank0.exitcode != 0:
+            raise RuntimeError(f"lightning_pgc: rank 0 (the PGC leader) exited with status {rank0.exitcode}:\n"
+                               + (_child_error(context, 0) or "(no Python error: killed by a signal?)"))
+        if return_queue.empty():
+            # Rank 0 exited 0 without results: a SIGTERM stopped it (``SIGTERMException`` is a ``SystemExit``, exit
+            # status 0, as under ``ddp``), after its own on-exception hooks ran. Raising here would run the
+            # on-exception hooks again in this process, on the untrained model (e.g. overwrite OnExceptionCheckpoint's
+            # file), so the launch just ends, interrupted.
+            if trainer is not None:
+                trainer.state.status = TrainerStatus.INTERRUPTED
+            log.warning("lightning_pgc: rank 0 stopped on SIGTERM; the job ends without results")
+            return None
+        worker_output = return_queue.get()
+        if trainer is None:
+            return worker_output
+        self._already_fit |= trainer.state.fn == TrainerFn.FITTING
+        self._recover_results_in_main_process(worker_output, trainer)
+        return worker_output.trainer_results
+
+
+def _run_rank(trainer: Optional["pl.Trainer"], function: Callable, *args: Any, **kwargs: Any) -> Any:
+    """Run ``function`` in a forked or spawned rank with Lightning's exception handling around it, as every rank
+    gets under ``popen`` (2.6.6: ``trainer.fit`` runs ``call._call_and_handle_interrupt`` only in the launching
+    process; a forked rank's exception skips the on-exception hooks and the strategy's teardown). With it, a rank
+    that fails or gets SIGTERM runs ``on_exception`` (e.g. ``ModelCheckpoint(save_on_exception=True)``) and stops
+    its PGC runtime cleanly."""
+    try:
+        return function(*args, **kwargs)
+    except BaseException as exc:
+        if trainer is not None:
+            _interrupt(trainer, exc)  # 2.6.6: TrainerStatus.INTERRUPTED, on_exception hooks, loggers finalized
+            trainer._teardown()  # 2.6.6: strategy.teardown() and the loops'
+            trainer.state.stage = None
+        raise
+
+
+def _child_error(context: Any, index: int) -> str:
+    """The traceback a ``torch.multiprocessing`` child left in its error file (2.14: ``ProcessContext.error_files``
+    hold a pickled ``traceback.format_exc()`` string), or ""."""
+    try:
+        with open(context.error_files[index], "rb") as fh:
+            return str(pickle.load(fh))
+    except Exception:  # no file, or an empty one: the child exited without a Python exception
+        return ""
+
+
+def surviving_launcher(launcher: Any, grace_s: float) -> Any:
+    """The launcher that survives dead ranks for Lightning's ``launcher`` (others are returned unchanged)."""
+    if type(launcher) is _SubprocessScriptLauncher:
+        return SurvivingSubprocessLauncher(launcher, grace_s)
+    if type(launcher) is _MultiProcessingLauncher:
+        return SurvivingMultiprocessingLauncher(launcher, grace_s)
+    return launcher
+
+
+def replace_sigterm_notifier(trainer: "pl.Trainer", notifier: Callable[[Any, Any], None]) -> None:
+    """Replace Lightning's SIGTERM notifier, which broadcasts on the default group from inside the signal handler
+    (2.6.6: ``trainer._signal_connector._sigterm_notifier_fn``, read when ``register_signal_handlers`` runs in
+    ``Trainer._run``, after ``strategy.setup``). A SIGTERM on one rank would otherwise block that rank in a
+    broadcast nobody else joins.
+
+    Raises:
+        RuntimeError: the attribute is gone (a Lightning version this module was not checked against).
+    """
+    connector = getattr(trainer, "_signal_connector", None)
+    if connector is None or not hasattr(connector, "_sigterm_notifier_fn"):
+        raise RuntimeError("lightning_pgc: this Lightning version has no `_signal_connector._sigterm_notifier_fn` "
+                           "(checked against 2.6.6); update lightning_pgc/_lightning.py")
+    connector._sigterm_notifier_fn = notifier
+
+
+def mark_sigterm(trainer: "pl.Trainer") -> None:
+    """Set ``trainer.received_sigterm`` (2.6.6: a read-only property over ``_signal_connector.received_sigterm``)."""
+    trainer._signal_connector.received_sigterm = True

@@ -194,6 +194,7 @@ class PGCDiagnostics(Callback):
             if info.version % self.log_every_n_steps == 0:
                 metrics.update(measured)
                 metrics["pgc/late_codes"] = float(runtime.leader.late_codes)
+                metrics["pgc/alive"] = float(len(runtime.leader.alive(now)))  # ranks with heartbeats, not finished
                 metrics.update(_rank_metrics(strategy.rank_stats(), runtime.leader.closed, self.per_rank))
 
         if pending is not None:

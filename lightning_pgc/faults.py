@@ -1,4 +1,4 @@
-"""Fault injection for users and tests: callbacks that kill, freeze, stall or poison one rank at one step.
+"""Fault injection for users and tests: callbacks that kill, terminate, freeze, stall or poison one rank at one step.
 
 They work under any strategy (``ddp`` included) and from YAML, like :class:`~lightning_pgc.StragglerInjector`::
 
@@ -24,7 +24,7 @@ from typing import Any, Optional
 from lightning.pytorch import Callback, LightningModule, Trainer
 from typing_extensions import override
 
-__all__ = ["Fault", "Freeze", "Kill", "NaNGradient", "Stall"]
+__all__ = ["Fault", "Freeze", "Kill", "NaNGradient", "Stall", "Terminate"]
 
 
 class Fault(Callback):
@@ -71,6 +71,15 @@ class Kill(Fault):
         sys.stdout.flush()
         sys.stderr.flush()
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+class Terminate(Fault):
+    """SIGTERM the hit rank's process, as a scheduler evicting one node does: Lightning's handler marks the
+    trainer, and the rank stops at its next batch (under PGC alone; one per rank stops the whole job)."""
+
+    @override
+    def fire(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class _LastingFault(Fault):

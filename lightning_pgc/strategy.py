@@ -45,8 +45,11 @@ from lightning_pgc._lightning import (
     closure_loss,
     default_pg_timeout,
     has_layer_sync,
+    mark_sigterm,
     replace_sigterm_broadcast,
+    replace_sigterm_notifier,
     set_closure_loss,
+    surviving_launcher,
     sync_module_states,
     wrap_launcher,
 )
@@ -128,7 +131,8 @@ class PGCStrategy(DDPStrategy):
         timeout: seconds the job may run with fewer live ranks than a version needs (``n - s``) before every rank
             fails with an error naming the missing ones; counted after the heartbeat window that detects a death.
             Slow steps never trigger it: liveness is the heartbeats, not progress. Raise it if frozen ranks are
-            expected back (e.g. a preempted node that resumes).
+            expected back (e.g. a preempted node that resumes). Lightning's collectives during fit (validation,
+            checkpoints) also wait this long past the heartbeat window for a silent rank, then go on without it.
         max_lag: how many versions a rank may fall behind before it is detached: it stops receiving aggregates
             (its memory stays bounded) and, once back, catches up by state transfer; nobody waits for it.
             Default: as many as fit in 512 MiB, between ``c + 1`` and 1024. Lower it if a slow rank's memory grows
@@ -149,7 +153,8 @@ class PGCStrategy(DDPStrategy):
         diagnostics_every: steps between the probe-batch diagnostics (displacement, ``L_hat``).
         max_condition: largest worst-case condition number accepted for Tandon-coded cyclic schemes.
         process_group_timeout: timeout of Lightning's default process group (as ``DDPStrategy(timeout=...)``).
-        start_method: how Lightning launches the ranks, as for ``ddp``.
+        start_method: how Lightning launches the ranks, as for ``ddp``; with any of them a dead rank does not make
+            the launcher kill the others (up to ``s`` dead workers are survived, see docs/guide.md).
     """
 
     strategy_name = "pgc"
@@ -313,6 +318,8 @@ class PGCStrategy(DDPStrategy):
         if self.parallel_devices is not None:
             self._make_scheme(self.num_nodes * len(self.parallel_devices))
         super()._configure_launcher()
+        # Lightning's launchers kill every rank when one dies; PGC survives up to s dead ranks.
+        wrap_launcher(self, lambda launcher: surviving_launcher(launcher, self._reap_grace_s()))
         # Lightning hands ``fit``'s model and loaders to the launcher: check them there, before any rank starts.
         wrap_launcher(self, lambda launcher: PreflightLauncher(launcher, self._preflight))
 
@@ -343,6 +350,7 @@ class PGCStrategy(DDPStrategy):
         super().setup(trainer)
         if trainer.state.fn == TrainerFn.FITTING:
             replace_sigterm_broadcast(trainer, _local_sigterm_check(trainer))
+            replace_sigterm_notifier(trainer, self._sigterm_notifier(trainer))
         if trainer.state.fn == TrainerFn.FITTING and self.diagnostics:
             from lightning_pgc.callbacks import PGCDiagnostics
 
@@ -453,6 +461,7 @@ class PGCStrategy(DDPStrategy):
             heartbeat_misses=self.heartbeat_misses,
         )
         self.runtime.start()
+        self._route_metric_syncs()
         self.skipped_steps = 0
         self._rank_stats = []
         self._rejoin = None
@@ -472,8 +481,14 @@ class PGCStrategy(DDPStrategy):
         super().on_train_end()
 
     def _stop_runtime(self) -> None:
+        self._restore_metric_syncs()
         if self.runtime is not None:
-            self.runtime.stop(donate=self._state_bytes)
+            trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+            leave = trainer is not None and trainer.received_sigterm
+            if leave:
+                log.warning("PGC rank %d: SIGTERM: leaving at step %d (the others go on while enough ranks are left)",
+                            self.global_rank, trainer.global_step)
+            self.runtime.stop(donate=self._state_bytes, leave=leave)
             self.buffer_stats = self.runtime.buffer_stats()
             self._rank_stats = self.runtime.rank_stats()
             if self.cache is not None:
@@ -624,26 +639,105 @@ class PGCStrategy(DDPStrategy):
                 self._zero_grad()
             return super().training_step(chunks[-1], *args[1:], **kwargs)
 
-    # Collectives on the default group are refused inside training_step (a rank that fell behind skips it).
+    # Collectives are refused inside training_step (a rank that fell behind skips it). During fit (the runtime
+    # runs) the others go among the live ranks through the leader, so a dead rank does not end the job; a rank
+    # that got SIGTERM is leaving and runs them alone (see _collectives).
     @override
     def reduce(self, tensor: Any, group: Optional[Any] = None, reduce_op: Optional[Any] = "mean") -> Any:
         self.collective_guard.refuse("a reduce (e.g. `self.log(..., sync_dist=True)`)")
-        return super().reduce(tensor, group=group, reduce_op=reduce_op)
+        live = self._collectives()
+        if live is None or not isinstance(tensor, Tensor) or group is not None:
+            return super().reduce(tensor, group=group, reduce_op=reduce_op)
+        return tensor if live is _ALONE else live.reduce(tensor, reduce_op)
 
     @override
     def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
         self.collective_guard.refuse("`all_gather`")
-        return super().all_gather(tensor, group=group, sync_grads=sync_grads)
+        live = self._collectives()
+        if live is None or group is not None:
+            return super().all_gather(tensor, group=group, sync_grads=sync_grads)
+        if live is _ALONE or sync_grads:
+            raise PGCUnsupportedError(
+                "`all_gather` during fit " + ("after SIGTERM (this rank is leaving)" if live is _ALONE else
+                                              "with sync_grads=True (gradients through a gather)")
+                + " is not supported by PGCStrategy; gather outside fit, or use a reduce"
+            )
+        return live.all_gather(tensor)
 
     @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         self.collective_guard.refuse("`broadcast`")
-        return super().broadcast(obj, src)
+        live = self._collectives()
+        if live is None:
+            return super().broadcast(obj, src)
+        return obj if live is _ALONE else live.broadcast(obj, src)
 
     @override
     def barrier(self, *args: Any, **kwargs: Any) -> None:
         self.collective_guard.refuse("`barrier`")
-        super().barrier(*args, **kwargs)
+        live = self._collectives()
+        if live is None:
+            super().barrier(*args, **kwargs)
+        elif live is not _ALONE:
+            live.barrier()
+
+    def _collectives(self) -> Any:
+        """Where Lightning's collectives go now: None (the default group: outside fit, every rank alive), the
+        runtime's live-rank collectives (during fit), or ``_ALONE`` on a rank that got SIGTERM and is leaving, or
+        whose runtime failed (it runs them by itself: the others do not join them, and only rank 0 writes
+        checkpoints, so e.g. ``ModelCheckpoint(save_on_exception=True)`` still saves rank 0's state)."""
+        if self.runtime is None:
+            return None
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        if (trainer is not None and trainer.received_sigterm) or self.runtime.failure() is not None:
+            return _ALONE
+        return self.runtime.collectives
+
+    def _route_metric_syncs(self) -> None:
+        """Make the module's torchmetrics metrics synchronize among the live ranks during fit: their default
+        ``gather_all_tensors`` runs on the default group (every rank), so a dead rank would fail validation.
+        ``Metric.dist_sync_fn`` is torchmetrics' public hook for it (checked with torchmetrics 1.9.0)."""
+        try:
+            from torchmetrics import Metric
+        except ImportError:  # no torchmetrics: nothing to route
+            return
+        self._metric_syncs = [(m, m.dist_sync_fn) for m in self.lightning_module.modules() if isinstance(m, Metric)]
+        for metric, _ in self._metric_syncs:
+            metric.dist_sync_fn = self._gather_metric_state
+
+    def _restore_metric_syncs(self) -> None:
+        for metric, fn in getattr(self, "_metric_syncs", ()):
+            metric.dist_sync_fn = fn
+        self._metric_syncs = []
+
+    def _gather_metric_state(self, tensor: Tensor, group: Optional[Any] = None) -> list[Tensor]:
+        """torchmetrics' ``dist_sync_fn``: the state ``tensor`` of every live rank, in rank order."""
+        live = self._collectives()
+        if live is None or group is not None:
+            from torchmetrics.utilities.distributed import gather_all_tensors
+
+            return gather_all_tensors(tensor, group=group)
+        if live is _ALONE:
+            return [tensor]
+        got = live.gather.gather("all_gather", tensor.detach().to("cpu"))
+        return [got[r].to(tensor.device) for r in sorted(got)]
+
+    def _sigterm_notifier(self, trainer: "pl.Trainer") -> Callable[[Any, Any], None]:
+        """Lightning's SIGTERM handler without its default-group broadcast: this rank leaves at its next batch
+        (its BYE tells the leader, and the others go on as with a dead rank); a launching process forwards the
+        signal to the ranks it started (under ``popen``, rank 0's SIGTERM stops the whole job, as under ``ddp``)."""
+
+        def notify(signum: Any, frame: Any) -> None:
+            if not trainer.received_sigterm and trainer.strategy.launcher is not None:
+                trainer.strategy.launcher.kill(signum)
+            mark_sigterm(trainer)
+
+        return notify
+
+    def _reap_grace_s(self) -> float:
+        """Seconds the launching process gives the other ranks to exit after rank 0 returned: a worker notices a
+        gone leader after a heartbeat window, then tears down."""
+        return 30.0 + 2 * (self.heartbeat_interval * self.heartbeat_misses + self.liveness_timeout)
 
     @override
     def optimizer_step(
@@ -860,10 +954,14 @@ class PGCStrategy(DDPStrategy):
             strategy_registry.register(name, cls, description=description, **kwargs)
 
 
+#: :meth:`PGCStrategy._collectives` on a rank that is leaving (SIGTERM): collectives run on this rank alone.
+_ALONE = object()
+
+
 def _local_sigterm_check(trainer: "pl.Trainer") -> Callable[[], None]:
     """Lightning broadcasts a SIGTERM flag from rank 0 before *every* training batch; that collective makes each
     rank wait for the slowest one and would defeat straggler tolerance. Under PGC a SIGTERM is handled on the
-    rank that received it (the others then stop on the runtime's timeout)."""
+    rank that received it: it leaves at its next batch, and the others go on as with a dead rank."""
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     def check() -> None:

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import math
+import os
 import re
+import threading
+import time
+from typing import Optional
 
 import pytest
+import torch
 
 from lightning_pgc.faults import Freeze, Kill, NaNGradient, Stall
 from tests.jobs import run_job
@@ -90,3 +95,150 @@ def test_more_than_s_frozen_ranks_fail_every_survivor_fast_naming_them(tmp_path)
     found = re.search(r"Missing ranks: \[2, 3\]; the last version closed is (\d+), ([\d.]+) s ago", log)
     assert found is not None, log[-3000:]
     assert 2 <= int(found.group(1)) <= 3 and float(found.group(2)) < 5.0
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every live process below ``pid`` (from /proc: the launcher and its ranks)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = open(f"/proc/{entry}/stat").read()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            if fields[0] != "Z":  # a zombie is gone, only not reaped yet
+                parents[int(entry)] = int(fields[1])
+    out, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, pp in parents.items() if pp in frontier} - out
+        out |= frontier
+    return out
+
+
+def test_a_killed_worker_is_survived_validation_and_checkpoints_included(tmp_path):
+    """SIGKILL of rank 3 at step 3 (4 CPU ranks, s = 1, one shard on rank 0): the launcher kills nobody, the other
+    three finish fit with validation (``sync_dist`` reduce, torchmetrics accuracy) and checkpoints (barriers,
+    broadcasts) among the live ranks; their replicas are identical; the leader names the dead rank and the version;
+    ``pgc/alive`` drops to 3; the launching process exits 0."""
+    job = run_job(
+        tmp_path, "kill", strategy="pgc", devices=4, max_steps=16, val_check_interval=8, check_val_every_n_epoch=None,
+        limit_val_batches=2, checkpoint_every_n_steps=8,
+        strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0},
+        faults=[{"kind": "Kill", "rank": 3, "step": 3}],
+    )
+    ranks = job["ranks"]
+    assert ranks[3] is None
+    assert len({r["checksum"] for r in ranks[:3]}) == 1 and {r["global_step"] for r in ranks[:3]} == {16}
+    died = re.search(r"rank 3 died at version (\d+) .*3 of 4 ranks alive", job["stderr"])
+    assert died is not None and int(died.group(1)) >= 3, job["stderr"][-3000:]
+    alive = [row["pgc/alive"] for row in job["summary"]["diagnostics"] if "pgc/alive" in row]
+    assert alive and alive[-1] == 3.0
+    assert math.isfinite(job["summary"]["metrics"]["val_loss"]) and "val_acc" in job["summary"]["metrics"]
+    ckpt = torch.load(tmp_path / "kill" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 16
+    saved = sorted(int(re.search(r"step=(\d+)", p.name).group(1))
+                   for p in (tmp_path / "kill" / "checkpoints").glob("epoch*.ckpt"))
+    assert saved == [8, 16]
+
+
+def test_more_than_s_killed_ranks_fail_every_survivor_fast_naming_them_and_leave_no_process(tmp_path):
+    """s = 1 and ranks 2 and 3 are SIGKILLed at step 3: no version can close. Every surviving rank exits non-zero
+    within twice the heartbeat window (1 s; ``timeout`` 1 s) of the first kill, the errors name the dead ranks and
+    the last version closed, the last checkpoint on disk loads, and no process of the job is left."""
+    failed, exits = _failing_job_watched(
+        tmp_path, "kill2", max_steps=40, check_val_every_n_epoch=100, checkpoint_every_n_steps=2,
+        faults=[{"kind": "Kill", "rank": r, "step": 3} for r in (2, 3)])
+    ranks = sorted(t for t in exits.values() if t is not None)[:4]  # the launcher exits last (it reaps the ranks)
+    first_kill = ranks[0]
+    assert ranks[3] - first_kill < 2 * 1.0 * 2, ranks  # survivors: twice the window, with slack for a loaded CPU
+    log = failed.result.log_tail
+    assert re.search(r"Missing ranks: \[2, 3\]; the last version closed is \d+", log), log[-3000:]
+    assert re.search(r"rank 1 \(pid \d+\) exited with status 1: .*Missing ranks: \[2, 3\]", log), log[-3000:]
+    ckpt = torch.load(tmp_path / "kill2" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] >= 2 and "state_dict" in ckpt
+
+
+def _failing_job_watched(tmp_path, name: str, **spec):
+    """Run a job that must fail (4 ranks, pgc, heartbeat window 1 s, timeout 1 s) while watching its processes;
+    returns the JobFailed and, per process of the job, when it was gone. Asserts none is left."""
+    from lightning_pgc.experiments import JobFailed
+
+    failed: list[JobFailed] = []
+
+    def run() -> None:
+        try:
+            run_job(tmp_path, name, strategy="pgc", devices=4,
+                    strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0}, **spec)
+        except JobFailed as exc:
+            failed.append(exc)
+
+    job = threading.Thread(target=run)
+    job.start()
+    exits: dict[int, Optional[float]] = {}  # every process of the job -> when it was gone
+    while job.is_alive():
+        now, procs = time.monotonic(), _descendants(os.getpid())
+        exits.update({p: None for p in procs if p not in exits})
+        exits.update({p: now for p, t in exits.items() if t is None and p not in procs})
+        time.sleep(0.05)
+    assert failed and len(exits) >= 5  # the launching process and its 4 ranks
+    assert not _descendants(os.getpid()) and not any(_running(p) for p in exits)
+    return failed[0], exits
+
+
+def test_a_killed_leader_ends_the_job_fast_and_clean(tmp_path):
+    """Rank 0 (the leader) is SIGKILLed at step 3: leader failover is not built, so the job must end, fast and
+    without leftovers. Every worker fails within twice the heartbeat window, naming the lost leader, and the
+    launching process exits non-zero saying rank 0 died."""
+    failed, exits = _failing_job_watched(tmp_path, "kill0", max_steps=40, check_val_every_n_epoch=100,
+                                         faults=[{"kind": "Kill", "rank": 0, "step": 3}])
+    ranks = sorted(t for t in exits.values() if t is not None)[:4]
+    assert ranks[3] - ranks[0] < 2 * 1.0 * 2, ranks
+    log = failed.result.log_tail
+    assert re.search(r"rank 0 \(the PGC leader\) exited with status -9", log), log[-3000:]
+    for r in (1, 2, 3):
+        lost = re.search(rf"rank {r} \(pid \d+\) exited with status 1: .*(PGC leader|lost the leader)", log)
+        assert lost is not None, log[-3000:]
+
+
+def _running(pid: int) -> bool:
+    try:
+        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_on_one_worker_leaves_the_others_training(tmp_path):
+    """A SIGTERM on rank 2 only (one node evicted) at step 3: rank 2 says BYE and leaves at once; the others go on
+    as with a dead rank and finish with identical replicas; the job succeeds."""
+    job = run_job(
+        tmp_path, "term1", strategy="pgc", devices=4, max_steps=16, check_val_every_n_epoch=100,
+        strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0},
+        faults=[{"kind": "Terminate", "rank": 2, "step": 3}],
+    )
+    ranks = job["ranks"]
+    assert ranks[2] is None
+    assert len({ranks[r]["checksum"] for r in (0, 1, 3)}) == 1 and {ranks[r]["global_step"] for r in (0, 1, 3)} == {16}
+    assert re.search(r"PGC rank 2: SIGTERM: leaving at step [3-5] ", job["stderr"]), job["stderr"][-3000:]
+    assert re.search(r"PGC: rank 2 left at version \d+ \(SIGTERM on that rank\); training goes on with 3 of 4",
+                     job["stderr"]), job["stderr"][-3000:]
+
+
+def test_sigterm_on_every_rank_stops_the_job_cleanly_with_a_checkpoint(tmp_path):
+    """A SIGTERM on every rank at step 5 stops the job as under ``ddp``: each rank raises Lightning's
+    ``SIGTERMException`` at its next batch, rank 0's ``ModelCheckpoint(save_on_exception=True)`` writes a checkpoint
+    of its state, nothing hangs and the launcher exits 0 (as Lightning's ``SIGTERMException``, a ``SystemExit``)."""
+    from lightning_pgc.experiments import launch
+
+    result = launch({"out": str(tmp_path / "term_all"), "start_method": "fork", "strategy": "pgc", "devices": 4,
+                     "max_steps": 40, "check_val_every_n_epoch": 100, "checkpoint_every_n_steps": 100,
+                     "checkpoint_on_exception": True,
+                     "strategy_kwargs": {"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0},
+                     "faults": [{"kind": "Terminate", "rank": r, "step": 5} for r in range(4)]},
+                    timeout=240, check=False)
+    assert result.returncode == 0, result.log_tail[-3000:]
+    assert all(f"PGC rank {r}: SIGTERM: leaving at step" in result.log_tail for r in range(4)), result.log_tail[-3000:]
+    saved = list((tmp_path / "term_all" / "checkpoints").glob("*.ckpt"))
+    assert saved, result.log_tail[-3000:]
+    steps = {torch.load(p, weights_only=False)["global_step"] for p in saved}
+    assert min(steps) >= 5 and max(steps) < 40

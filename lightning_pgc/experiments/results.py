@@ -66,7 +66,7 @@ class JobResult:
     out: Path
     ok: bool
     spec: dict[str, Any] = field(default_factory=dict)
-    ranks: list[dict[str, Any]] = field(default_factory=list)
+    ranks: list[Optional[dict[str, Any]]] = field(default_factory=list)  # None: a rank killed by a fault
     valves: list[dict[str, Any]] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     curve: list[tuple[float, int, float]] = field(default_factory=list)  # (wall_s, step, train_loss)
@@ -79,8 +79,8 @@ class JobResult:
 
     @property
     def identical_replicas(self) -> bool:
-        """Every rank ended with the same parameter checksum."""
-        return bool(self.ranks) and len({r["checksum"] for r in self.ranks}) == 1
+        """Every rank that finished ended with the same parameter checksum."""
+        return bool(self.ranks) and len({r["checksum"] for r in self.ranks if r is not None}) == 1
 
     @property
     def fit_wall_s(self) -> float:
@@ -145,7 +145,10 @@ def read_result(out: Path | str, devices: Optional[int] = None) -> JobResult:
             result.error = f"the job exited with status {result.returncode}; see {out / FILES['log']}"
             return result
         n = int(devices if devices is not None else result.spec.get("devices", 1))
-        result.ranks = [json.loads((out / rank_file(r)).read_text()) for r in range(n)]
+        # a rank the spec kills (SIGKILL) or terminates (SIGTERM) may write nothing: None in its place
+        gone = {f["rank"] for f in result.spec.get("faults", ()) if f.get("kind") in ("Kill", "Terminate")}
+        result.ranks = [json.loads((out / rank_file(r)).read_text())
+                        if r not in gone or (out / rank_file(r)).exists() else None for r in range(n)]
         if (out / valve_file(0)).exists():
             result.valves = [json.loads((out / valve_file(r)).read_text()) for r in range(n)]
         result.summary = json.loads((out / FILES["summary"]).read_text())

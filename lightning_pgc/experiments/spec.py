@@ -19,8 +19,8 @@ Spec keys (all optional; :data:`DEFAULTS` has the values):
 - ``lr`` (``model.init_args.lr``), ``batch_size`` (``data.init_args.batch_size``), ``model`` and ``data`` (dicts
   merged into ``model.init_args`` / ``data.init_args``); ``None`` keeps the recipe's value;
 - ``delay`` and ``delay_seed``: the :class:`~lightning_pgc.StragglerInjector` (replaces the recipe's callbacks);
-- ``faults``: a list of ``{"kind": "Stall" | "Freeze" | "Kill" | "NaNGradient", "rank", "step", ...}``, the
-  :mod:`lightning_pgc.faults` callbacks with those arguments;
+- ``faults``: a list of ``{"kind": "Stall" | "Freeze" | "Kill" | "Terminate" | "NaNGradient", "rank", "step",
+  ...}``, the :mod:`lightning_pgc.faults` callbacks with those arguments;
 - ``sync_loss``: :class:`LossRecorder` averages the logged loss over ranks under non-PGC strategies;
 - ``compute_s_per_eval``: :class:`SimulatedCompute` seconds per gradient evaluation (0: none);
 - ``measure``: add :class:`WorkMeter` (per-rank work, waits, FLOPs);
@@ -28,7 +28,8 @@ Spec keys (all optional; :data:`DEFAULTS` has the values):
 - ``diagnostics`` / ``valve``: :class:`~lightning_pgc.PGCDiagnostics` / :class:`~lightning_pgc.StalenessValve`
   arguments (``None``: not added by the job; the strategy attaches its own diagnostics by default);
 - ``ckpt_path`` (resume), ``save_checkpoint`` (a path written when training ends),
-  ``checkpoint_every_n_steps`` (a ``ModelCheckpoint`` under ``<out>/checkpoints``);
+  ``checkpoint_every_n_steps`` (a ``ModelCheckpoint`` under ``<out>/checkpoints``; ``checkpoint_on_exception``:
+  it also saves when training stops on an exception, a SIGTERM included);
 - ``wandb``: ``{project, group, name, tags, offline, config}``: the packaged ``wandb.yaml`` logger with these
   settings, next to the CSV logger; every W&B run gets the flat keys of :func:`lightning_pgc.cli.run_config`;
 - ``threads``: ``OMP_NUM_THREADS`` of every rank;
@@ -70,6 +71,7 @@ DEFAULTS: dict[str, Any] = {
     "ckpt_path": None,
     "save_checkpoint": None,
     "checkpoint_every_n_steps": None,
+    "checkpoint_on_exception": False,
     "sync_loss": True,
     "compute_s_per_eval": 0.0,
     "measure": False,
@@ -182,7 +184,8 @@ def job_config(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["checkpoint_every_n_steps"]:
         callbacks.append({"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
                           "init_args": {"dirpath": str(out / "checkpoints"), "save_top_k": -1, "save_last": True,
-                                        "every_n_train_steps": int(spec["checkpoint_every_n_steps"])}})
+                                        "every_n_train_steps": int(spec["checkpoint_every_n_steps"]),
+                                        "save_on_exception": bool(spec["checkpoint_on_exception"])}})
     loggers: list[dict[str, Any]] = [
         {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(out), "name": "logs"}}]
     if spec["wandb"]:

@@ -247,6 +247,10 @@ class Leader:
         ``timeout`` (a frozen rank that resumes within that rejoins instead)."""
         return rank in self.dead or now - self._last_beat[rank] > self.heartbeat_window + self.timeout
 
+    def alive(self, now: float) -> list[int]:
+        """Ranks alive and still training (not finished)."""
+        return [r for r in range(self.world_size) if r not in self.byes and self.is_alive(r, now)]
+
     def missing(self, now: float) -> list[int]:
         """Ranks that neither finished nor are alive."""
         return [r for r in range(self.world_size) if r not in self.byes and not self.is_alive(r, now)]
@@ -258,7 +262,7 @@ class Leader:
         Raises:
             CoordinatorError: naming the missing ranks, the last version closed and how many the scheme tolerates.
         """
-        active = [r for r in range(self.world_size) if r not in self.byes and self.is_alive(r, now)]
+        active = self.alive(now)
         if len(active) >= self.scheme.wait_for or self._first_arrival is None:
             self._short_since = None
             return

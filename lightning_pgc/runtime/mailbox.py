@@ -71,6 +71,11 @@ class Mailbox:
             self._abort = reason if isinstance(reason, BaseException) else RuntimeError(reason)
             self._cond.notify_all()
 
+    def failure(self) -> Optional[BaseException]:
+        """What :meth:`abort` was given, or None."""
+        with self._cond:
+            return self._abort
+
     def _complete(self, version: int) -> bool:
         entry = self._items.get(version)
         return entry is not None and entry[1] == self.num_shards

@@ -1,8 +1,8 @@
 """Transports: how messages move between ranks.
 
-The runtime needs only two point-to-point calls on five independent channels (codes, aggregate shards,
-control, heartbeats, state transfer), so a transport is a small protocol with two implementations: gloo on five
-dedicated process groups
+The runtime needs only two point-to-point calls on six independent channels (codes, aggregate shards,
+control, heartbeats, state transfer, collectives), so a transport is a small protocol with two implementations:
+gloo on six dedicated process groups
 (real runs) and in-process queues (unit tests of the protocol without processes). Receives are blocking and
 made from one dedicated thread per (channel, peer); sends are asynchronous and return a handle whose ``wait``
 returns once the message left (the buffer must stay alive and unchanged until then).
@@ -28,6 +28,7 @@ class Channel(IntEnum):
     CTRL = 2  # leader -> every rank
     BEAT = 3  # every rank -> leader: heartbeats and small requests
     STATE = 4  # donor -> a rank that rejoins: the training state (state transfer)
+    COLL = 5  # every rank <-> leader: Lightning's collectives among the live ranks (runtime/collectives.py)
 
 
 class Handle(Protocol):

@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from lightning_pgc.codes import Scheme
+from lightning_pgc.runtime.collectives import LiveCollectives, LiveGather
 from lightning_pgc.runtime.leader import STAT_NAMES, CoordinatorError, Leader, StepRecord
 from lightning_pgc.runtime.mailbox import Mailbox, PGCTimeoutError
 from lightning_pgc.runtime.messages import (
@@ -220,6 +221,13 @@ class PGCRuntime:
         self._threads: list[threading.Thread] = []
         self._service: Optional[threading.Thread] = None
         self._keep_from = -1  # codes of versions below this are never used again (see _aggregate_ready)
+        self._broken: set[int] = set()  # peers whose streams broke (their process is gone): nothing is sent to them
+        self._finished: set[int] = set()  # peers that said BYE on their code stream (no aggregates for them)
+        self.alive = world_size  # ranks alive and training, as the leader last counted them (its heartbeats carry it)
+        self.collectives = LiveCollectives(LiveGather(
+            transport, rank, world_size, leader, self.heartbeat_interval, members=self._members,
+            failure=self.failure, check_leader=self._check_leader,
+            send=lambda channel, message, peers: self._send_all(channel, message, peers)))
 
     @property
     def is_leader(self) -> bool:
@@ -237,6 +245,8 @@ class PGCRuntime:
             self._spawn(self._receive_control, self.leader_rank, name="pgc-ctrl-recv")
             self._spawn(self._send_beats, self.leader_rank, name="pgc-beat")
         self._spawn(self._reap, -1, name="pgc-reaper")
+        self.collectives.gather.start()
+        self._threads.extend(self.collectives.gather.threads)
         self._service = threading.Thread(target=self._serve_safely, name="pgc-service", daemon=True)
         self._service.start()
 
@@ -245,20 +255,25 @@ class PGCRuntime:
         t.start()
         self._threads.append(t)
 
-    def stop(self, donate: Optional[Callable[[], Tensor]] = None) -> None:
+    def stop(self, donate: Optional[Callable[[], Tensor]] = None, leave: bool = False) -> None:
         """Say BYE on every code stream, serve until the leader's STOP, join every thread.
 
         Every rank's training is over once all live ranks said BYE, so the last rank to finish sets when all
         return. On the leader, ``donate`` gives the final training state (a uint8 tensor) to ranks that rejoin
-        after the leader finished.
+        after the leader finished. With ``leave`` (a worker that owns no shard and stops alone, e.g. on SIGTERM)
+        it says BYE on every stream and returns at once: the others go on without it.
         """
         if self._stopped:
+            return
+        if leave and not self.is_leader and not self.owners.shards_of(self.rank, self.progress):
+            self._leave()
             return
         self._stopped = True
         self._beats_done.set()
         bye = torch.zeros(message_numel(self.layout.shard_numel, self.up_dtype), dtype=self.up_dtype)
         write_header(bye, Header(Kind.BYE, -1, self.rank, skipped=self.skipped))
         self._send_all(Channel.CODE, bye, self.peers)
+        self.collectives.gather.stop()
         if not self.is_leader:
             self._send_small(Channel.BEAT, control(self.world_size, Kind.BYE, -1), self.leader_rank)
         self._stopping.set()
@@ -278,6 +293,20 @@ class PGCRuntime:
         if alive:
             log.warning("PGC rank %d: threads still running after stop: %s", self.rank, alive)
         self.transport.close()
+
+    def _leave(self) -> None:
+        """Worker: BYE on every stream it sends on, then return without waiting for the others (their streams
+        to this rank break when its process exits; receiver threads are daemons)."""
+        self._stopped = True
+        self._beats_done.set()
+        self._stopping.set()
+        bye = torch.zeros(message_numel(self.layout.shard_numel, self.up_dtype), dtype=self.up_dtype)
+        write_header(bye, Header(Kind.BYE, -1, self.rank, valid=1, skipped=self.skipped))  # valid=1: leaving early
+        self._send_all(Channel.CODE, bye, self.peers)
+        self.collectives.gather.stop()
+        self._send_small(Channel.BEAT, control(self.world_size, Kind.BYE, -1), self.leader_rank)
+        self._say_agg_bye()
+        log.warning("PGC rank %d left at version %d; the others go on without it", self.rank, self.progress)
 
     # ------------------------------------------------------------------------------------------- worker API
     def published(self, version: int) -> bool:
@@ -500,9 +529,12 @@ class PGCRuntime:
                   done: Optional[Callable[[], None]] = None) -> None:
         handles: list[Handle] = []
         for p in peers:
+            if p in self._broken:
+                continue
             try:
                 handles.append(self.transport.isend(channel, p, message))
             except Exception as exc:  # a peer that is gone; its streams report it
+                self._broken.add(p)
                 log.warning("PGC rank %d: send to rank %d failed: %r", self.rank, p, exc)
         self._count(sent=len(handles) * message.numel() * message.element_size())
         self._reaper_q.put((handles, done))
@@ -551,13 +583,17 @@ class PGCRuntime:
             try:
                 self.transport.recv(Channel.CODE, peer, buf)
             except Exception as exc:  # the peer's process is gone
+                self._broken.add(peer)
                 self._inbox.put(("dead", peer, repr(exc)))
                 return
             arrived = time.monotonic()
             self._count(received=buf.numel() * buf.element_size())
             header = read_header(buf)
             if header.kind == Kind.BYE:
-                self._inbox.put(("bye", peer, header.skipped))
+                self._finished.add(peer)  # its training is over: it needs no more aggregates
+                if header.valid == 1:  # it left early (SIGTERM): its process is about to exit, send it nothing
+                    self._broken.add(peer)
+                self._inbox.put(("bye", peer, header.skipped, header.valid == 1))
                 self._code_pool.put(buf)
                 return
             self._inbox.put(("code", header, buf, arrived, False))
@@ -568,8 +604,13 @@ class PGCRuntime:
             try:
                 self.transport.recv(Channel.AGG, peer, buf)
             except Exception as exc:
-                if not self._stopping.is_set():
-                    self.mailbox.abort(f"lost the stream from shard owner {peer}: {exc!r}")
+                self._broken.add(peer)
+                shards = self.owners.shards_of(peer, self.progress)
+                if not self._stopping.is_set() and shards:
+                    if peer == self.leader_rank:
+                        self.mailbox.abort(f"lost the PGC leader (rank {peer}, owner of shard 0): {exc!r}")
+                    else:
+                        self.mailbox.abort(f"{_dead_owner(peer, self.progress, shards)} ({exc!r})")
                 return
             self._count(received=buf.numel() * buf.element_size())
             header = read_header(buf)
@@ -593,6 +634,7 @@ class PGCRuntime:
             self._leader_heard = time.monotonic()
             kind, version, a, b, data = read_control(buf)
             if kind == Kind.BEAT:
+                self.alive = a
                 continue
             if kind in (Kind.DETACH, Kind.ATTACH):  # through the inbox: ordered with the decisions
                 self._inbox.put((kind.name.lower(), version, a, b))
@@ -698,9 +740,11 @@ class PGCRuntime:
                         self._attached.set()
                 elif tag == "bye" and leader is not None:
                     leader.on_bye(item[1], item[2])
+                    if item[3]:
+                        log.warning("PGC: rank %d left at version %d (SIGTERM on that rank); training goes on with "
+                                    "%d of %d ranks", item[1], leader.version, len(leader.alive(now)), self.world_size)
                 elif tag == "dead" and leader is not None:
-                    log.warning("PGC: lost rank %d (%s)", item[1], item[2])
-                    leader.on_dead(item[1])
+                    self._on_dead(leader, item[1], item[2])
                 elif tag == "reassign" and leader is not None:
                     _, shard, owner, from_version = item
                     if from_version < leader.version:
@@ -747,7 +791,9 @@ class PGCRuntime:
                 missing = now_missing
                 if now - last_beat >= self.heartbeat_interval:
                     last_beat = now
-                    self._send_all(Channel.CTRL, control(self.world_size, Kind.BEAT, leader.version), self.peers)
+                    self.alive = len(leader.alive(now))
+                    self._send_all(Channel.CTRL, control(self.world_size, Kind.BEAT, leader.version, self.alive),
+                                   self.peers)
                 leader.check(now)
             done_below = self._aggregate_ready(pending, decided, done_below, recycle)
 
@@ -762,6 +808,35 @@ class PGCRuntime:
                                    self.peers)
                     self._say_agg_bye()
                     return
+
+    def _on_dead(self, leader: Leader, rank: int, why: str) -> None:
+        """Leader: ``rank``'s code stream broke (its process is gone). Up to ``s`` dead ranks are survived, unless
+        the dead rank owned a shard of the data plane (not reassigned yet: the job then fails naming it).
+
+        Raises:
+            CoordinatorError: the dead rank owned a shard.
+        """
+        if rank in leader.byes or rank in leader.dead:
+            return
+        leader.on_dead(rank)
+        shards = self.owners.shards_of(rank, leader.version)
+        if shards:
+            raise CoordinatorError(_dead_owner(rank, leader.version, shards))
+        alive = len(leader.alive(time.monotonic()))
+        log.warning("PGC: rank %d died at version %d (%s); training goes on without it: %d of %d ranks alive, "
+                    "scheme '%s' needs %d", rank, leader.version, why, alive, self.world_size, self.scheme.name,
+                    self.scheme.wait_for)
+
+    def _members(self) -> set[int]:
+        """Leader: the ranks a collective waits for (not finished, not dead, not silent past window + timeout)."""
+        leader, now = self.leader, time.monotonic()
+        assert leader is not None
+        return {r for r in range(self.world_size)
+                if r not in leader.byes and r not in self._broken and not leader.gone(r, now)}
+
+    def failure(self) -> Optional[BaseException]:
+        """The error that ended this runtime (its own, or the leader's ABORT), or None (any time, any thread)."""
+        return self.error if self.error is not None else self.mailbox.failure()
 
     def _attach(self, leader: Leader, rank: int) -> None:
         """Leader: ``rank`` gets aggregates again from the open version on; a donor sends it the state."""
@@ -848,8 +923,15 @@ class PGCRuntime:
             self.mailbox.put_shard(version, shard, payload, note, table or None)
         # The first peer served gets its aggregate first and starts its next step first: rotate the order with
         # the version, or the lowest ranks would be admitted systematically more often (a bias under pgc_cr).
-        peers = [p for p in _rotated(self.peers, version) if self._receives(p, version)]
+        peers = [p for p in _rotated(self.peers, version) if self._receives(p, version) and p not in self._finished]
         self._send_all(Channel.AGG, message, peers, done=lambda: self._agg_pool.put(message))
+
+
+def _dead_owner(rank: int, version: int, shards: list[int]) -> str:
+    """The error for a dead shard owner (the leader's, or a rank's that lost the owner's aggregate stream)."""
+    return (f"rank {rank} died at version {version} and it owns shard(s) {shards} of the data plane; dead shard "
+            "owners are not survived yet. Payloads above `shard_bytes` are split over every rank: raise "
+            "PGCStrategy(shard_bytes=...) above this model's payload to keep one shard, on rank 0")
 
 
 def _rotated(items: list[int], by: int) -> list[int]:

@@ -1,0 +1,263 @@
+"""Collectives among the live ranks, through the leader, on the runtime's own point-to-point streams.
+
+Lightning's own collectives during fit (validation ``sync_dist`` reduces, checkpoint barriers and broadcasts,
+``reduce_boolean_decision``) run on the default process group, which needs every rank: one dead rank makes
+them fail or hang. :class:`LiveGather` replaces them while the runtime runs: every rank sends its (pickled)
+contribution to the leader on the ``COLL`` channel; the leader waits for every rank that is still in the job
+(not finished, not dead, not silent past the heartbeat window plus ``timeout``) and sends the same contributions
+to all of them. :class:`LiveCollectives` builds barrier, broadcast, reduce and all-gather on top; every rank
+combines the same bytes in rank order, so the results are bit-identical everywhere.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import queue
+import threading
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor
+
+from lightning_pgc.runtime.transport import Channel, Transport
+
+__all__ = ["CollectiveError", "LiveCollectives", "LiveGather", "OPS"]
+
+#: Operation codes carried with each contribution: all ranks of one collective must run the same one.
+OPS = {"barrier": 1, "broadcast": 2, "reduce": 3, "all_gather": 4}
+_NAMES = {v: k for k, v in OPS.items()}
+_MISMATCH = 0  # the leader's answer when the ranks called different collectives (payload: the error text)
+_HEADER = 3  # int64 words: sequence number, payload bytes, operation (sequence -1: the stream ends)
+
+
+class CollectiveError(RuntimeError):
+    """A collective among the live ranks could not complete (mismatched calls, a source rank gone)."""
+
+
+def _dumps(obj: Any) -> Tensor:
+    buf = io.BytesIO()
+    pickle.dump(obj, buf, protocol=pickle.HIGHEST_PROTOCOL)
+    return torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
+
+
+def _loads(data: Tensor) -> Any:
+    return pickle.loads(data.numpy().tobytes())
+
+
+class LiveGather:
+    """One gather-to-all among the live ranks per call, through the leader.
+
+    Call order: :meth:`start` once (after the transport exists), :meth:`gather` on every live rank in the same
+    order (as for any collective), :meth:`stop` once. The leader needs ``members()``, the ranks it waits for,
+    and ``failure()``, the error that ends every wait; a worker needs ``failure()`` and ``check_leader(doing)``,
+    which raises once the leader is silent for a heartbeat window.
+
+    Args:
+        transport: the runtime's streams (``Channel.COLL`` is used only here).
+        rank, world_size, leader: this rank, the number of ranks, the leader's rank.
+        poll_s: seconds between liveness checks while waiting.
+        members: leader only: the ranks a collective waits for now (this one included).
+        failure: the runtime's error, if it failed (every wait then raises it).
+        check_leader: worker only: raises if the leader is gone.
+        send: ``send(channel, tensor, peers)``: the runtime's asynchronous, ordered send.
+    """
+
+    def __init__(self, transport: Transport, rank: int, world_size: int, leader: int, poll_s: float,
+                 members: Callable[[], set[int]], failure: Callable[[], Optional[BaseException]],
+                 check_leader: Callable[[str], None], send: Callable[[Channel, Tensor, list[int]], None]) -> None:
+        self.transport = transport
+        self.rank, self.world_size, self.leader = rank, world_size, leader
+        self.poll_s = poll_s
+        self.members, self.failure, self.check_leader, self._send = members, failure, check_leader, send
+        self.peers = [r for r in range(world_size) if r != rank]
+        self.seq = 0
+        self.threads: list[threading.Thread] = []
+        self._cond = threading.Condition()
+        self._inbox: dict[int, dict[int, tuple[int, Tensor]]] = {}  # leader: seq -> rank -> (op, payload)
+        self._done: dict[int, tuple[int, Tensor]] = {}  # leader: recent results, for a rank that comes back late
+        self._results: queue.Queue = queue.Queue()  # worker: (seq, op, payload) or an exception
+        self._send_lock = threading.Lock()
+        self.lost: set[int] = set()  # peers whose COLL stream broke
+
+    def start(self) -> None:
+        """Start the receiving threads (leader: one per peer; worker: one for the leader)."""
+        sources = self.peers if self.rank == self.leader else [self.leader]
+        for peer in sources:
+            t = threading.Thread(target=self._receive, args=(peer,), name=f"pgc-coll-recv-{peer}", daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def stop(self) -> None:
+        """End this rank's outgoing COLL streams (their receivers return); call once, after the last gather."""
+        targets = [p for p in self.peers if p not in self.lost] if self.rank == self.leader else [self.leader]
+        self._post(targets, -1, 0, torch.zeros(0, dtype=torch.uint8))
+
+    def _post(self, peers: list[int], seq: int, op: int, payload: Tensor) -> None:
+        header = torch.tensor([seq, payload.numel(), op], dtype=torch.int64)
+        with self._send_lock:  # header and payload stay adjacent on each stream
+            self._send(Channel.COLL, header, peers)
+            if payload.numel():
+                self._send(Channel.COLL, payload, peers)
+
+    def _receive(self, peer: int) -> None:
+        header = torch.zeros(_HEADER, dtype=torch.int64)
+        while True:
+            try:
+                self.transport.recv(Channel.COLL, peer, header)
+                seq, size, op = header.tolist()
+                payload = torch.empty(max(size, 0), dtype=torch.uint8)
+                if size > 0:
+                    self.transport.recv(Channel.COLL, peer, payload)
+            except Exception as exc:  # the peer's process is gone
+                with self._cond:
+                    self.lost.add(peer)
+                    self._cond.notify_all()
+                if self.rank != self.leader:
+                    self._results.put(exc)
+                return
+            if seq < 0:
+                return
+            if self.rank != self.leader:
+                self._results.put((seq, op, payload))
+                continue
+            with self._cond:
+                done = self._done.get(seq)
+                if done is None:
+                    self._inbox.setdefault(seq, {})[peer] = (op, payload)
+                    self._cond.notify_all()
+            if done is not None:  # it was left out (silent for too long) and is back: it gets the same result
+                self._post([peer], seq, *done)
+
+    def gather(self, op: str, obj: Any) -> dict[int, Any]:
+        """``{rank: obj}`` of every live rank (this one included), identical on every rank.
+
+        Raises:
+            CollectiveError: the ranks called different collectives at this point.
+            RuntimeError: the runtime failed, or (worker) the leader is gone.
+        """
+        self.seq += 1
+        code, payload = OPS[op], _dumps(obj)
+        if self.rank == self.leader:
+            op_code, result = self._collect(self.seq, code, payload)
+        else:
+            self._post([self.leader], self.seq, code, payload)
+            op_code, result = self._await(self.seq)
+        if op_code == _MISMATCH:
+            raise CollectiveError(_loads(result))
+        if op_code != code:
+            raise CollectiveError(self._mismatch(op, _NAMES.get(op_code, str(op_code))))
+        return {r: _loads(p) for r, p in _loads(result).items()}
+
+    def _mismatch(self, mine: str, other: str) -> str:
+        return (f"PGC rank {self.rank}: collective {self.seq} is a {mine} here but a {other} on another rank; every "
+                "rank must call the same collectives in the same order (e.g. `self.log(..., sync_dist=True)` on "
+                "every rank, not under `if self.global_rank == 0`)")
+
+    def _collect(self, seq: int, code: int, payload: Tensor) -> tuple[int, Tensor]:
+        """Leader: wait for every member's contribution, then send the result to them."""
+        with self._cond:
+            got = self._inbox.setdefault(seq, {})
+            got[self.rank] = (code, payload)
+            while True:
+                failure = self.failure()
+                if failure is not None:
+                    raise RuntimeError(f"PGC collective {seq} abandoned: {failure}") from failure
+                members = (self.members() - self.lost) | {self.rank}
+                if members <= set(got):
+                    break
+                self._cond.wait(self.poll_s)
+            del self._inbox[seq]
+        ops = {r: op for r, (op, _) in got.items()}
+        if len(set(ops.values())) > 1:  # every rank gets the error (code _MISMATCH), not only the leader
+            names = {r: _NAMES.get(op, str(op)) for r, op in sorted(ops.items())}
+            code, result = _MISMATCH, _dumps(f"PGC collective {seq}: the ranks called different collectives: "
+                                             f"{names}; every rank must call the same collectives in the same order")
+        else:
+            result = _dumps({r: got[r][1] for r in sorted(got)})
+        with self._cond:
+            self._done[seq] = (code, result)
+            self._done.pop(seq - 16, None)
+        self._post(sorted(r for r in got if r != self.rank), seq, code, result)
+        return code, result
+
+    def _await(self, seq: int) -> tuple[int, Tensor]:
+        """Worker: the leader's result for ``seq``."""
+        while True:
+            failure = self.failure()
+            if failure is not None:
+                raise RuntimeError(f"PGC collective {seq} abandoned: {failure}") from failure
+            try:
+                item = self._results.get(timeout=self.poll_s)
+            except queue.Empty:
+                self.check_leader(f"in collective {seq} (a barrier, broadcast or reduce)")
+                continue
+            if isinstance(item, BaseException):
+                raise RuntimeError(f"PGC rank {self.rank} lost the leader's stream during collective {seq}: "
+                                   f"{item!r}") from item
+            got, op, payload = item
+            if got == seq:
+                return op, payload
+            if got > seq:
+                raise CollectiveError(f"PGC rank {self.rank}: got the result of collective {got} while waiting for "
+                                      f"{seq}; ranks are out of step")
+
+
+class LiveCollectives:
+    """Barrier, broadcast, reduce and all-gather over a :class:`LiveGather` (the live ranks only).
+
+    Raises (each method):
+        CollectiveError: a broadcast whose source is gone, or an all-gather while ranks are missing (its result
+            would not have ``world_size`` rows).
+    """
+
+    def __init__(self, gather: LiveGather) -> None:
+        self.gather = gather
+
+    def barrier(self) -> None:
+        self.gather.gather("barrier", None)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        got = self.gather.gather("broadcast", obj if self.gather.rank == src else None)
+        if src not in got:
+            raise CollectiveError(f"broadcast from rank {src}, which is no longer in the job (ranks left: "
+                                  f"{sorted(got)})")
+        return got[src]
+
+    def reduce(self, tensor: Tensor, reduce_op: Any = "mean") -> Tensor:
+        """``sum``, ``mean``/``avg``, ``max``, ``min`` or ``product`` over the live ranks (mean: their number)."""
+        op = _op_name(reduce_op)
+        got = self.gather.gather("reduce", tensor.detach().to("cpu"))
+        values = torch.stack([got[r] for r in sorted(got)])
+        if op in ("sum", "mean", "avg"):
+            out = values.sum(0)
+            if op != "sum":
+                out = out / len(got)
+        elif op == "max":
+            out = values.amax(0)
+        elif op == "min":
+            out = values.amin(0)
+        elif op == "product":
+            out = values.prod(0)
+        else:
+            raise CollectiveError(f"reduce op {reduce_op!r} is not supported by the PGC live-rank reduce")
+        return out.to(device=tensor.device, dtype=out.dtype if op in ("mean", "avg") else tensor.dtype)
+
+    def all_gather(self, tensor: Tensor) -> Tensor:
+        got = self.gather.gather("all_gather", tensor.detach().to("cpu"))
+        missing = [r for r in range(self.gather.world_size) if r not in got]
+        if missing:
+            raise CollectiveError(f"all_gather while ranks {missing} are gone: the result would lack their rows; "
+                                  "gather only where every rank is alive, or use a reduce")
+        return torch.stack([got[r] for r in range(self.gather.world_size)]).to(tensor.device)
+
+
+def _op_name(reduce_op: Any) -> str:
+    """``"sum"``, ``"mean"`` ... from a string or a ``torch.distributed.ReduceOp``."""
+    if reduce_op is None:
+        return "mean"
+    if isinstance(reduce_op, str):
+        return reduce_op.lower()
+    name = getattr(reduce_op, "name", None) or str(reduce_op).rsplit(".", 1)[-1]
+    return {"AVG": "avg", "SUM": "sum", "MAX": "max", "MIN": "min", "PRODUCT": "product"}.get(name.upper(),
+                                                                                           name.lower())
