@@ -556,13 +556,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--simulate" in argv:  # the timing metrics for n = 4..64 on the simulated clock (benchmarks/sim_grid.py)
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import sim_grid
-
-        return sim_grid.main([a for a in argv if a != "--simulate"])
+def single_main(argv: list[str]) -> dict[str, Any]:
+    """``--single``: the earlier one-table grid (one delay model, one cost, one learning rate)."""
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
@@ -620,7 +615,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
 
     docs = Path(args.docs)
     docs.mkdir(parents=True, exist_ok=True)
-    command = "WANDB_MODE=offline python benchmarks/grid.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "WANDB_MODE=offline python benchmarks/grid.py --single " + " ".join(argv)
     result: dict[str, Any] = {
         "command": command.strip(),
         "grid_wall_s": grid_wall,
@@ -674,6 +669,21 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         console.print(f"wrote {path}")
     console.print(f"wrote {len(runs)} job directories under {root} (rank files, curves, job.log, W&B runs)")
     return result
+
+
+def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+    """``--simulate``: benchmarks/sim_grid.py; ``--single``: the earlier one-table grid; default: the map grid."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if "--simulate" in argv:  # the timing metrics for n = 4..64 on the simulated clock (benchmarks/sim_grid.py)
+        import sim_grid
+
+        return sim_grid.main([a for a in argv if a != "--simulate"])
+    if "--single" in argv:
+        return single_main([a for a in argv if a != "--single"])
+    import grid_map
+
+    return grid_map.main(argv)
 
 
 if __name__ == "__main__":
