@@ -361,7 +361,29 @@ def map_cell_text(cell: Mapping[str, Any]) -> str:
     text = f"**{cell['winner']}**"
     if cell["runner_up"]:
         text += f" over {cell['runner_up']}: {_interval(cell['margin'])}"
+        if not separated(cell["margin"]):
+            text += " (not separated)"
     return text
+
+
+def separated(margin: Optional[Mapping[str, Any]]) -> bool:
+    """Whether a margin's interval excludes 1 (no interval, e.g. one seed: not separated)."""
+    return bool(margin) and (margin["high"] < 1.0 or margin["low"] > 1.0)  # type: ignore[index]
+
+
+def cell_table(cell: Mapping[str, Any]) -> str:
+    """One cell's arms: rate, reach, time to target, paired ratios against dgd and ddp, and the work columns."""
+    lines = ["| arm | lr | reached | time to target (s) | vs dgd | vs ddp | val acc at equal wall | "
+             "grad evals to target | utilization | max age |",
+             "|---|---:|---:|---:|---|---|---:|---:|---:|---:|"]
+    for a in cell["arms"]:
+        m = a["means"]
+        lines.append(f"| {a['label']} | {_num(a['lr'], 'g')} | {a['reached']}/{a['runs']} | "
+                     f"{_num(a['time_to_target_s'], '.2f')} | {_interval(a['vs_dgd'])} | "
+                     f"{_interval(a['vs_ddp'])} | {_num(a['acc_at_equal_wall'], '.3f')} | "
+                     f"{_num(m['grad_evals_to_target'], '.0f')} | {_num(m['utilization_mean'], '.2f')} | "
+                     f"{_num(m['max_age'], '.0f')} |")
+    return "\n".join(lines)
 
 
 def render_markdown(result: Mapping[str, Any]) -> str:
@@ -394,17 +416,7 @@ def render_markdown(result: Mapping[str, Any]) -> str:
     lines += ["", "![crossover map](grid_map.png)", ""]
     for key in complete:
         cell = cells[key]
-        lines += [f"Cell `{key}` (all {cell['runs_expected']} runs finished):", "",
-                  "| arm | lr | reached | time to target (s) | vs dgd | vs ddp | val acc at equal wall | "
-                  "grad evals to target | utilization | max age |",
-                  "|---|---:|---:|---:|---|---|---:|---:|---:|---:|"]
-        for a in cell["arms"]:
-            m = a["means"]
-            lines.append(f"| {a['label']} | {_num(a['lr'], 'g')} | {a['reached']}/{a['runs']} | "
-                         f"{_num(a['time_to_target_s'], '.2f')} | {_interval(a['vs_dgd'])} | "
-                         f"{_interval(a['vs_ddp'])} | {_num(a['acc_at_equal_wall'], '.3f')} | "
-                         f"{_num(m['grad_evals_to_target'], '.0f')} | {_num(m['utilization_mean'], '.2f')} | "
-                         f"{_num(m['max_age'], '.0f')} |")
+        lines += [f"Cell `{key}` (all {cell['runs_expected']} runs finished):", "", cell_table(cell)]
         lines.append("")
     if result["skipped"]:
         lines += ["Not run: " + "; ".join(result["skipped"]) + ".", ""]
@@ -423,7 +435,7 @@ def plot_map(result: Mapping[str, Any], path: Path) -> None:
 
     delays, costs, cells = result["delays"], result["costs"], result["cells"]
     colors = {f: f"C{i}" for i, f in enumerate(FAMILIES)}
-    fig, ax = plt.subplots(figsize=(3.2 * len(costs) + 1.5, 1.6 * len(delays) + 1.5))
+    fig, ax = plt.subplots(figsize=(3.2 * len(costs) + 3.0, 1.6 * len(delays) + 1.8))
     used = set()
     for i, delay in enumerate(delays):
         for j, cost in enumerate(costs):
@@ -446,6 +458,7 @@ def plot_map(result: Mapping[str, Any], path: Path) -> None:
                 if cell["margin"]:
                     m = cell["margin"]
                     text += f"\n{m['estimate']:.2f}x {cell['runner_up']}\n[{m['low']:.2f}, {m['high']:.2f}]"
+                    text += "" if separated(m) else "\nnot separated"
             ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=8)
     ax.set_xlim(0, len(costs))
     ax.set_ylim(len(delays), 0)
@@ -457,7 +470,8 @@ def plot_map(result: Mapping[str, Any], path: Path) -> None:
         ax.legend(handles=[Patch(color=colors[f], alpha=0.55, label=f) for f in FAMILIES if f in used],
                   loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     ax.set_title(f"fastest to validation loss {result['settings']['target']} (n = {result['settings']['devices']},"
-                 f" {len(result['settings']['seeds'])} seeds); margin: paired ratio vs runner-up, 95 % t", fontsize=9)
+                 f" {len(result['settings']['seeds'])} seeds)\nmargin: paired time ratio vs the runner-up, 95 % t "
+                 "interval; grey: incomplete", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -67,7 +67,10 @@ def test_cell_winner_margin_and_paired_intervals_by_hand():
     # accuracy 0.1 + 0.8 / 2 = 0.5 on every seed
     ddp = next(a for a in cell["arms"] if a["arm"] == "ddp")
     assert ddp["acc_at_equal_wall"] == pytest.approx(0.5) and pgc["acc_at_equal_wall"] == pytest.approx(0.9)
-    assert cx.map_cell_text(cell).startswith("**pgc_cr_c2** over dgd: 0.58x [")
+    text = cx.map_cell_text(cell)
+    assert text.startswith("**pgc_cr_c2** over dgd: 0.58x [") and text.endswith("(not separated)")  # [0.24, 1.37]
+    steady = _cell({"ddp": [4.0, 6.0, 8.0], "dgd": [5.0, 5.0, 5.0], "pgc_cr_c2": [2.0, 2.1, 1.9]})
+    assert steady["margin"]["high"] < 1 and not cx.map_cell_text(steady).endswith("(not separated)")
 
 
 def test_an_arm_that_missed_the_target_on_a_seed_cannot_win():
@@ -168,3 +171,11 @@ def test_smoke_grid_two_steps_per_cell_real_jobs(tmp_path):
     stamps = [f.stat().st_mtime_ns for f in files]
     grid_map.main(argv)  # everything reused: no job runs, the records are untouched
     assert [f.stat().st_mtime_ns for f in files] == stamps
+
+
+def test_benchmarks_map_block_is_what_grid_renders_from_grid_map_json():
+    docs = ROOT / "docs"
+    result = json.loads((docs / "grid_map.json").read_text())
+    text = (docs / "benchmarks.md").read_text()
+    block = text[text.index(cx.MARK_BEGIN): text.index(cx.MARK_END) + len(cx.MARK_END)]
+    assert block == cx.render_markdown(result)
