@@ -1,6 +1,12 @@
-"""The benchmark grid: every scheme on the same straggler realisations, several seeds, one table.
+"""The benchmark grids. Three modes:
 
-    WANDB_MODE=offline python benchmarks/grid.py [--devices 4] [--steps 200] [--seeds 0 1] [--c 2 4 8]
+- default (``make bench-grid``): the map grid, ``benchmarks/grid_map.py`` (every scheme x straggler model x cost of a
+  gradient evaluation x seeds, each scheme at its own learning rate, run incrementally, rendered as a crossover
+  map; its options);
+- ``--simulate``: ``benchmarks/sim_grid.py`` (timing metrics for n = 4 ... 64 on the simulated clock);
+- ``--single``: the one-table grid below, whose per-run measurements (:func:`run_row`) the map grid reuses.
+
+    WANDB_MODE=offline python benchmarks/grid.py --single [--devices 4] [--steps 200] [--seeds 0 1] [--c 2 4 8]
 
 Runs, one after the other, the digits CNN job (:func:`lightning_pgc.experiments.launch`: the packaged
 ``digits_cnn.yaml`` recipe plus a job config, run by ``lightning-pgc fit``) under ``ddp``, ``dgd``,
@@ -19,9 +25,6 @@ Users without W&B get the same numbers as plain files:
 - ``docs/benchmarks_loss_vs_wall.png``, ``docs/benchmarks_loss_vs_step.png``: validation and training loss,
 - ``docs/benchmarks.md``: the table and settings, rewritten between its ``grid:begin``/``grid:end`` markers
   (text outside the markers is kept).
-
-``--simulate`` runs ``benchmarks/sim_grid.py`` instead (its options): the timing metrics for n = 4 ... 64 on
-the simulated clock, plainly labelled as simulated, in ``docs/simulation.md``.
 
 Jobs, logs and W&B directories go to ``--out`` (default ``outputs/grid``). ``--reuse`` skips jobs whose results
 are already there with the same spec (to re-render the report). Prints a summary table and every path written.

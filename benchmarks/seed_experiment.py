@@ -151,7 +151,8 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         seeds.add(int(seed))
     order = list(arm_fragments())
     arms = [arm_of(k) for k in sorted(keys, key=lambda k: order.index(k) if k in order else len(order))]
-    cell = cx.summarize_cell(records, arms, sorted(seeds), args.target, {})
+    recipe_lr = yaml.safe_load(recipe_path(RECIPE).read_text())["model"]["init_args"]["lr"]
+    cell = cx.summarize_cell(records, arms, sorted(seeds), args.target, {a.key: recipe_lr for a in arms})
     result = {"out": str(root), "target": args.target, "seeds": sorted(seeds), "cell": cell, "records": records}
     (root / "seed_experiment.json").write_text(json.dumps(result, indent=1, default=float))
     text = "\n".join([f"# Seed experiment: {len(arms)} arms, seeds {sorted(seeds)}, target validation loss "
