@@ -356,14 +356,16 @@ def map_cell_text(cell: Mapping[str, Any]) -> str:
     """What the map shows for one cell: the winner with its margin and interval, or why there is none."""
     if cell["status"] == "incomplete":
         return f"incomplete ({cell['runs_finished']}/{cell['runs_expected']} runs)"
+    failed = cell["runs_finished"] - cell["runs_ok"]
+    note = f" ({failed} failed runs)" if failed else ""
     if cell["winner"] is None:
-        return cell["status"]
+        return cell["status"] + note
     text = f"**{cell['winner']}**"
     if cell["runner_up"]:
         text += f" over {cell['runner_up']}: {_interval(cell['margin'])}"
         if not separated(cell["margin"]):
             text += " (not separated)"
-    return text
+    return text + note
 
 
 def separated(margin: Optional[Mapping[str, Any]]) -> bool:

@@ -53,6 +53,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--max-jobs", type=int, default=None, help="run at most this many new jobs now")
     p.add_argument("--only-cells", nargs="+", default=None, help="run jobs of these cells only (e.g. stalls-sleep)")
     p.add_argument("--render-only", action="store_true")
+    p.add_argument("--retry-failed", action="store_true",
+                   help="rerun jobs recorded as failed (a timeout, a crash); by default a failed run is a result")
     p.add_argument("--start-method", default="popen", choices=["popen", "fork"])
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before a job is killed")
     p.add_argument("--runs", default=str(ROOT / "docs" / "grid_runs"), help="the per-run records")
@@ -114,7 +116,8 @@ def run_jobs(jobs: list[cx.Job], store: cx.Store, args: argparse.Namespace, step
     ran = 0
     for job in jobs:
         spec = job_spec(job, args, steps_of[job.phase])
-        if store.load(job, spec) is not None:
+        previous = store.load(job, spec)
+        if previous is not None and (previous["ok"] or not args.retry_failed):
             continue
         if args.only_cells and (job.cell.key not in args.only_cells if job.phase == "main" else
                                 job.cell.cost not in {k.split("-")[-1] for k in args.only_cells}):

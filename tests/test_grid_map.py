@@ -88,6 +88,10 @@ def test_a_cell_with_a_missing_run_is_incomplete_and_names_no_winner():
     assert cell["status"] == "incomplete" and cell["winner"] is None and cell["margin"] is None
     assert (cell["runs_finished"], cell["runs_expected"]) == (3, 4)
     assert cx.map_cell_text(cell) == "incomplete (3/4 runs)"
+    records["dgd"][1] = {"ok": False, "error": "timeout", "row": {}, "val": []}  # finished, failed: cannot win
+    cell = cx.summarize_cell(records, arms, [0, 1], 0.5, {})
+    assert cell["status"] == "complete" and cell["winner"] == "ddp" and cell["runner_up"] is None
+    assert cx.map_cell_text(cell) == "**ddp** (1 failed runs)"
 
 
 def test_arms_follow_n():
