@@ -285,7 +285,9 @@ def summarize_cell(records: Mapping[str, Mapping[int, Mapping[str, Any]]], arms:
     the count, and no winner is named. The winner is the arm with the lowest geometric-mean time to the target
     validation loss among the arms that reached it on every seed; its margin is the paired ratio (t interval)
     of its time over the runner-up's (below 1: faster). An arm that missed the target on a seed can neither win
-    nor get a ratio interval (its ``reached`` says so).
+    nor get a ratio interval (its ``reached`` says so); nor can one whose first evaluation is already at the
+    target (time 0: set the target below every arm's initial validation loss). ``means`` averages the per-run
+    columns of :data:`MEAN_COLUMNS` and, per term, the error decomposition the scheme logged.
     """
     expected = len(arms) * len(seeds)
     finished = sum(1 for arm in arms for s in seeds if s in records.get(arm.key, {}))
@@ -314,6 +316,11 @@ def summarize_cell(records: Mapping[str, Mapping[int, Mapping[str, Any]]], arms:
             values = [r["row"][key] for r in good if isinstance(r["row"].get(key), (int, float))
                       and math.isfinite(r["row"][key])]
             means[key] = statistics.fmean(values) if values else math.nan
+        terms: dict[str, list[float]] = {}
+        for r in good:
+            for k, v in (r["row"].get("error_decomposition") or {}).items():
+                terms.setdefault(k, []).append(v)
+        means["error_decomposition"] = {k: statistics.fmean(v) for k, v in sorted(terms.items())}  # type: ignore
         summaries.append(ArmSummary(
             arm.key, arm.label, lrs.get(arm.key), len(done), len(good), len(reached),
             math.exp(statistics.fmean(math.log(t) for t in reached)) if reached and min(reached) > 0 else math.nan,

@@ -34,7 +34,8 @@ def _record(time_to_target: float, final_acc: float = 0.9, reach: bool = True) -
     crossing is at ``time_to_target``; accuracy rises linearly from 0.1 to ``final_acc``."""
     end = 2 * time_to_target
     return {"ok": True, "error": "", "row": {"final_val_loss": 0.0 if reach else 0.6, "max_age": 1.0,
-                                              "utilization_mean": 0.5, "grad_evals_to_target": 10.0},
+                                              "utilization_mean": 0.5, "grad_evals_to_target": 10.0,
+                                              "error_decomposition": {"pgc/staleness_ratio": time_to_target}},
             "val": [[0.0, 0, 1.0, 0.1], [end, 10, 0.0 if reach else 0.6, final_acc]]}
 
 
@@ -58,6 +59,7 @@ def test_cell_winner_margin_and_paired_intervals_by_hand():
                                                pytest.approx(math.exp(statistics.fmean(d) + half)))
     pgc = next(a for a in cell["arms"] if a["arm"] == "pgc_cr_c2")
     assert pgc["time_to_target_s"] == pytest.approx(24 ** (1 / 3))
+    assert pgc["means"]["error_decomposition"] == {"pgc/staleness_ratio": pytest.approx(3.0)}  # mean of 2, 3, 4
     # against ddp: per-seed ratios 1/2, 1/2, 1/2 -> exactly 0.5 with a zero-width interval
     assert pgc["vs_ddp"]["estimate"] == pytest.approx(0.5) and pgc["vs_ddp"]["low"] == pytest.approx(0.5)
     assert pgc["vs_dgd"]["estimate"] == pytest.approx(margin["estimate"])
