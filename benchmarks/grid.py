@@ -1,6 +1,12 @@
-"""The benchmark grid: every scheme on the same straggler realisations, several seeds, one table.
+"""The benchmark grids. Three modes:
 
-    WANDB_MODE=offline python benchmarks/grid.py [--devices 4] [--steps 200] [--seeds 0 1] [--c 2 4 8]
+- default (``make bench-grid``): the map grid, ``benchmarks/grid_map.py`` (every scheme x straggler model x cost of a
+  gradient evaluation x seeds, each scheme at its own learning rate, run incrementally, rendered as a crossover
+  map; its options);
+- ``--simulate``: ``benchmarks/sim_grid.py`` (timing metrics for n = 4 ... 64 on the simulated clock);
+- ``--single``: the one-table grid below, whose per-run measurements (:func:`run_row`) the map grid reuses.
+
+    WANDB_MODE=offline python benchmarks/grid.py --single [--devices 4] [--steps 200] [--seeds 0 1] [--c 2 4 8]
 
 Runs, one after the other, the digits CNN job (:func:`lightning_pgc.experiments.launch`: the packaged
 ``digits_cnn.yaml`` recipe plus a job config, run by ``lightning-pgc fit``) under ``ddp``, ``dgd``,
@@ -19,9 +25,6 @@ Users without W&B get the same numbers as plain files:
 - ``docs/benchmarks_loss_vs_wall.png``, ``docs/benchmarks_loss_vs_step.png``: validation and training loss,
 - ``docs/benchmarks.md``: the table and settings, rewritten between its ``grid:begin``/``grid:end`` markers
   (text outside the markers is kept).
-
-``--simulate`` runs ``benchmarks/sim_grid.py`` instead (its options): the timing metrics for n = 4 ... 64 on
-the simulated clock, plainly labelled as simulated, in ``docs/simulation.md``.
 
 Jobs, logs and W&B directories go to ``--out`` (default ``outputs/grid``). ``--reuse`` skips jobs whose results
 are already there with the same spec (to re-render the report). Prints a summary table and every path written.
@@ -556,13 +559,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     return args
 
 
-def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if "--simulate" in argv:  # the timing metrics for n = 4..64 on the simulated clock (benchmarks/sim_grid.py)
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        import sim_grid
-
-        return sim_grid.main([a for a in argv if a != "--simulate"])
+def single_main(argv: list[str]) -> dict[str, Any]:
+    """``--single``: the earlier one-table grid (one delay model, one cost, one learning rate)."""
     from rich.console import Console
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
                                TimeRemainingColumn)
@@ -620,7 +618,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
 
     docs = Path(args.docs)
     docs.mkdir(parents=True, exist_ok=True)
-    command = "WANDB_MODE=offline python benchmarks/grid.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "WANDB_MODE=offline python benchmarks/grid.py --single " + " ".join(argv)
     result: dict[str, Any] = {
         "command": command.strip(),
         "grid_wall_s": grid_wall,
@@ -674,6 +672,21 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         console.print(f"wrote {path}")
     console.print(f"wrote {len(runs)} job directories under {root} (rank files, curves, job.log, W&B runs)")
     return result
+
+
+def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+    """``--simulate``: benchmarks/sim_grid.py; ``--single``: the earlier one-table grid; default: the map grid."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    if "--simulate" in argv:  # the timing metrics for n = 4..64 on the simulated clock (benchmarks/sim_grid.py)
+        import sim_grid
+
+        return sim_grid.main([a for a in argv if a != "--simulate"])
+    if "--single" in argv:
+        return single_main([a for a in argv if a != "--single"])
+    import grid_map
+
+    return grid_map.main(argv)
 
 
 if __name__ == "__main__":

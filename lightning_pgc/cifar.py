@@ -9,6 +9,8 @@ login node and ``data_dir`` points at it.
 from __future__ import annotations
 
 import os
+import pickle
+from pathlib import Path
 from typing import Any, Callable, Literal, Optional
 
 import lightning.pytorch as pl
@@ -27,6 +29,8 @@ from lightning_pgc.digits import log_train_loss
 #: Per-channel mean and standard deviation of the CIFAR-10 training images (the usual constants).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+#: The class names, in label order.
+CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
 
 class UncheckedCIFAR10(CIFAR10):
@@ -255,3 +259,28 @@ class ResNet18CIFAR(pl.LightningModule):
                 optimizer, milestones=[max(1, total // 2), max(1, (3 * total) // 4)], gamma=0.1
             )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def write_synthetic_cifar10(root: str | Path, per_batch: int = 16, seed: int = 0) -> Path:
+    """A CIFAR-10-shaped set in torchvision's on-disk format (``cifar-10-batches-py/`` under ``root``) with random
+    32x32x3 images and labels: ``5 * per_batch`` training and ``per_batch`` test images, for smoke runs of the
+    CIFAR recipe without the real data (tests, ``benchmarks/seed_experiment.py --synthetic-data``).
+
+    Layout and keys as in ``torchvision.datasets.CIFAR10`` (which unpickles with ``encoding="latin1"``):
+    ``data_batch_1..5`` and ``test_batch`` hold ``{"data": uint8 (N, 3072), "labels": [int]}``, ``batches.meta``
+    holds ``{"label_names": [...]}``. The MD5s differ from the release, so load it with ``check_integrity=False``.
+    """
+    root = Path(root)
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        entry = {
+            "batch_label": name,
+            "data": rng.integers(0, 256, size=(per_batch, 3 * 32 * 32), dtype=np.uint8),
+            "labels": [int(v) for v in rng.integers(0, 10, size=per_batch)],
+        }
+        (folder / name).write_bytes(pickle.dumps(entry))
+    meta = {"label_names": list(CIFAR10_CLASSES), "num_cases_per_batch": per_batch, "num_vis": 3072}
+    (folder / "batches.meta").write_bytes(pickle.dumps(meta))
+    return root

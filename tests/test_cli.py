@@ -3,7 +3,7 @@
 Multi-process runs go through a subprocess (``python -m lightning_pgc ...``): Lightning's popen launcher starts
 ranks 1..n-1 by re-running that command, which cannot work from inside pytest. Each run uses 2 CPU ranks,
 ``OMP_NUM_THREADS=1`` and W&B offline, in a fresh working directory; nothing is downloaded. The CIFAR-10
-recipe runs on a tiny CIFAR-format data set written by :func:`write_tiny_cifar10`.
+recipe runs on a tiny CIFAR-format data set written by :func:`lightning_pgc.cifar.write_synthetic_cifar10`.
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
+
+from lightning_pgc.cifar import write_synthetic_cifar10
 
 # Packaged recipe names: the CLI resolves them inside the installed package (the runs' cwd has no such files).
 DIGITS = "digits_cnn.yaml"
 CIFAR = "cifar10_resnet18.yaml"
 SEEDS = "stragglers/seeds.yaml"
 FAST = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.enable_progress_bar=false"]
-CIFAR_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 
 
 def run_cli(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -50,26 +50,6 @@ def only(paths: list[Path]) -> Path:
     return paths[0]
 
 
-def write_tiny_cifar10(root: Path, per_batch: int = 16, seed: int = 0) -> Path:
-    """A CIFAR-10 copy in torchvision's on-disk format (``cifar-10-batches-py/``) with random images.
-
-    Layout and keys as in ``torchvision.datasets.CIFAR10`` (which unpickles with ``encoding="latin1"``):
-    ``data_batch_1..5`` and ``test_batch`` hold ``{"data": uint8 (N, 3072), "labels": [int]}``, ``batches.meta``
-    holds ``{"label_names": [...]}``. The MD5s differ from the release, so load it with ``check_integrity=False``.
-    """
-    folder = root / "cifar-10-batches-py"
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        entry = {
-            "batch_label": name,
-            "data": rng.integers(0, 256, size=(per_batch, 3 * 32 * 32), dtype=np.uint8),
-            "labels": [int(v) for v in rng.integers(0, 10, size=per_batch)],
-        }
-        (folder / name).write_bytes(pickle.dumps(entry))
-    meta = {"label_names": CIFAR_CLASSES, "num_cases_per_batch": per_batch, "num_vis": 3072}
-    (folder / "batches.meta").write_bytes(pickle.dumps(meta))
-    return root
 
 
 # ------------------------------------------------------------------------------------------ no training
@@ -138,7 +118,7 @@ def test_cifar_datamodule_on_tiny_copy(tmp_path: Path) -> None:
 
     from lightning_pgc.cifar import CIFAR10DataModule
 
-    write_tiny_cifar10(tmp_path, per_batch=10)
+    write_synthetic_cifar10(tmp_path, per_batch=10)
     dm = CIFAR10DataModule(str(tmp_path), batch_size=4, num_workers=0, val_split=0.2, check_integrity=False)
     dm.setup("fit")
     assert len(dm.train_set) == 40 and len(dm.val_set) == 10
@@ -231,7 +211,7 @@ def test_wandb_fragment_composes_with_a_recipe_and_logs_the_flat_run_keys(tmp_pa
 
 
 def test_cifar_recipe_on_tiny_cifar(tmp_path: Path) -> None:
-    write_tiny_cifar10(tmp_path / "data" / "cifar10")
+    write_synthetic_cifar10(tmp_path / "data" / "cifar10")
     out = check_ok(run_cli(
         tmp_path, "fit", "--config", str(CIFAR), *FAST,
         "--data.check_integrity=false", "--data.batch_size=8", "--data.num_workers=0",

@@ -1,0 +1,187 @@
+"""The map grid (benchmarks/grid.py): learning-rate rule, cell statistics, incomplete cells, rendering from per-run
+files, and a 2-step smoke run of real jobs."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import crossover as cx  # noqa: E402
+import grid_map  # noqa: E402
+
+T_975_DF2 = 4.302652729911275  # Student t, two-sided 95 %, 2 degrees of freedom (tables)
+
+
+def test_choose_lr_lowest_mean_final_loss_ties_to_the_smaller_rate():
+    assert cx.choose_lr({0.1: [0.5, 0.7], 0.05: [0.4, 0.9], 0.02: [0.8, 0.8]}, runs=2) == 0.1  # 0.6 < 0.65 < 0.8
+    assert cx.choose_lr({0.1: [0.5], 0.05: [0.5]}, runs=1) == 0.05  # tie: the smaller rate
+    assert cx.choose_lr({0.1: [0.1, float("nan")], 0.05: [0.9, 0.9]}, runs=2) == 0.05  # a diverged seed is +inf
+    assert cx.choose_lr({0.1: [None], 0.05: [2.0]}, runs=1) == 0.05  # a failed run is +inf
+    assert cx.choose_lr({0.1: [0.1], 0.05: []}, runs=1) is None  # unfinished sweep: no rate yet
+    assert cx.choose_lr({0.1: [math.inf], 0.05: [math.inf]}, runs=1) == 0.05
+
+
+def _record(time_to_target: float, final_acc: float = 0.9, reach: bool = True) -> dict:
+    """Validation loss 1.0 at t=0 falling linearly to 0.0 (reach) or 0.6 at 2 * time_to_target: with target 0.5 the
+    crossing is at ``time_to_target``; accuracy rises linearly from 0.1 to ``final_acc``."""
+    end = 2 * time_to_target
+    return {"ok": True, "error": "", "row": {"final_val_loss": 0.0 if reach else 0.6, "max_age": 1.0,
+                                              "utilization_mean": 0.5, "grad_evals_to_target": 10.0,
+                                              "error_decomposition": {"pgc/staleness_ratio": time_to_target}},
+            "val": [[0.0, 0, 1.0, 0.1], [end, 10, 0.0 if reach else 0.6, final_acc]]}
+
+
+def _cell(times: dict[str, list[float]], reach: dict[str, list[bool]] | None = None) -> dict:
+    arms = [cx.Arm("ddp"), cx.Arm("dgd"), cx.Arm("pgc_cr", 2)]
+    records = {a.key: {seed: _record(t, reach=(reach or {}).get(a.key, [True] * 3)[i])
+                       for i, (seed, t) in enumerate(zip([0, 1, 2], times[a.key]))} for a in arms}
+    return cx.summarize_cell(records, arms, [0, 1, 2], 0.5, {a.key: 0.05 for a in arms})
+
+
+def test_cell_winner_margin_and_paired_intervals_by_hand():
+    cell = _cell({"ddp": [4.0, 6.0, 8.0], "dgd": [5.0, 5.0, 5.0], "pgc_cr_c2": [2.0, 3.0, 4.0]})
+    assert cell["status"] == "complete" and cell["runs_finished"] == 9
+    # geometric means: pgc (24)^(1/3) = 2.88 < dgd 5 < ddp (192)^(1/3) = 5.77
+    assert (cell["winner"], cell["runner_up"]) == ("pgc_cr_c2", "dgd")
+    d = [math.log(2 / 5), math.log(3 / 5), math.log(4 / 5)]
+    half = T_975_DF2 * statistics.stdev(d) / math.sqrt(3)
+    margin = cell["margin"]
+    assert margin["estimate"] == pytest.approx(math.exp(statistics.fmean(d)))
+    assert (margin["low"], margin["high"]) == (pytest.approx(math.exp(statistics.fmean(d) - half)),
+                                               pytest.approx(math.exp(statistics.fmean(d) + half)))
+    pgc = next(a for a in cell["arms"] if a["arm"] == "pgc_cr_c2")
+    assert pgc["time_to_target_s"] == pytest.approx(24 ** (1 / 3))
+    assert pgc["means"]["error_decomposition"] == {"pgc/staleness_ratio": pytest.approx(3.0)}  # mean of 2, 3, 4
+    # against ddp: per-seed ratios 1/2, 1/2, 1/2 -> exactly 0.5 with a zero-width interval
+    assert pgc["vs_ddp"]["estimate"] == pytest.approx(0.5) and pgc["vs_ddp"]["low"] == pytest.approx(0.5)
+    assert pgc["vs_dgd"]["estimate"] == pytest.approx(margin["estimate"])
+    dgd = next(a for a in cell["arms"] if a["arm"] == "dgd")
+    assert dgd["vs_dgd"] is None and dgd["vs_ddp"]["estimate"] == pytest.approx((5 / 4 * 5 / 6 * 5 / 8) ** (1 / 3))
+    # equal wall per seed = the earliest end (pgc: 4, 6, 8 s); ddp ends at 8, 12, 16 s, so it is half way:
+    # accuracy 0.1 + 0.8 / 2 = 0.5 on every seed
+    ddp = next(a for a in cell["arms"] if a["arm"] == "ddp")
+    assert ddp["acc_at_equal_wall"] == pytest.approx(0.5) and pgc["acc_at_equal_wall"] == pytest.approx(0.9)
+    text = cx.map_cell_text(cell)
+    assert text.startswith("**pgc_cr_c2** over dgd: 0.58x [") and text.endswith("(not separated)")  # [0.24, 1.37]
+    steady = _cell({"ddp": [4.0, 6.0, 8.0], "dgd": [5.0, 5.0, 5.0], "pgc_cr_c2": [2.0, 2.1, 1.9]})
+    assert steady["margin"]["high"] < 1 and not cx.map_cell_text(steady).endswith("(not separated)")
+
+
+def test_an_arm_that_missed_the_target_on_a_seed_cannot_win():
+    cell = _cell({"ddp": [4.0, 6.0, 8.0], "dgd": [5.0, 5.0, 5.0], "pgc_cr_c2": [2.0, 3.0, 4.0]},
+                 reach={"pgc_cr_c2": [True, False, True]})
+    pgc = next(a for a in cell["arms"] if a["arm"] == "pgc_cr_c2")
+    assert pgc["reached"] == 2 and pgc["vs_dgd"] is None and pgc["vs_ddp"] is None
+    assert (cell["winner"], cell["runner_up"]) == ("dgd", "ddp")
+
+
+def test_a_cell_with_a_missing_run_is_incomplete_and_names_no_winner():
+    arms = [cx.Arm("ddp"), cx.Arm("dgd")]
+    records = {"ddp": {0: _record(4.0), 1: _record(4.0)}, "dgd": {0: _record(1.0)}}
+    cell = cx.summarize_cell(records, arms, [0, 1], 0.5, {})
+    assert cell["status"] == "incomplete" and cell["winner"] is None and cell["margin"] is None
+    assert (cell["runs_finished"], cell["runs_expected"]) == (3, 4)
+    assert cx.map_cell_text(cell) == "incomplete (3/4 runs)"
+    records["dgd"][1] = {"ok": False, "error": "timeout", "row": {}, "val": []}  # finished, failed: cannot win
+    cell = cx.summarize_cell(records, arms, [0, 1], 0.5, {})
+    assert cell["status"] == "complete" and cell["winner"] == "ddp" and cell["runner_up"] is None
+    assert cx.map_cell_text(cell) == "**ddp** (1 failed runs)"
+
+
+def test_arms_follow_n():
+    arms, skipped = cx.arms_for(4, [2, 4, 8])
+    keys = [a.key for a in arms]
+    assert keys[:2] == ["ddp", "dgd"] and "pgc_cr_c4_valve" in keys and "bounded_c4_valve" in keys
+    assert "gc_fr_c2" in keys and not any(k.endswith("_c8") for k in keys)
+    assert any("c=8" in reason for reason in skipped)
+    assert cx.Arm("bounded", 4, True).strategy(3) == (
+        "bounded_staleness", {"seed": 3, "replication": 2, "staleness": 4}, {**cx.VALVE, "action": "window"})
+    assert cx.Arm("ignore", 2).strategy(0)[:2] == ("ignore_stragglers", {"seed": 0, "stragglers": 1})
+
+
+ARGV = ["--devices", "2", "--c", "2", "--families", "ddp", "dgd", "pgc_cr", "--adaptive", "--delays",
+        "exponential", "one slow rank", "--costs", "sleep", "--seeds", "0", "1", "2", "--lrs", "0.05", "0.1",
+        "--sweep-seeds", "0", "--target", "0.5", "--no-wandb"]
+
+
+def test_report_renders_from_per_run_files_and_marks_incomplete_cells(tmp_path):
+    """Fake sweep and main records in the store; the report chooses the rates, names the winner of the complete
+    cell and marks the other one incomplete."""
+    argv = ARGV + ["--runs", str(tmp_path / "runs"), "--docs", str(tmp_path / "docs"), "--out", str(tmp_path / "o")]
+    args = grid_map.parse_args(argv)
+    arms, _ = cx.arms_for(2, [2], ["ddp", "dgd", "pgc_cr"], [])
+    store = cx.Store(tmp_path / "runs")
+    cells = [cx.Cell("exponential", "sleep"), cx.Cell("one slow rank", "sleep")]
+    sweep = cx.plan_sweep(cells, arms, [0.05, 0.1], [0], "lognormal + stalls")
+    assert len(sweep) == 3 * 2  # one cost, three arms, two rates, one seed
+    for job in sweep:  # 0.1 is best for pgc_cr only
+        best = job.lr == (0.1 if job.arm.family == "pgc_cr" else 0.05)
+        store.save(job, grid_map.job_spec(job, args, args.sweep_steps),
+                   {"ok": True, "error": "", "row": {"final_val_loss": 0.2 if best else 0.4}, "val": []})
+    lr_of = grid_map.chosen_lrs(sweep, store, args)
+    assert lr_of[("sleep", "pgc_cr_c2")] == 0.1 and lr_of[("sleep", "ddp")] == 0.05
+    main_jobs, waiting = cx.plan_main(cells, arms, [0, 1, 2], lr_of)
+    assert not waiting and len(main_jobs) == 2 * 3 * 3
+    times = {"ddp": [4.0, 6.0, 8.0], "dgd": [5.0, 5.0, 5.0], "pgc_cr_c2": [2.0, 3.0, 4.0]}
+    for job in main_jobs:
+        if job.cell.key == "slowrank-sleep" and job.arm.key == "dgd" and job.seed == 2:
+            continue  # not finished yet
+        store.save(job, grid_map.job_spec(job, args, args.steps), _record(times[job.arm.key][job.seed]))
+    # a record run with another spec (e.g. other steps) is not reused
+    other = grid_map.parse_args(argv + ["--steps", "50"])
+    assert store.load(main_jobs[0], grid_map.job_spec(main_jobs[0], other, other.steps)) is None
+
+    result = grid_map.main(argv + ["--render-only"])
+    cells_out = result["cells"]
+    assert cells_out["exp-sleep"]["winner"] == "pgc_cr_c2"
+    assert cells_out["slowrank-sleep"]["status"] == "incomplete"
+    assert result["sweep_runs_finished"] == 6 and result["chosen_lr"]["sleep/pgc_cr_c2"] == 0.1
+    text = (tmp_path / "docs" / "benchmarks.md").read_text()
+    assert text.count(cx.MARK_BEGIN) == 1 and "Complete cells: 1 of 2** (exp-sleep)" in text
+    assert "| exponential | **pgc_cr_c2** over dgd: 0.58x [" in text
+    assert "| one slow rank | incomplete (8/9 runs) |" in text
+    assert "| pgc_cr c=2 | 0.1 | 3/3 | 2.88 |" in text
+    assert (tmp_path / "docs" / "grid_map.png").stat().st_size > 10_000
+    assert json.loads((tmp_path / "docs" / "grid_map.json").read_text())["cells"] == json.loads(
+        json.dumps(cells_out, default=float))
+    # rendering again replaces the block instead of adding another
+    grid_map.main(argv + ["--render-only"])
+    assert (tmp_path / "docs" / "benchmarks.md").read_text().count(cx.MARK_BEGIN) == 1
+
+
+def test_smoke_grid_two_steps_per_cell_real_jobs(tmp_path):
+    """Two real jobs (dgd and pgc_cr c=2 on 2 ranks, 2 steps, one seed, no sweep), then a rerun that reuses both."""
+    argv = ["--devices", "2", "--c", "2", "--families", "dgd", "pgc_cr", "--adaptive", "--delays", "exponential",
+            "--costs", "sleep", "--seeds", "0", "--steps", "2", "--val-every", "1", "--no-sweep",
+            "--start-method", "fork", "--no-wandb", "--timeout", "120", "--runs", str(tmp_path / "runs"),
+            "--docs", str(tmp_path / "docs"), "--out", str(tmp_path / "out")]
+    result = grid_map.main(argv)
+    files = sorted((tmp_path / "runs").glob("main__*.json"))
+    assert [f.name for f in files] == ["main__exp-sleep__dgd__lr0.05__seed0.json",
+                                      "main__exp-sleep__pgc_cr_c2__lr0.05__seed0.json"]
+    for f in files:
+        record = json.loads(f.read_text())
+        assert record["ok"], record["error"]
+        assert record["row"]["replicas_identical"] and record["row"]["steps"] == 2
+        assert [p[1] for p in record["val"]] == [0, 1, 2]
+        assert record["row"]["grad_evals_per_step"] > 0 and "error_decomposition" in record["row"]
+    assert result["cells"]["exp-sleep"]["status"] != "incomplete"
+    stamps = [f.stat().st_mtime_ns for f in files]
+    grid_map.main(argv)  # everything reused: no job runs, the records are untouched
+    assert [f.stat().st_mtime_ns for f in files] == stamps
+
+
+def test_benchmarks_map_block_is_what_grid_renders_from_grid_map_json():
+    docs = ROOT / "docs"
+    result = json.loads((docs / "grid_map.json").read_text())
+    text = (docs / "benchmarks.md").read_text()
+    block = text[text.index(cx.MARK_BEGIN): text.index(cx.MARK_END) + len(cx.MARK_END)]
+    assert block == cx.render_markdown(result)
