@@ -390,8 +390,8 @@ class JobRecorder(pl.Callback):
     :mod:`lightning_pgc.experiments.results`), and closes the W&B run with the job's totals.
 
     Reads, when present among the trainer's callbacks: :class:`LossRecorder` (clock of the training curve),
-    :class:`WorkMeter` (``measure``), :class:`ResourceMeter` (``resources``), :class:`ValidationCurve`, :class:`~lightning_pgc.StragglerInjector`,
-    :class:`~lightning_pgc.PGCDiagnostics`, :class:`~lightning_pgc.StalenessValve`; and from the strategy
+    :class:`WorkMeter` (``measure``), :class:`ResourceMeter` (``resources``), :class:`ValidationCurve`,
+    :class:`~lightning_pgc.StragglerInjector`, :class:`~lightning_pgc.PGCDiagnostics`, :class:`~lightning_pgc.StalenessValve`; and from the strategy
     ``skipped_steps``, ``buffer_stats`` and ``rank_stats()`` when it has them.
 
     Args:
