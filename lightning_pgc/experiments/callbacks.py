@@ -391,8 +391,9 @@ class JobRecorder(pl.Callback):
 
     Reads, when present among the trainer's callbacks: :class:`LossRecorder` (clock of the training curve),
     :class:`WorkMeter` (``measure``), :class:`ResourceMeter` (``resources``), :class:`ValidationCurve`,
-    :class:`~lightning_pgc.StragglerInjector`, :class:`~lightning_pgc.PGCDiagnostics`, :class:`~lightning_pgc.StalenessValve`; and from the strategy
-    ``skipped_steps``, ``buffer_stats`` and ``rank_stats()`` when it has them.
+    :class:`~lightning_pgc.StragglerInjector`, :class:`~lightning_pgc.PGCDiagnostics`,
+    :class:`~lightning_pgc.StalenessValve`; and from the strategy ``skipped_steps``, ``buffer_stats`` and
+    ``rank_stats()`` when it has them.
 
     Args:
         out: the job folder (created if missing).
