@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from lightning_pgc.experiments import FILES, job_config, read_result
+from lightning_pgc.experiments.callbacks import ResourceMeter
 from lightning_pgc.experiments.spec import recipe_path, resolve_spec
 
 
@@ -34,13 +35,17 @@ def test_job_config_is_a_lightningcli_config_over_the_recipe(tmp_path: Path) -> 
     assert wandb_logger["config"]["label"] == "x" and wandb_logger["save_dir"] == str(tmp_path.resolve())
 
 
-def test_start_method_and_faults_reach_the_config(tmp_path: Path) -> None:
-    forked = job_config({"strategy": "pgc", "start_method": "fork", "out": str(tmp_path),
+def test_start_method_faults_and_resources_reach_the_config(tmp_path: Path) -> None:
+    forked = job_config({"strategy": "pgc", "start_method": "fork", "out": str(tmp_path), "resources": [50, 150],
                          "faults": [{"kind": "Stall", "rank": 2, "step": 4, "seconds": 1.5}]})
     assert forked["trainer"]["strategy"] == {"class_path": "lightning_pgc.PGCStrategy",
                                              "init_args": {"scheme": "pgc_cr", "stragglers": 1, "start_method": "fork"}}
     assert forked["trainer"]["callbacks"][3] == {"class_path": "lightning_pgc.faults.Stall",
                                                  "init_args": {"rank": 2, "step": 4, "seconds": 1.5}}
+    assert forked["trainer"]["callbacks"][4] == {"class_path": "lightning_pgc.experiments.callbacks.ResourceMeter",
+                                                 "init_args": {"after_steps": [50, 150]}}
+    with pytest.raises(ValueError, match="after_steps must be positive"):
+        ResourceMeter(after_steps=[0, 10])
     assert job_config({"strategy": "ddp", "start_method": "fork", "out": str(tmp_path)})["trainer"]["strategy"] == \
         "ddp_fork"
     assert job_config({"strategy": "pgc", "out": str(tmp_path)})["trainer"]["strategy"] == "pgc"  # popen: unchanged

@@ -23,7 +23,8 @@ from lightning_pgc.experiments.results import CURVE_HEADER, FILES, VAL_CURVE_HEA
 from lightning_pgc.strategy import PGCStrategy
 from lightning_pgc.stragglers import StragglerInjector
 
-__all__ = ["JobRecorder", "LossRecorder", "SimulatedCompute", "ValidationCurve", "WorkMeter", "parameter_checksum"]
+__all__ = ["JobRecorder", "LossRecorder", "ResourceMeter", "SimulatedCompute", "ValidationCurve", "WorkMeter",
+           "parameter_checksum", "process_memory"]
 
 
 def parameter_checksum(module: torch.nn.Module) -> str:
@@ -269,6 +270,49 @@ class WorkMeter(pl.Callback):
         }
 
 
+def process_memory() -> dict[str, int]:
+    """This process's resident memory now and its high-water mark, in bytes (``VmRSS``, ``VmHWM`` of
+    ``/proc/self/status``; Linux only, empty elsewhere)."""
+    try:
+        lines = Path("/proc/self/status").read_text().splitlines()
+    except OSError:
+        return {}
+    fields = dict(line.split(":", 1) for line in lines if ":" in line)
+    return {key: int(fields[name].split()[0]) * 1024  # the kernel writes "<n> kB"
+            for key, name in (("rss_bytes", "VmRSS"), ("peak_rss_bytes", "VmHWM")) if name in fields}
+
+
+class ResourceMeter(pl.Callback):
+    """Per-rank resident memory and thread count, sampled after the listed steps and when training ends: a soak
+    run's evidence that nothing grows with the steps (no leaked buffers, no thread started per step or per fault).
+
+    Each sample is ``{"step", "rss_bytes", "peak_rss_bytes", "threads"}`` (``threading.active_count()``); the list
+    is the ``resources`` entry of the rank file. Sample first after warm-up (the first steps allocate the optimizer
+    state, the caches and the allocator's pools), or growth from warm-up reads as a leak.
+
+    Args:
+        after_steps: sample when ``trainer.global_step`` reaches each of these (after that optimizer step).
+    """
+
+    def __init__(self, after_steps: list[int]) -> None:
+        if any(not isinstance(k, int) or k < 1 for k in after_steps):
+            raise ValueError(f"after_steps must be positive step counts, got {after_steps!r}")
+        self.after_steps = sorted(set(after_steps))
+        self.samples: list[dict[str, int]] = []
+
+    def _sample(self, step: int) -> None:
+        self.samples.append({"step": step, **process_memory(), "threads": threading.active_count()})
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        step = trainer.global_step
+        if step in self.after_steps and all(s["step"] != step for s in self.samples):
+            self._sample(step)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._sample(trainer.global_step)
+
+
 class ValidationCurve(pl.Callback):
     """Rank 0: validation loss and accuracy on the whole validation set every ``every`` steps, with wall time.
 
@@ -346,9 +390,10 @@ class JobRecorder(pl.Callback):
     :mod:`lightning_pgc.experiments.results`), and closes the W&B run with the job's totals.
 
     Reads, when present among the trainer's callbacks: :class:`LossRecorder` (clock of the training curve),
-    :class:`WorkMeter` (``measure``), :class:`ValidationCurve`, :class:`~lightning_pgc.StragglerInjector`,
-    :class:`~lightning_pgc.PGCDiagnostics`, :class:`~lightning_pgc.StalenessValve`; and from the strategy
-    ``skipped_steps``, ``buffer_stats`` and ``rank_stats()`` when it has them.
+    :class:`WorkMeter` (``measure``), :class:`ResourceMeter` (``resources``), :class:`ValidationCurve`,
+    :class:`~lightning_pgc.StragglerInjector`, :class:`~lightning_pgc.PGCDiagnostics`,
+    :class:`~lightning_pgc.StalenessValve`; and from the strategy ``skipped_steps``, ``buffer_stats`` and
+    ``rank_stats()`` when it has them.
 
     Args:
         out: the job folder (created if missing).
@@ -397,6 +442,9 @@ class JobRecorder(pl.Callback):
         meter = _find(trainer, WorkMeter)
         if meter is not None:
             result["measure"] = meter.result()
+        resources = _find(trainer, ResourceMeter)
+        if resources is not None:
+            result["resources"] = resources.samples
         (self.out / rank_file(rank)).write_text(json.dumps(result, default=float))
         valve = _find(trainer, StalenessValve)
         if valve is not None:  # every rank: what its valve saw and did (all ranks must have decided alike)

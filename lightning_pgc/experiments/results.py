@@ -8,7 +8,8 @@ The writers are the callbacks of :mod:`lightning_pgc.experiments.callbacks`; the
   reproduces it);
 - ``job.log``: stdout and stderr of every rank; ``job_done.json``: exit status and wall time of the launch;
 - ``rank{k}.json`` from every rank: final step, parameter checksum, skipped steps, injected sleep, batch sizes,
-  message-buffer high-water marks, ``rank_stats`` (when the strategy has them), ``measure`` (with ``measure``);
+  message-buffer high-water marks, ``rank_stats`` (when the strategy has them), ``measure`` (with ``measure``),
+  ``resources`` (with ``resources``: resident memory and thread count after given steps and at the end);
 - ``valve_rank{k}.json`` from every rank with a :class:`~lightning_pgc.StalenessValve`;
 - ``curve.csv`` (rank 0): wall seconds since the first step, step, training loss on the mean scale of all ranks;
 - ``val_curve.csv`` (rank 0, with ``val_every_n_steps``): wall seconds on the validation clock, step, loss,

@@ -24,6 +24,8 @@ Spec keys (all optional; :data:`DEFAULTS` has the values):
 - ``sync_loss``: :class:`LossRecorder` averages the logged loss over ranks under non-PGC strategies;
 - ``compute_s_per_eval``: :class:`SimulatedCompute` seconds per gradient evaluation (0: none);
 - ``measure``: add :class:`WorkMeter` (per-rank work, waits, FLOPs);
+- ``resources``: steps after which :class:`ResourceMeter` samples each rank's resident memory and thread count
+  (it samples again when training ends; ``None``: not added);
 - ``val_every_n_steps``: add :class:`ValidationCurve`;
 - ``diagnostics`` / ``valve``: :class:`~lightning_pgc.PGCDiagnostics` / :class:`~lightning_pgc.StalenessValve`
   arguments (``None``: not added by the job; the strategy attaches its own diagnostics by default);
@@ -75,6 +77,7 @@ DEFAULTS: dict[str, Any] = {
     "sync_loss": True,
     "compute_s_per_eval": 0.0,
     "measure": False,
+    "resources": None,
     "val_every_n_steps": None,
     "wandb": None,
     "diagnostics": None,
@@ -174,6 +177,9 @@ def job_config(spec: dict[str, Any]) -> dict[str, Any]:
                           "init_args": {"seconds": float(spec["compute_s_per_eval"])}})
     if spec["measure"]:
         callbacks.append({"class_path": cb + "WorkMeter"})
+    if spec["resources"] is not None:
+        callbacks.append({"class_path": cb + "ResourceMeter",
+                          "init_args": {"after_steps": [int(k) for k in spec["resources"]]}})
     if spec["val_every_n_steps"]:
         callbacks.append({"class_path": cb + "ValidationCurve",
                           "init_args": {"out": str(out), "every": int(spec["val_every_n_steps"])}})
