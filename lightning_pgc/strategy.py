@@ -121,11 +121,11 @@ class PGCStrategy(DDPStrategy):
         choice: ``bounded`` only: which held partition a rank evaluates. ``"round_robin"`` (default): held position
             ``t mod r``, so when every rank reports each partition is evaluated once per step. ``"oldest"``: the one
             whose table entry was oldest when ``t - 1`` closed (ties by round robin); the loader then fetches the
-            mini-batches of all ``r`` held partitions per step (one is computed). On the digits job it was never
-            better and was worse under stalls (``docs/bounded_staleness.md``), so keep ``"round_robin"`` unless you
-            measure otherwise. Under ``"oldest"``, ``pgc/bounded/duplicates`` growing by about one per step means
-            ranks compute the same partition for the same version (a rank out of phase after skipping a version):
-            go back to ``"round_robin"``.
+            mini-batches of all ``r`` held partitions per step (one is computed). With ``r = 2`` on the digits job
+            both trained alike (``docs/bounded_staleness.md``) and ``"round_robin"`` loads less. Under
+            ``"oldest"``, ``pgc/bounded/duplicates`` growing by about one per step means ranks compute the same
+            partition for the same version (several holders chasing one stale partition, possible with
+            ``r >= 3``): go back to ``"round_robin"``.
         warmup: ``"full"`` evaluates every held partition at the first step (the paper), ``"gradual"`` fills
             the cache over the first ``c`` steps at no extra cost.
         timeout: seconds the job may run with fewer live ranks than a version needs (``n - s``) before every rank
