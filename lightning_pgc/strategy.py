@@ -1,5 +1,8 @@
 """PGCStrategy: the Lightning glue of pipelined gradient coding. The math is in :mod:`lightning_pgc.codes`, the
-messaging in :mod:`lightning_pgc.runtime`; this module only connects them to Lightning's training loop.
+messaging in :mod:`lightning_pgc.runtime`; this module only connects them to Lightning's training loop. Its
+helpers, one per concept: :mod:`~lightning_pgc.checkpointing` (pipeline files), :mod:`~lightning_pgc.live`
+(collectives among the live ranks), :mod:`~lightning_pgc.state_transfer` (rejoin), :mod:`~lightning_pgc.choice`
+(bounded choice) and :mod:`~lightning_pgc.options` (constructor checks).
 
 Per optimizer step ``t`` (= the model version, Invariant 1) every rank:
 
@@ -25,7 +28,6 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
-from numbers import Integral, Real
 from typing import Any, Callable, Literal, Mapping, Optional, Union
 
 import torch
@@ -52,7 +54,7 @@ from lightning_pgc._lightning import (
 )
 from lightning_pgc.checkpointing import PipelineCheckpoints
 from lightning_pgc.choice import ChoiceBook
-from lightning_pgc.codes import CHOICES, SCHEMES, BoundedScheme, Scheme, StaleCache, make_scheme
+from lightning_pgc.codes import BoundedScheme, Scheme, StaleCache, make_scheme
 from lightning_pgc.compat import (
     CollectiveGuard,
     PGCUnsupportedError,
@@ -64,6 +66,7 @@ from lightning_pgc.compat import (
 )
 from lightning_pgc.data import PartitionBatchSampler, select_partition, split_batch
 from lightning_pgc.live import ALONE, LiveRouting
+from lightning_pgc.options import STRATEGY_SCHEMES, check_options  # noqa: F401 (re-exported)
 from lightning_pgc.runtime import GlooTransport, PGCDetached, PGCRuntime, ShardLayout, choose_num_shards
 from lightning_pgc.runtime.bounded import BoundedLeader
 from lightning_pgc.runtime.transport import payload_dtype_for
@@ -83,10 +86,6 @@ REGISTERED: dict[str, tuple[str, Optional[int], str]] = {
     "bounded_staleness": ("bounded", None, "Bounded-staleness table: replication 2, newest entry per partition "
                                            "younger than c=2 (the idea card)"),
 }
-
-#: Scheme names PGCStrategy accepts: the coded schemes plus ``bounded`` (:class:`~lightning_pgc.codes.BoundedScheme`).
-STRATEGY_SCHEMES: tuple[str, ...] = SCHEMES + ("bounded",)
-
 
 @dataclass
 class StepInfo:
@@ -189,58 +188,11 @@ class PGCStrategy(DDPStrategy):
         process_group_timeout: Optional[timedelta] = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
     ) -> None:
-        _check_type("scheme", scheme, str)
-        _check_type("stragglers", stragglers, Integral)
-        _check_type("warmup", warmup, str)
-        _check_type("timeout", timeout, Real)
-        _check_type("max_lag", max_lag, (Integral, type(None)))
-        _check_type("shard_bytes", shard_bytes, Integral)
-        _check_type("seed", seed, Integral)
-        _check_type("diagnostics", diagnostics, bool)
-        _check_type("diagnostics_every", diagnostics_every, Integral)
-        _check_type("max_condition", max_condition, Real)
-        _check_type("heartbeat_interval", heartbeat_interval, Real)
-        _check_type("heartbeat_misses", heartbeat_misses, Integral)
-        _check_type("nonfinite", nonfinite, str)
-        for name, value in (("replication", replication), ("staleness", staleness), ("fresh", fresh),
-                            ("max_staleness", max_staleness)):
-            _check_type(name, value, (Integral, type(None)))
-        _check_type("widen_after", widen_after, (Real, type(None)))
-        _check_type("choice", choice, (str, type(None)))
-        if scheme not in STRATEGY_SCHEMES:
-            raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(STRATEGY_SCHEMES)}")
-        if stragglers < 0:
-            raise ValueError(f"stragglers must be >= 0, got {stragglers}")
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        bounded_args = {"replication": replication, "staleness": staleness, "fresh": fresh,
-                        "widen_after": widen_after, "max_staleness": max_staleness, "choice": choice}
-        if scheme != "bounded" and any(v is not None for v in bounded_args.values()):
-            given = sorted(k for k, v in bounded_args.items() if v is not None)
-            raise ValueError(f"{given} apply to scheme='bounded' only (scheme={scheme!r} uses `stragglers`)")
-        if widen_after is not None and widen_after < 0:
-            raise ValueError(f"widen_after must be >= 0 seconds or None, got {widen_after}")
-        if choice is not None and choice not in CHOICES:
-            raise ValueError(f"choice must be one of {', '.join(CHOICES)}, got {choice!r}")
-        if max_staleness is not None and max_staleness < (2 if staleness is None else staleness):
-            raise ValueError(f"max_staleness ({max_staleness}) must be >= staleness ({staleness})")
-        if warmup not in ("full", "gradual"):
-            raise ValueError(f"warmup must be 'full' or 'gradual', got {warmup!r}")
-        if scheme == "pgc_cr_naive" and warmup != "full":
-            raise ValueError("pgc_cr_naive decodes Tandon codes and needs every cache entry: use warmup='full'")
-        if timeout <= 0:
-            raise ValueError(f"timeout must be positive seconds, got {timeout}")
-        if heartbeat_interval <= 0 or heartbeat_misses < 1:
-            raise ValueError(f"need heartbeat_interval > 0 and heartbeat_misses >= 1, got {heartbeat_interval} and "
-                             f"{heartbeat_misses}")
-        if nonfinite not in ("skip", "raise"):
-            raise ValueError(f"nonfinite must be 'skip' or 'raise', got {nonfinite!r}")
-        if max_lag is not None and max_lag < 1:
-            raise ValueError(f"max_lag must be >= 1 or None, got {max_lag}")
-        if shard_bytes < 1:
-            raise ValueError(f"shard_bytes must be >= 1, got {shard_bytes}")
-        if diagnostics_every < 1:
-            raise ValueError(f"diagnostics_every must be >= 1, got {diagnostics_every}")
+        check_options(scheme=scheme, stragglers=stragglers, replication=replication, staleness=staleness, fresh=fresh,
+                      widen_after=widen_after, max_staleness=max_staleness, choice=choice, warmup=warmup,
+                      timeout=timeout, max_lag=max_lag, heartbeat_interval=heartbeat_interval,
+                      heartbeat_misses=heartbeat_misses, nonfinite=nonfinite, shard_bytes=shard_bytes, seed=seed,
+                      diagnostics=diagnostics, diagnostics_every=diagnostics_every, max_condition=max_condition)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -779,15 +731,6 @@ class PGCStrategy(DDPStrategy):
             if s is not None:
                 kwargs["stragglers"] = s
             strategy_registry.register(name, cls, description=description, **kwargs)
-
-
-def _check_type(name: str, value: Any, types: Union[type, tuple[type, ...]]) -> None:
-    """A ``TypeError`` that names the parameter (``PGCStrategy(timeout="5m")``); ``bool`` is no number here."""
-    allowed = types if isinstance(types, tuple) else (types,)
-    if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
-        spelled = {Integral: "int", Real: "float", type(None): "None"}
-        names = " or ".join(spelled.get(t, t.__name__) for t in allowed)
-        raise TypeError(f"PGCStrategy({name}=...) must be {names}, got {type(value).__name__} {value!r}")
 
 
 def _loss_of(output: Any) -> Tensor:
