@@ -1,5 +1,8 @@
 """PGCStrategy: the Lightning glue of pipelined gradient coding. The math is in :mod:`lightning_pgc.codes`, the
-messaging in :mod:`lightning_pgc.runtime`; this module only connects them to Lightning's training loop.
+messaging in :mod:`lightning_pgc.runtime`; this module only connects them to Lightning's training loop. Its
+helpers, one per concept: :mod:`~lightning_pgc.checkpointing` (pipeline files), :mod:`~lightning_pgc.live`
+(collectives among the live ranks), :mod:`~lightning_pgc.state_transfer` (rejoin), :mod:`~lightning_pgc.choice`
+(bounded choice) and :mod:`~lightning_pgc.options` (constructor checks).
 
 Per optimizer step ``t`` (= the model version, Invariant 1) every rank:
 
@@ -20,14 +23,11 @@ A checkpoint saved during fit carries every rank's stale cache in ``<checkpoint>
 
 from __future__ import annotations
 
-import io
 import logging
-import os
 import time
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
-from numbers import Integral, Real
 from typing import Any, Callable, Literal, Mapping, Optional, Union
 
 import torch
@@ -45,7 +45,6 @@ from lightning_pgc._lightning import (
     closure_loss,
     default_pg_timeout,
     has_layer_sync,
-    mark_sigterm,
     replace_sigterm_broadcast,
     replace_sigterm_notifier,
     set_closure_loss,
@@ -53,7 +52,9 @@ from lightning_pgc._lightning import (
     sync_module_states,
     wrap_launcher,
 )
-from lightning_pgc.codes import CHOICES, SCHEMES, BoundedScheme, Scheme, StaleCache, make_scheme
+from lightning_pgc.checkpointing import PipelineCheckpoints
+from lightning_pgc.choice import ChoiceBook
+from lightning_pgc.codes import BoundedScheme, Scheme, StaleCache, make_scheme
 from lightning_pgc.compat import (
     CollectiveGuard,
     PGCUnsupportedError,
@@ -64,10 +65,12 @@ from lightning_pgc.compat import (
     check_trainer,
 )
 from lightning_pgc.data import PartitionBatchSampler, select_partition, split_batch
-from lightning_pgc.pipeline_state import PipelineState, dtype_name, sidecar_dir, sidecar_path, sidecar_paths
+from lightning_pgc.live import ALONE, LiveRouting
+from lightning_pgc.options import STRATEGY_SCHEMES, check_options  # noqa: F401 (re-exported)
 from lightning_pgc.runtime import GlooTransport, PGCDetached, PGCRuntime, ShardLayout, choose_num_shards
 from lightning_pgc.runtime.bounded import BoundedLeader
 from lightning_pgc.runtime.transport import payload_dtype_for
+from lightning_pgc.state_transfer import StateTransfer
 
 log = logging.getLogger(__name__)
 
@@ -83,10 +86,6 @@ REGISTERED: dict[str, tuple[str, Optional[int], str]] = {
     "bounded_staleness": ("bounded", None, "Bounded-staleness table: replication 2, newest entry per partition "
                                            "younger than c=2 (the idea card)"),
 }
-
-#: Scheme names PGCStrategy accepts: the coded schemes plus ``bounded`` (:class:`~lightning_pgc.codes.BoundedScheme`).
-STRATEGY_SCHEMES: tuple[str, ...] = SCHEMES + ("bounded",)
-
 
 @dataclass
 class StepInfo:
@@ -189,58 +188,11 @@ class PGCStrategy(DDPStrategy):
         process_group_timeout: Optional[timedelta] = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
     ) -> None:
-        _check_type("scheme", scheme, str)
-        _check_type("stragglers", stragglers, Integral)
-        _check_type("warmup", warmup, str)
-        _check_type("timeout", timeout, Real)
-        _check_type("max_lag", max_lag, (Integral, type(None)))
-        _check_type("shard_bytes", shard_bytes, Integral)
-        _check_type("seed", seed, Integral)
-        _check_type("diagnostics", diagnostics, bool)
-        _check_type("diagnostics_every", diagnostics_every, Integral)
-        _check_type("max_condition", max_condition, Real)
-        _check_type("heartbeat_interval", heartbeat_interval, Real)
-        _check_type("heartbeat_misses", heartbeat_misses, Integral)
-        _check_type("nonfinite", nonfinite, str)
-        for name, value in (("replication", replication), ("staleness", staleness), ("fresh", fresh),
-                            ("max_staleness", max_staleness)):
-            _check_type(name, value, (Integral, type(None)))
-        _check_type("widen_after", widen_after, (Real, type(None)))
-        _check_type("choice", choice, (str, type(None)))
-        if scheme not in STRATEGY_SCHEMES:
-            raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(STRATEGY_SCHEMES)}")
-        if stragglers < 0:
-            raise ValueError(f"stragglers must be >= 0, got {stragglers}")
-        if seed < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
-        bounded_args = {"replication": replication, "staleness": staleness, "fresh": fresh,
-                        "widen_after": widen_after, "max_staleness": max_staleness, "choice": choice}
-        if scheme != "bounded" and any(v is not None for v in bounded_args.values()):
-            given = sorted(k for k, v in bounded_args.items() if v is not None)
-            raise ValueError(f"{given} apply to scheme='bounded' only (scheme={scheme!r} uses `stragglers`)")
-        if widen_after is not None and widen_after < 0:
-            raise ValueError(f"widen_after must be >= 0 seconds or None, got {widen_after}")
-        if choice is not None and choice not in CHOICES:
-            raise ValueError(f"choice must be one of {', '.join(CHOICES)}, got {choice!r}")
-        if max_staleness is not None and max_staleness < (2 if staleness is None else staleness):
-            raise ValueError(f"max_staleness ({max_staleness}) must be >= staleness ({staleness})")
-        if warmup not in ("full", "gradual"):
-            raise ValueError(f"warmup must be 'full' or 'gradual', got {warmup!r}")
-        if scheme == "pgc_cr_naive" and warmup != "full":
-            raise ValueError("pgc_cr_naive decodes Tandon codes and needs every cache entry: use warmup='full'")
-        if timeout <= 0:
-            raise ValueError(f"timeout must be positive seconds, got {timeout}")
-        if heartbeat_interval <= 0 or heartbeat_misses < 1:
-            raise ValueError(f"need heartbeat_interval > 0 and heartbeat_misses >= 1, got {heartbeat_interval} and "
-                             f"{heartbeat_misses}")
-        if nonfinite not in ("skip", "raise"):
-            raise ValueError(f"nonfinite must be 'skip' or 'raise', got {nonfinite!r}")
-        if max_lag is not None and max_lag < 1:
-            raise ValueError(f"max_lag must be >= 1 or None, got {max_lag}")
-        if shard_bytes < 1:
-            raise ValueError(f"shard_bytes must be >= 1, got {shard_bytes}")
-        if diagnostics_every < 1:
-            raise ValueError(f"diagnostics_every must be >= 1, got {diagnostics_every}")
+        check_options(scheme=scheme, stragglers=stragglers, replication=replication, staleness=staleness, fresh=fresh,
+                      widen_after=widen_after, max_staleness=max_staleness, choice=choice, warmup=warmup,
+                      timeout=timeout, max_lag=max_lag, heartbeat_interval=heartbeat_interval,
+                      heartbeat_misses=heartbeat_misses, nonfinite=nonfinite, shard_bytes=shard_bytes, seed=seed,
+                      diagnostics=diagnostics, diagnostics_every=diagnostics_every, max_condition=max_condition)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -288,13 +240,13 @@ class PGCStrategy(DDPStrategy):
         self._version = 0
         self._evaluations: tuple[int, ...] = ()
         self._sampled: tuple[int, ...] = ()  # partitions whose mini-batches the step's batch holds (in that order)
-        self._table: Optional[tuple[int, Optional[tuple[int, ...]]]] = None  # (version, its table ages), bounded
-        self._own: dict[int, int] = {}  # bounded: partition -> the last version this rank chose it (sent or not)
         self._fresh: set[int] = set()
         self.collective_guard = CollectiveGuard()  # active while the user's training_step runs (also in probes)
         self._partition_batch_size: Optional[int] = None  # samples per partition evaluation (the loader's batch_size)
-        self._rejoin: Optional[tuple[int, Tensor]] = None  # (version, state) received by state transfer, not loaded
-        self._resume_from: Optional[tuple[str, Any]] = None  # (checkpoint path, its "pgc" entry) until fit starts
+        self._checkpoints = PipelineCheckpoints(self)  # per-rank pipeline files next to Lightning's checkpoints
+        self._live = LiveRouting(self)  # collectives, metric syncs and SIGTERM among the live ranks during fit
+        self._transfer = StateTransfer(self)  # rejoin by state transfer after falling max_lag versions behind
+        self._choices = ChoiceBook()  # bounded: what the partition choice remembers between steps
 
     # ------------------------------------------------------------------------------------------ configuration
     def _make_scheme(self, world_size: int) -> Scheme:
@@ -319,7 +271,7 @@ class PGCStrategy(DDPStrategy):
             self._make_scheme(self.num_nodes * len(self.parallel_devices))
         super()._configure_launcher()
         # Lightning's launchers kill every rank when one dies; PGC survives up to s dead ranks.
-        wrap_launcher(self, lambda launcher: surviving_launcher(launcher, self._reap_grace_s()))
+        wrap_launcher(self, lambda launcher: surviving_launcher(launcher, self._live.reap_grace_s()))
         # Lightning hands ``fit``'s model and loaders to the launcher: check them there, before any rank starts.
         wrap_launcher(self, lambda launcher: PreflightLauncher(launcher, self._preflight))
 
@@ -349,8 +301,8 @@ class PGCStrategy(DDPStrategy):
             self._check_supported(trainer)
         super().setup(trainer)
         if trainer.state.fn == TrainerFn.FITTING:
-            replace_sigterm_broadcast(trainer, _local_sigterm_check(trainer))
-            replace_sigterm_notifier(trainer, self._sigterm_notifier(trainer))
+            replace_sigterm_broadcast(trainer, LiveRouting.local_sigterm_check(trainer))
+            replace_sigterm_notifier(trainer, LiveRouting.sigterm_notifier(trainer))
         if trainer.state.fn == TrainerFn.FITTING and self.diagnostics:
             from lightning_pgc.callbacks import PGCDiagnostics
 
@@ -424,7 +376,7 @@ class PGCStrategy(DDPStrategy):
         assert scheme is not None
         self.cache = StaleCache(scheme.partitions(self.global_rank), max_age=scheme.cache_max_age)
         self._version = trainer.global_step
-        resumed = self._resumed_pipeline(trainer.global_step)  # this rank's stale cache from the checkpoint
+        resumed = self._checkpoints.resumed(trainer.global_step)  # this rank's stale cache from the checkpoint
         warm_start = trainer.global_step if resumed is None else resumed.warm_start
         if self._warm_start is None:
             self._warm_start = warm_start
@@ -444,7 +396,7 @@ class PGCStrategy(DDPStrategy):
         self._slots = {}
         self._held = None
         if resumed is not None:
-            self._fill_cache(resumed)
+            self._checkpoints.fill(resumed)
         self.runtime = PGCRuntime(
             scheme,
             GlooTransport(),
@@ -461,12 +413,11 @@ class PGCStrategy(DDPStrategy):
             heartbeat_misses=self.heartbeat_misses,
         )
         self.runtime.start()
-        self._route_metric_syncs()
+        self._live.route_metric_syncs()
         self.skipped_steps = 0
         self._rank_stats = []
-        self._rejoin = None
-        self._table = None
-        self._own = {}
+        self._transfer.pending = None
+        self._choices.reset()
 
     def _pinned(self) -> bool:
         """Stage CUDA gradients through pinned host buffers (asynchronous copies; gloo moves host memory)."""
@@ -475,20 +426,18 @@ class PGCStrategy(DDPStrategy):
     @override
     def on_train_end(self) -> None:
         self._stop_runtime()
-        if self._rejoin is not None:  # training ended before the version this rank rejoins at: take the final state
-            self._load_state(self._rejoin[1])
-            self._rejoin = None
+        self._transfer.finish()
         super().on_train_end()
 
     def _stop_runtime(self) -> None:
-        self._restore_metric_syncs()
+        self._live.restore_metric_syncs()
         if self.runtime is not None:
             trainer = self.lightning_module.trainer if self.lightning_module is not None else None
             leave = trainer is not None and trainer.received_sigterm
             if leave:
                 log.warning("PGC rank %d: SIGTERM: leaving at step %d (the others go on while enough ranks are left)",
                             self.global_rank, trainer.global_step)
-            self.runtime.stop(donate=self._state_bytes, leave=leave)
+            self.runtime.stop(donate=self._transfer.state_bytes, leave=leave)
             self.buffer_stats = self.runtime.buffer_stats()
             self._rank_stats = self.runtime.rank_stats()
             if self.cache is not None:
@@ -501,7 +450,7 @@ class PGCStrategy(DDPStrategy):
     @override
     def teardown(self) -> None:
         self._stop_runtime()
-        self._resume_from = None
+        self._checkpoints.resume_from = None
         super().teardown()
 
     def rank_stats(self) -> list[dict[str, float]]:
@@ -527,95 +476,25 @@ class PGCStrategy(DDPStrategy):
         Called by ``Trainer.save_checkpoint`` on every rank. Outside fit (the cache is released when training
         ends) only Lightning's checkpoint is written; resuming from it warms the pipeline up again.
         """
-        state = self._pipeline_state()
-        if state is not None and self.is_global_zero:
-            checkpoint["pgc"] = {"world_size": state.world_size, "scheme": state.scheme,
-                                 "global_step": state.global_step, "warm_start": state.warm_start,
-                                 "pipeline": os.path.basename(sidecar_dir(str(filepath)))}
+        state = self._checkpoints.state()
+        self._checkpoints.entry(state, checkpoint, filepath)
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
-        if state is not None:
-            self.checkpoint_io.save_checkpoint(state.to_dict(), sidecar_path(str(filepath), self.global_rank),
-                                               storage_options=storage_options)
+        self._checkpoints.save(state, filepath, storage_options)
 
     @override
     def remove_checkpoint(self, filepath: Any) -> None:
         """Remove the checkpoint (rank 0) and this rank's pipeline file next to it (every rank; the folder goes
         with the last one). Called on every rank, e.g. by ``ModelCheckpoint`` dropping an old checkpoint."""
         super().remove_checkpoint(filepath)
-        path = sidecar_path(str(filepath), self.global_rank)
-        self.checkpoint_io.remove_checkpoint(path)
-        try:
-            os.rmdir(sidecar_dir(str(filepath)))
-        except OSError:  # other ranks' files still there (or not a local path): the last rank removes it
-            pass
+        self._checkpoints.remove(filepath)
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict[str, Any]:
         """Load Lightning's checkpoint and remember where it is: a fit resuming from it reloads this rank's stale
         cache in ``on_train_start`` (called on every rank, before ``setup``)."""
         checkpoint = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
-        self._resume_from = (str(checkpoint_path), checkpoint.get("pgc"))
+        self._checkpoints.remember(checkpoint_path, checkpoint)
         return checkpoint
-
-    def _pipeline_state(self) -> Optional[PipelineState]:
-        """This rank's stale cache and warm-start step now; tensors are not copied. ``None`` outside fit, and for
-        schemes without a pipeline (their cache holds only the current step's gradients)."""
-        cache, scheme = self.cache, self.scheme
-        if cache is None or scheme is None or not scheme.pipelined or self.lightning_module is None:
-            return None
-        return PipelineState(
-            rank=self.global_rank, world_size=self.world_size, scheme=scheme.name, partitions=cache.partitions,
-            seed=self.seed, grad_numel=self._grad_numel, dtype=dtype_name(self._payload_dtype),
-            global_step=self.lightning_module.trainer.global_step, warm_start=self._warm_start_step(),
-            entries=cache.entries(),
-        )
-
-    def _resumed_pipeline(self, step: int) -> Optional[PipelineState]:
-        """The pipeline state this rank saved with the checkpoint being resumed from, if it fits this run; otherwise
-        ``None`` with a warning that names the reason (the pipeline then warms up again at ``step``). Schemes
-        without a pipeline need nothing: ``None``, silently."""
-        assert self.scheme is not None and self.cache is not None
-        if self._resume_from is None or not self.scheme.pipelined:
-            self._resume_from = None
-            return None
-        checkpoint_path, info = self._resume_from
-        self._resume_from = None
-        expected = PipelineState(rank=self.global_rank, world_size=self.world_size, scheme=self.scheme.name,
-                                 partitions=self.cache.partitions, seed=self.seed, grad_numel=self._grad_numel,
-                                 dtype=dtype_name(self._payload_dtype), global_step=step, warm_start=step)
-        reasons = []
-        for path in sidecar_paths(checkpoint_path, self.global_rank):  # next to it, then next to a symlink's target
-            try:
-                saved = PipelineState.from_dict(self.checkpoint_io.load_checkpoint(path, weights_only=True))
-            except FileNotFoundError:
-                reasons.append(f"{path} is missing (copy the .pgc folder along with the checkpoint)" if info is not None
-                               else "the checkpoint has no PGC pipeline state (saved by another strategy or scheme, "
-                                    "or after fit ended)")
-                continue
-            except Exception as err:  # an unreadable file must not stop the resume: warm up instead, loudly
-                reasons.append(f"{path} could not be read ({type(err).__name__}: {err})")
-                continue
-            mismatch = saved.mismatch(expected)
-            if mismatch is None:
-                log.info("PGC rank %d: resumed the stale cache at step %d (%d entries)", self.global_rank, step,
-                         len(saved.entries))
-                return saved
-            reasons.append(f"{path} is from another run ({mismatch})")
-        how = ("every held partition is evaluated at that step" if self.warmup == "full"
-               else "the cache refills over the next c steps")
-        log.warning("PGC rank %d: resuming at step %d without the stale cache: %s. The pipeline warms up again "
-                    "(warmup=%r: %s), so this run does not continue the interrupted one bitwise.",
-                    self.global_rank, step, reasons[0], self.warmup, how)
-        return None
-
-    def _fill_cache(self, state: PipelineState) -> None:
-        """Copy the saved entries into this rank's cache slots (after the layout and the slots are reset)."""
-        assert self.cache is not None
-        used = self._grad_numel + 1
-        for partition, (version, flat) in state.entries.items():
-            slot = self._slot(partition)
-            slot[:used].copy_(flat[:used])
-            self.cache.put(partition, slot, version, copy=False)
 
     # ------------------------------------------------------------------------------------------ the step
     @override
@@ -641,24 +520,24 @@ class PGCStrategy(DDPStrategy):
 
     # Collectives are refused inside training_step (a rank that fell behind skips it). During fit (the runtime
     # runs) the others go among the live ranks through the leader, so a dead rank does not end the job; a rank
-    # that got SIGTERM is leaving and runs them alone (see _collectives).
+    # that got SIGTERM is leaving and runs them alone (see LiveRouting.target).
     @override
     def reduce(self, tensor: Any, group: Optional[Any] = None, reduce_op: Optional[Any] = "mean") -> Any:
         self.collective_guard.refuse("a reduce (e.g. `self.log(..., sync_dist=True)`)")
-        live = self._collectives()
+        live = self._live.target()
         if live is None or not isinstance(tensor, Tensor) or group is not None:
             return super().reduce(tensor, group=group, reduce_op=reduce_op)
-        return tensor if live is _ALONE else live.reduce(tensor, reduce_op)
+        return tensor if live is ALONE else live.reduce(tensor, reduce_op)
 
     @override
     def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
         self.collective_guard.refuse("`all_gather`")
-        live = self._collectives()
+        live = self._live.target()
         if live is None or group is not None:
             return super().all_gather(tensor, group=group, sync_grads=sync_grads)
-        if live is _ALONE or sync_grads:
+        if live is ALONE or sync_grads:
             raise PGCUnsupportedError(
-                "`all_gather` during fit " + ("after SIGTERM (this rank is leaving)" if live is _ALONE else
+                "`all_gather` during fit " + ("after SIGTERM (this rank is leaving)" if live is ALONE else
                                               "with sync_grads=True (gradients through a gather)")
                 + " is not supported by PGCStrategy; gather outside fit, or use a reduce"
             )
@@ -667,77 +546,19 @@ class PGCStrategy(DDPStrategy):
     @override
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         self.collective_guard.refuse("`broadcast`")
-        live = self._collectives()
+        live = self._live.target()
         if live is None:
             return super().broadcast(obj, src)
-        return obj if live is _ALONE else live.broadcast(obj, src)
+        return obj if live is ALONE else live.broadcast(obj, src)
 
     @override
     def barrier(self, *args: Any, **kwargs: Any) -> None:
         self.collective_guard.refuse("`barrier`")
-        live = self._collectives()
+        live = self._live.target()
         if live is None:
             super().barrier(*args, **kwargs)
-        elif live is not _ALONE:
+        elif live is not ALONE:
             live.barrier()
-
-    def _collectives(self) -> Any:
-        """Where Lightning's collectives go now: None (the default group: outside fit, every rank alive), the
-        runtime's live-rank collectives (during fit), or ``_ALONE`` on a rank that got SIGTERM and is leaving, or
-        whose runtime failed (it runs them by itself: the others do not join them, and only rank 0 writes
-        checkpoints, so e.g. ``ModelCheckpoint(save_on_exception=True)`` still saves rank 0's state)."""
-        if self.runtime is None:
-            return None
-        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-        if (trainer is not None and trainer.received_sigterm) or self.runtime.failure() is not None:
-            return _ALONE
-        return self.runtime.collectives
-
-    def _route_metric_syncs(self) -> None:
-        """Make the module's torchmetrics metrics synchronize among the live ranks during fit: their default
-        ``gather_all_tensors`` runs on the default group (every rank), so a dead rank would fail validation.
-        ``Metric.dist_sync_fn`` is torchmetrics' public hook for it (checked with torchmetrics 1.9.0)."""
-        try:
-            from torchmetrics import Metric
-        except ImportError:  # no torchmetrics: nothing to route
-            return
-        self._metric_syncs = [(m, m.dist_sync_fn) for m in self.lightning_module.modules() if isinstance(m, Metric)]
-        for metric, _ in self._metric_syncs:
-            metric.dist_sync_fn = self._gather_metric_state
-
-    def _restore_metric_syncs(self) -> None:
-        for metric, fn in getattr(self, "_metric_syncs", ()):
-            metric.dist_sync_fn = fn
-        self._metric_syncs = []
-
-    def _gather_metric_state(self, tensor: Tensor, group: Optional[Any] = None) -> list[Tensor]:
-        """torchmetrics' ``dist_sync_fn``: the state ``tensor`` of every live rank, in rank order."""
-        live = self._collectives()
-        if live is None or group is not None:
-            from torchmetrics.utilities.distributed import gather_all_tensors
-
-            return gather_all_tensors(tensor, group=group)
-        if live is _ALONE:
-            return [tensor]
-        got = live.gather.gather("all_gather", tensor.detach().to("cpu"))
-        return [got[r].to(tensor.device) for r in sorted(got)]
-
-    def _sigterm_notifier(self, trainer: "pl.Trainer") -> Callable[[Any, Any], None]:
-        """Lightning's SIGTERM handler without its default-group broadcast: this rank leaves at its next batch
-        (its BYE tells the leader, and the others go on as with a dead rank); a launching process forwards the
-        signal to the ranks it started (under ``popen``, rank 0's SIGTERM stops the whole job, as under ``ddp``)."""
-
-        def notify(signum: Any, frame: Any) -> None:
-            if not trainer.received_sigterm and trainer.strategy.launcher is not None:
-                trainer.strategy.launcher.kill(signum)
-            mark_sigterm(trainer)
-
-        return notify
-
-    def _reap_grace_s(self) -> float:
-        """Seconds the launching process gives the other ranks to exit after rank 0 returned: a worker notices a
-        gone leader after a heartbeat window, then tears down."""
-        return 30.0 + 2 * (self.heartbeat_interval * self.heartbeat_misses + self.liveness_timeout)
 
     @override
     def optimizer_step(
@@ -755,13 +576,7 @@ class PGCStrategy(DDPStrategy):
         self._evaluations = self.scheme.evaluations(self.global_rank, version, start=start)
         self._sampled = self._evaluations
         if isinstance(self.scheme, BoundedScheme):  # under "oldest": from the table as of the close of version - 1
-            table = self._table
-            ages = table[1] if table is not None and table[0] == version - 1 else None
-            self._evaluations = self.scheme.choose(self.global_rank, version, ages, self._own)
-            self._sampled = self.scheme.sampled(self.global_rank, version, start=start)
-            # the choice counts whether or not this rank computes it (it may skip a version it is late for): a
-            # rank that forgot a skipped choice would pick that partition again, next to its other holder
-            self._own[self._evaluations[0]] = version
+            self._evaluations, self._sampled = self._choices.choose(self.scheme, self.global_rank, version, start)
 
         pgc_closure = SingleUseClosure(lambda: self._exchange(version, closure))
         return super().optimizer_step(optimizer, pgc_closure, model, **kwargs)
@@ -770,19 +585,20 @@ class PGCStrategy(DDPStrategy):
         runtime, cache = self.runtime, self.cache
         assert runtime is not None and cache is not None
         skipped = runtime.published(version)
-        if self._rejoin is None and not skipped and runtime.detached(version):
-            self._rejoin = runtime.rejoin(version)
-        if self._rejoin is not None and self._catch_up(version):
-            return self._idle_step(version, closure)
+        transfer = self._transfer
+        if transfer.pending is None and not skipped and runtime.detached(version):
+            transfer.pending = runtime.rejoin(version)
+        if transfer.pending is not None and transfer.catch_up(version):
+            return transfer.idle_step(version, closure)
         waited = 0.0
         if not skipped:
             try:
                 start = self._compute_and_submit(version, closure)
                 aggregate = runtime.wait(version)
             except PGCDetached:  # fell too far behind while computing: catch up by state transfer
-                self._rejoin = runtime.rejoin(version)
-                if self._catch_up(version):
-                    return self._idle_step(version, closure)
+                transfer.pending = runtime.rejoin(version)
+                if transfer.catch_up(version):
+                    return transfer.idle_step(version, closure)
                 return self._exchange(version, closure)
             waited = time.monotonic() - start
         else:
@@ -790,9 +606,9 @@ class PGCStrategy(DDPStrategy):
             runtime.skipped = self.skipped_steps
             aggregate = runtime.wait(version)
         recipient = runtime.donation(version)
-        self._table = (version, runtime.table(version))
+        self._choices.record(version, runtime.table(version))
         if recipient is not None:  # a rank rejoins at this version: it needs the state before this step applies
-            runtime.send_state(recipient, version, self._state_bytes())
+            runtime.send_state(recipient, version, transfer.state_bytes())
         n_grad = self._grad_numel
         gradient, loss_value, buffers = aggregate[:n_grad], aggregate[n_grad], aggregate[n_grad + 1 :]
         self._apply(gradient)
@@ -849,43 +665,6 @@ class PGCStrategy(DDPStrategy):
         partition = self._evaluations[0] if isinstance(scheme, BoundedScheme) else -1
         runtime.submit(version, code, tuple(cache.ages(version).values()), partition=partition)
         return sent
-
-    def _catch_up(self, version: int) -> bool:
-        """With a state received by :meth:`PGCRuntime.rejoin` pending: True while ``version`` is before the one it
-        belongs to (an idle step); at that version load it, empty the cache and return False (compute as usual)."""
-        assert self._rejoin is not None and self.cache is not None
-        if version < self._rejoin[0]:
-            return True
-        self._load_state(self._rejoin[1])  # the state at the start of this version: go on from here
-        self._rejoin = None
-        self.cache.clear()
-        return False
-
-    def _idle_step(self, version: int, closure: Callable[[], Any]) -> Tensor:
-        """A step before the version this rank rejoins at: nothing computed, nothing applied (no gradients, so the
-        optimizer leaves every parameter alone); the state loaded at that version replaces these steps."""
-        self._zero_grad()
-        self.skipped_steps += 1
-        loss_t = torch.tensor(self.last_step.loss if self.last_step is not None else float("nan"))
-        set_closure_loss(closure, loss_t, True)
-        return loss_t
-
-    def _state_bytes(self) -> Tensor:
-        """This rank's training state (module state dict and every optimizer's) serialized for a state transfer."""
-        trainer = self.lightning_module.trainer
-        buf = io.BytesIO()
-        torch.save({"model": self.lightning_module.state_dict(),
-                    "optimizers": [opt.state_dict() for opt in trainer.optimizers]}, buf)
-        return torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
-
-    def _load_state(self, state: Tensor) -> None:
-        """Load a state from :meth:`_state_bytes` (another rank's, at the version this rank rejoins at)."""
-        if state.numel() == 0:
-            raise RuntimeError(f"PGC rank {self.global_rank}: the donor sent no training state")
-        loaded = torch.load(io.BytesIO(state.numpy().tobytes()), map_location=self.root_device, weights_only=True)
-        self.lightning_module.load_state_dict(loaded["model"])
-        for opt, sd in zip(self.lightning_module.trainer.optimizers, loaded["optimizers"]):
-            opt.load_state_dict(sd)
 
     def _slot(self, partition: int) -> Tensor:
         """The preallocated flat gradient of ``partition`` (one per held partition: the stale cache's storage)."""
@@ -952,32 +731,6 @@ class PGCStrategy(DDPStrategy):
             if s is not None:
                 kwargs["stragglers"] = s
             strategy_registry.register(name, cls, description=description, **kwargs)
-
-
-#: :meth:`PGCStrategy._collectives` on a rank that is leaving (SIGTERM): collectives run on this rank alone.
-_ALONE = object()
-
-
-def _local_sigterm_check(trainer: "pl.Trainer") -> Callable[[], None]:
-    """Lightning broadcasts a SIGTERM flag from rank 0 before *every* training batch; that collective makes each
-    rank wait for the slowest one and would defeat straggler tolerance. Under PGC a SIGTERM is handled on the
-    rank that received it: it leaves at its next batch, and the others go on as with a dead rank."""
-    from lightning.pytorch.utilities.exceptions import SIGTERMException
-
-    def check() -> None:
-        if getattr(trainer, "received_sigterm", False):
-            raise SIGTERMException()
-
-    return check
-
-
-def _check_type(name: str, value: Any, types: Union[type, tuple[type, ...]]) -> None:
-    """A ``TypeError`` that names the parameter (``PGCStrategy(timeout="5m")``); ``bool`` is no number here."""
-    allowed = types if isinstance(types, tuple) else (types,)
-    if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
-        spelled = {Integral: "int", Real: "float", type(None): "None"}
-        names = " or ".join(spelled.get(t, t.__name__) for t in allowed)
-        raise TypeError(f"PGCStrategy({name}=...) must be {names}, got {type(value).__name__} {value!r}")
 
 
 def _loss_of(output: Any) -> Tensor:

@@ -100,14 +100,14 @@ def test_every_rank_saves_its_cache_next_to_the_checkpoint_and_a_resume_reloads_
 
     resumed = _strategy(rank=1)
     assert resumed.load_checkpoint(ckpt)["global_step"] == 7
-    state = resumed._resumed_pipeline(7)
+    state = resumed._checkpoints.resumed(7)
     assert state is not None and state.warm_start == 0
-    resumed._fill_cache(state)
+    resumed._checkpoints.fill(state)
     assert resumed.cache.versions() == {1: 6, 2: 5}  # expired entries too: as they were
     for p, (_, flat) in resumed.cache.entries().items():  # in this rank's slots; gradient and loss slot bit for bit
         assert flat.data_ptr() == resumed._slots[p].data_ptr()
         assert torch.equal(flat[: GRAD_NUMEL + 1], saver._slots[p][: GRAD_NUMEL + 1])
-    assert resumed._resume_from is None  # used once
+    assert resumed._checkpoints.resume_from is None  # used once
 
     # ModelCheckpoint dropping the checkpoint: every rank removes its own file, the last one the folder
     saver.remove_checkpoint(ckpt)
@@ -129,18 +129,18 @@ def test_outside_fit_or_without_a_pipeline_only_lightnings_checkpoint_is_written
     if scheme != "pgc_cr":  # and a resume of such a scheme has nothing to warn about
         strategy.load_checkpoint(str(tmp_path / "after.ckpt"))
         with caplog.at_level(logging.WARNING, logger="lightning_pgc.strategy"):
-            assert strategy._resumed_pipeline(7) is None
-        assert not caplog.records and strategy._resume_from is None
+            assert strategy._checkpoints.resumed(7) is None
+        assert not caplog.records and strategy._checkpoints.resume_from is None
 
 
 def _resume(tmp_path, caplog, saved: Optional[PGCStrategy], resumed: PGCStrategy, step: int = 7, info: bool = True):
     """Rank 1's pipeline file from ``saved`` (none if ``None``), then ``resumed``'s restore from it."""
     ckpt = str(tmp_path / "x.ckpt")
     if saved is not None:
-        TorchCheckpointIO().save_checkpoint(saved._pipeline_state().to_dict(), sidecar_path(ckpt, 1))
-    resumed._resume_from = (ckpt, {"global_step": 7} if info else None)
+        TorchCheckpointIO().save_checkpoint(saved._checkpoints.state().to_dict(), sidecar_path(ckpt, 1))
+    resumed._checkpoints.resume_from = (ckpt, {"global_step": 7} if info else None)
     with caplog.at_level(logging.WARNING, logger="lightning_pgc.strategy"):
-        return resumed._resumed_pipeline(step)
+        return resumed._checkpoints.resumed(step)
 
 
 @pytest.mark.parametrize(
@@ -178,9 +178,9 @@ def test_an_unreadable_pipeline_file_warms_up_again(tmp_path, caplog):
     with open(sidecar_path(str(ckpt), 1), "wb") as f:
         f.write(b"not a torch file")
     strategy = _strategy(rank=1)
-    strategy._resume_from = (str(ckpt), {})
+    strategy._checkpoints.resume_from = (str(ckpt), {})
     with caplog.at_level(logging.WARNING, logger="lightning_pgc.strategy"):
-        assert strategy._resumed_pipeline(7) is None
+        assert strategy._checkpoints.resumed(7) is None
     assert "x.ckpt.pgc/rank1.pt could not be read (" in caplog.records[-1].getMessage()
 
 
@@ -225,11 +225,11 @@ def test_a_symlinked_last_checkpoint_finds_the_pipeline_of_its_target(tmp_path, 
     old, now = _strategy(rank=1, step=5), _strategy(rank=1, step=7)
     _fill(old, {1: 4})
     _fill(now, {1: 6, 2: 5})
-    checkpoint_io.save_checkpoint(old._pipeline_state().to_dict(), sidecar_path(str(link), 1))
-    checkpoint_io.save_checkpoint(now._pipeline_state().to_dict(), sidecar_path(str(target), 1))
+    checkpoint_io.save_checkpoint(old._checkpoints.state().to_dict(), sidecar_path(str(link), 1))
+    checkpoint_io.save_checkpoint(now._checkpoints.state().to_dict(), sidecar_path(str(target), 1))
     resumed = _strategy(rank=1)
-    resumed._resume_from = (str(link), {})
+    resumed._checkpoints.resume_from = (str(link), {})
     with caplog.at_level(logging.WARNING, logger="lightning_pgc.strategy"):
-        state = resumed._resumed_pipeline(7)
+        state = resumed._checkpoints.resumed(7)
     assert state is not None and {p: v for p, (v, _) in state.entries.items()} == {1: 6, 2: 5}
     assert not caplog.records

@@ -1,0 +1,87 @@
+"""The checks of :class:`~lightning_pgc.PGCStrategy`'s constructor arguments: a bad value fails at construction
+with an error that names the parameter, not later inside a rank."""
+
+from __future__ import annotations
+
+from numbers import Integral, Real
+from typing import Any, Optional, Union
+
+from lightning_pgc.codes import CHOICES, SCHEMES
+
+#: Scheme names PGCStrategy accepts: the coded schemes plus ``bounded`` (:class:`~lightning_pgc.codes.BoundedScheme`).
+STRATEGY_SCHEMES: tuple[str, ...] = SCHEMES + ("bounded",)
+
+
+def check_options(
+    *, scheme: str, stragglers: int, replication: Optional[int], staleness: Optional[int], fresh: Optional[int],
+    widen_after: Optional[float], max_staleness: Optional[int], choice: Optional[str], warmup: str, timeout: float,
+    max_lag: Optional[int], heartbeat_interval: float, heartbeat_misses: int, nonfinite: str, shard_bytes: int,
+    seed: int, diagnostics: bool, diagnostics_every: int, max_condition: float,
+) -> None:
+    """Check PGCStrategy's own arguments (types first, then values).
+
+    Raises:
+        TypeError: an argument has the wrong type (``PGCStrategy(timeout="5m")``).
+        ValueError: an argument is out of range, or a ``bounded``-only one is given to another scheme.
+    """
+    _check_type("scheme", scheme, str)
+    _check_type("stragglers", stragglers, Integral)
+    _check_type("warmup", warmup, str)
+    _check_type("timeout", timeout, Real)
+    _check_type("max_lag", max_lag, (Integral, type(None)))
+    _check_type("shard_bytes", shard_bytes, Integral)
+    _check_type("seed", seed, Integral)
+    _check_type("diagnostics", diagnostics, bool)
+    _check_type("diagnostics_every", diagnostics_every, Integral)
+    _check_type("max_condition", max_condition, Real)
+    _check_type("heartbeat_interval", heartbeat_interval, Real)
+    _check_type("heartbeat_misses", heartbeat_misses, Integral)
+    _check_type("nonfinite", nonfinite, str)
+    for name, value in (("replication", replication), ("staleness", staleness), ("fresh", fresh),
+                        ("max_staleness", max_staleness)):
+        _check_type(name, value, (Integral, type(None)))
+    _check_type("widen_after", widen_after, (Real, type(None)))
+    _check_type("choice", choice, (str, type(None)))
+    if scheme not in STRATEGY_SCHEMES:
+        raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(STRATEGY_SCHEMES)}")
+    if stragglers < 0:
+        raise ValueError(f"stragglers must be >= 0, got {stragglers}")
+    if seed < 0:
+        raise ValueError(f"seed must be >= 0, got {seed}")
+    bounded_args = {"replication": replication, "staleness": staleness, "fresh": fresh,
+                    "widen_after": widen_after, "max_staleness": max_staleness, "choice": choice}
+    if scheme != "bounded" and any(v is not None for v in bounded_args.values()):
+        given = sorted(k for k, v in bounded_args.items() if v is not None)
+        raise ValueError(f"{given} apply to scheme='bounded' only (scheme={scheme!r} uses `stragglers`)")
+    if widen_after is not None and widen_after < 0:
+        raise ValueError(f"widen_after must be >= 0 seconds or None, got {widen_after}")
+    if choice is not None and choice not in CHOICES:
+        raise ValueError(f"choice must be one of {', '.join(CHOICES)}, got {choice!r}")
+    if max_staleness is not None and max_staleness < (2 if staleness is None else staleness):
+        raise ValueError(f"max_staleness ({max_staleness}) must be >= staleness ({staleness})")
+    if warmup not in ("full", "gradual"):
+        raise ValueError(f"warmup must be 'full' or 'gradual', got {warmup!r}")
+    if scheme == "pgc_cr_naive" and warmup != "full":
+        raise ValueError("pgc_cr_naive decodes Tandon codes and needs every cache entry: use warmup='full'")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive seconds, got {timeout}")
+    if heartbeat_interval <= 0 or heartbeat_misses < 1:
+        raise ValueError(f"need heartbeat_interval > 0 and heartbeat_misses >= 1, got {heartbeat_interval} and "
+                         f"{heartbeat_misses}")
+    if nonfinite not in ("skip", "raise"):
+        raise ValueError(f"nonfinite must be 'skip' or 'raise', got {nonfinite!r}")
+    if max_lag is not None and max_lag < 1:
+        raise ValueError(f"max_lag must be >= 1 or None, got {max_lag}")
+    if shard_bytes < 1:
+        raise ValueError(f"shard_bytes must be >= 1, got {shard_bytes}")
+    if diagnostics_every < 1:
+        raise ValueError(f"diagnostics_every must be >= 1, got {diagnostics_every}")
+
+
+def _check_type(name: str, value: Any, types: Union[type, tuple[type, ...]]) -> None:
+    """A ``TypeError`` that names the parameter (``PGCStrategy(timeout="5m")``); ``bool`` is no number here."""
+    allowed = types if isinstance(types, tuple) else (types,)
+    if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
+        spelled = {Integral: "int", Real: "float", type(None): "None"}
+        names = " or ".join(spelled.get(t, t.__name__) for t in allowed)
+        raise TypeError(f"PGCStrategy({name}=...) must be {names}, got {type(value).__name__} {value!r}")
