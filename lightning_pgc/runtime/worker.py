@@ -872,9 +872,10 @@ class PGCRuntime:
             shards = self.owners.shards_of(self.rank, version)
             if any(k not in pending.get(v, {}).get(j, {}) for j in shards for _, k, v in plan):
                 break  # an admitted code's shard is still on its way
-            for j in shards:  # summed in decode-key order, not arrival order: the same set gives the same bits
-                codes = [(key, pending[v][j][k][0]) for key, k, v in sorted(plan)]
-                self._publish_shard(version, j, codes, plan)
+            ordered = sorted(plan)  # summed in decode-key order, not arrival order: the same set gives the same bits
+            for j in shards:
+                codes = [(key, pending[v][j][k][0]) for key, k, v in ordered]
+                self._publish_shard(version, j, codes, ordered)
             del decided[version]
             done_below = max(done_below, version + 1)
             reused = min((v for _, _, v in plan), default=done_below) if self.scheme.reuses_codes else done_below
@@ -886,16 +887,16 @@ class PGCRuntime:
         return done_below
 
     def _table(self, version: int, plan: list[tuple[int, int, int]]) -> tuple[int, ...]:
-        """What an aggregate's header carries of the table: the age of every partition's entry under
-        ``choice="oldest"`` (workers pick their next partition from it), else nothing."""
+        """What an aggregate's header carries of the table: the age of every partition's entry (``plan`` in
+        partition order) under ``choice="oldest"`` (workers pick their next partition from it), else nothing."""
         if getattr(self.scheme, "choice", None) != "oldest":
             return ()
-        return tuple(version - v for _, _, v in sorted(plan))
+        return tuple(version - v for _, _, v in plan)
 
     def _publish_shard(self, version: int, shard: int, codes: list[tuple[int, Tensor]],
                        plan: list[tuple[int, int, int]]) -> None:
-        """Decode shard ``shard`` of ``version`` from the admitted codes (decode key, code; in key order; the
-        leader's ``plan`` they came from) and send it."""
+        """Decode shard ``shard`` of ``version`` from the admitted codes (decode key, code; in key order) and
+        the leader's ``plan`` they came from, in the same order; send it."""
         layout, hn = self.layout, self._hn_up
         ce, pe = layout.coded_end(shard), layout.plain_end(shard)
         message = self._agg_pool.get()
