@@ -19,11 +19,19 @@ from lightning_pgc.experiments import launch
 
 def run_job(tmp_path: Path, name: str, timeout: float = 240, **spec: Any) -> dict[str, Any]:
     """Run one job in ``tmp_path / name``; return {"ranks", "valves", "summary" (with "spec"), "curve", "out",
-    "stderr"}. Raises :class:`~lightning_pgc.experiments.JobFailed` when the job fails."""
+    "stderr": the whole log}. Raises :class:`~lightning_pgc.experiments.JobFailed` when the job fails."""
     model = dict(spec.pop("model", {}))
     if "batch_norm" in spec:
         model["batch_norm"] = spec.pop("batch_norm")
     if "sync_loss" in spec:
         model["sync_train_loss"] = spec["sync_loss"]
     spec = {"out": str(Path(tmp_path) / name), "model": model, "start_method": "fork", **spec}
-    return launch(spec, timeout=timeout).legacy()
+    job = launch(spec, timeout=timeout).legacy()
+    job["stderr"] = whole_log(job["out"])
+    return job
+
+
+def whole_log(out: Path | str) -> str:
+    """The job's whole log. ``JobResult.log_tail`` keeps the last 8000 characters, and tracebacks (longer under
+    CI's longer paths) can push the line a test looks for out of it."""
+    return (Path(out) / "job.log").read_text(errors="replace")

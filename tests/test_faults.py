@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lightning_pgc.faults import Freeze, Kill, NaNGradient, Stall
-from tests.jobs import run_job
+from tests.jobs import run_job, whole_log
 
 MAX_LAG = 3
 
@@ -125,7 +125,7 @@ def test_more_than_s_frozen_ranks_fail_every_survivor_fast_naming_them(tmp_path)
             strategy_kwargs={"timeout": 1.0, "heartbeat_interval": 0.1, "heartbeat_misses": 10},
             faults=[{"kind": "Freeze", "rank": r, "step": 3, "seconds": 8.0} for r in (2, 3)],
         )
-    log = failed.value.result.log_tail
+    log = whole_log(failed.value.result.out)
     found = re.search(r"Missing ranks: \[2, 3\]; the last version closed is (\d+), ([\d.]+) s ago", log)
     assert found is not None, log[-3000:]
     assert 2 <= int(found.group(1)) <= 3 and float(found.group(2)) < 5.0
@@ -186,7 +186,7 @@ def test_more_than_s_killed_ranks_fail_every_survivor_fast_naming_them_and_leave
     ranks = sorted(t for t in exits.values() if t is not None)[:4]  # the launcher exits last (it reaps the ranks)
     first_kill = ranks[0]
     assert ranks[3] - first_kill < 2 * 1.0 * 2, ranks  # survivors: twice the window, with slack for a loaded CPU
-    log = (failed.result.out / "job.log").read_text()  # whole: rank 0's tracebacks can push rank 1's line out of log_tail
+    log = whole_log(failed.result.out)
     assert re.search(r"Missing ranks: \[2, 3\]; the last version closed is \d+", log), log[-3000:]
     assert re.search(r"rank 1 \(pid \d+\) exited with status 1: .*Missing ranks: \[2, 3\]", log), log[-3000:]
     ckpt = torch.load(tmp_path / "kill2" / "checkpoints" / "last.ckpt", weights_only=False)
@@ -228,7 +228,7 @@ def test_a_killed_leader_ends_the_job_fast_and_clean(tmp_path):
                                          faults=[{"kind": "Kill", "rank": 0, "step": 3}])
     ranks = sorted(t for t in exits.values() if t is not None)[:4]
     assert ranks[3] - ranks[0] < 2 * 1.0 * 2, ranks
-    log = failed.result.log_tail
+    log = whole_log(failed.result.out)
     assert re.search(r"rank 0 \(the PGC leader\) exited with status -9", log), log[-3000:]
     for r in (1, 2, 3):
         lost = re.search(rf"rank {r} \(pid \d+\) exited with status 1: .*(PGC leader|lost the leader)", log)
@@ -271,7 +271,8 @@ def test_sigterm_on_every_rank_stops_the_job_cleanly_with_a_checkpoint(tmp_path)
                      "faults": [{"kind": "Terminate", "rank": r, "step": 5} for r in range(4)]},
                     timeout=240, check=False)
     assert result.returncode == 0, result.log_tail[-3000:]
-    assert all(f"PGC rank {r}: SIGTERM: leaving at step" in result.log_tail for r in range(4)), result.log_tail[-3000:]
+    log = whole_log(result.out)
+    assert all(f"PGC rank {r}: SIGTERM: leaving at step" in log for r in range(4)), log[-3000:]
     saved = list((tmp_path / "term_all" / "checkpoints").glob("*.ckpt"))
     assert saved, result.log_tail[-3000:]
     steps = {torch.load(p, weights_only=False)["global_step"] for p in saved}
