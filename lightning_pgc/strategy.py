@@ -594,7 +594,7 @@ class PGCStrategy(DDPStrategy):
         if not skipped:
             try:
                 start = self._compute_and_submit(version, closure)
-                aggregate = runtime.wait(version)
+                aggregate = runtime.wait(version, donate=transfer.state_bytes)
             except PGCDetached:  # fell too far behind while computing: catch up by state transfer
                 transfer.pending = runtime.rejoin(version)
                 if transfer.catch_up(version):
@@ -604,7 +604,7 @@ class PGCStrategy(DDPStrategy):
         else:
             self.skipped_steps += 1
             runtime.skipped = self.skipped_steps
-            aggregate = runtime.wait(version)
+            aggregate = runtime.wait(version, donate=transfer.state_bytes)
         recipient = runtime.donation(version)
         self._choices.record(version, runtime.table(version))
         if recipient is not None:  # a rank rejoins at this version: it needs the state before this step applies

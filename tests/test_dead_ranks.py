@@ -1,18 +1,30 @@
 """Dead ranks on in-process queues: up to s dead workers are survived (data plane and collectives), a dead shard
-owner fails fast naming it, and Lightning's collectives run among the live ranks with identical results."""
+owner's shards move to live ranks (a version it never published is decoded again, a rank that missed its last
+shard rejoins by state transfer), and Lightning's collectives run among the live ranks with identical results."""
 
 from __future__ import annotations
 
 import re
 import threading
+import time
 
 import pytest
 import torch
 
-from lightning_pgc.codes import make_scheme
-from lightning_pgc.runtime import CoordinatorError
+from lightning_pgc.codes import BoundedScheme, make_scheme
+from lightning_pgc.runtime import Channel, CoordinatorError, PGCDetached
 from lightning_pgc.runtime.collectives import CollectiveError, _op_name
-from tests.test_runtime import _eventually, _release_receivers, _stop_all, code, make_runtimes, submit
+from lightning_pgc.runtime.messages import Kind, read_header
+from tests.test_runtime import (
+    FrozenTransport,
+    _eventually,
+    _NoSend,
+    _release_receivers,
+    _stop_all,
+    code,
+    make_runtimes,
+    submit,
+)
 
 
 def _together(rts, fn):
@@ -104,19 +116,200 @@ def test_reduce_op_names():
     assert _op_name(torch.distributed.ReduceOp.MAX) == "max"
 
 
-def test_a_dead_shard_owner_fails_the_job_fast_naming_it():
-    """With n shards every rank owns one: rank 3's death is not survived yet, and the error says what to do."""
+class _Withheld(FrozenTransport):
+    """A shard owner that dies while serving version 2: its aggregate shards of version >= 2 never reach rank 3."""
+
+    def isend(self, channel, peer, message):
+        if channel == Channel.AGG and peer == 3:
+            header = read_header(message)
+            if header.kind == Kind.AGGREGATE and header.version >= 2:
+                return _NoSend()
+        return super().isend(channel, peer, message)
+
+
+def _die(rts, dead):
+    """Rank ``dead`` (started on a :class:`FrozenTransport`) dies now: nothing more leaves it, and every stream
+    from it breaks at the other ranks, as when its process is gone."""
+    rts[dead].transport.freeze()
+    _kill([rt for rt in rts if rt.rank != dead], dead)
+
+
+def _bury(rts, dead):
+    """End the dead rank's own threads (its receivers), then stop every runtime."""
+    _release_receivers(rts[dead].hub, dead, [rt.rank for rt in rts if rt.rank != dead])
+    rts[dead].transport.frozen.clear()  # its receivers leave their frozen wait and find their streams broken
+    _stop_all(rts, timeout=1.0)
+
+
+def _step_all(rts, version, ranks=None):
+    """Every rank of ``ranks`` submits ``version`` and waits for it; returns the aggregates (cloned), released."""
+    ranks = [rt.rank for rt in rts] if ranks is None else ranks
+    for r in ranks:
+        submit(rts[r], version, ages=(0, 0))
+    out = []
+    for r in ranks:
+        agg = rts[r].wait(version)
+        out.append(agg.clone())
+        rts[r].release(agg)
+    return out
+
+
+def _cr_mean(ranks, version):
+    """pgc_cr's aggregate of these test codes (ages (0, 0)): ``mu / n = 1 / (|R| c)`` times their sum."""
+    return sum(code(k, version) for k in ranks) / len(ranks) / 2
+
+
+def test_a_dead_shard_owner_hands_its_shard_to_a_live_rank(caplog):
+    """pgc_cr, n = 4, s = 1, 4 shards (every rank owns one, the large-model layout). Rank 2 dies between versions
+    1 and 2: its shard moves to rank 1 (the fewest shards, not the leader) from version 2 on, and the three live
+    ranks go on with exact, identical aggregates; nobody aborts."""
     scheme = make_scheme("pgc_cr", 4, 1)
-    rts = make_runtimes(scheme, shards=4, ranks=[0, 1, 2], heartbeat=(0.05, 40))
+    rts = make_runtimes(scheme, shards=4, heartbeat=(0.05, 40), wrap={2: FrozenTransport})
+    live = [0, 1, 3]
+    try:
+        for v in range(2):
+            _step_all(rts, v)
+        _die(rts, 2)
+        assert all(_eventually(lambda rt=rts[r]: rt.owners.owner(2, 2) == 1) for r in live)
+        assert rts[0].owners.owner(2, 1) == 2  # versions before the move stay its
+        for v in range(2, 6):
+            aggs = _step_all(rts, v, live)
+            torch.testing.assert_close(aggs[0], _cr_mean(live, v))
+            assert all(torch.equal(a, aggs[0]) for a in aggs)
+        assert "rank 2 died at version 2" in caplog.text and "shard 2 to rank 1" in caplog.text
+        assert "decoded again" not in caplog.text and "rejoins by state transfer" not in caplog.text
+        assert all(rts[r].error is None and rts[r].mailbox.failure() is None for r in live)
+    finally:
+        _bury(rts, 2)
+
+
+def test_a_closed_version_its_dead_owner_never_published_is_decoded_again_from_live_codes(caplog):
+    """Rank 2 sends its code for version 2, freezes (it never publishes shard 2 of it), version 2 closes with
+    ranks 2, 0, 1, and then rank 2's process is gone. The leader moves shard 2 to rank 1 from version 2 and decides
+    version 2 again for it, from the live codes: ranks 0, 1 and rank 3, whose code comes late. Every rank's
+    aggregate of version 2 is shards 0, 1, 3 decoded from {0, 1, 2} and shard 2 from {0, 1, 3}: exact for each
+    set, identical on every rank; version 3 is plain again."""
+    scheme = make_scheme("pgc_cr", 4, 1)
+    rts = make_runtimes(scheme, shards=4, heartbeat=(0.05, 40), wrap={2: FrozenTransport})
+    live = [0, 1, 3]
+    try:
+        for v in range(2):
+            _step_all(rts, v)
+        submit(rts[2], 2, ages=(0, 0))
+        assert _eventually(lambda: 2 in rts[0].leader._order)  # shard 0 of its code reached the leader
+        rts[2].transport.freeze()
+        submit(rts[0], 2, ages=(0, 0))
+        submit(rts[1], 2, ages=(0, 0))
+        assert _eventually(lambda: rts[0].record(2) is not None)
+        assert sorted(rts[0].record(2).admitted) == [0, 1, 2]
+        _die(rts, 2)
+        assert _eventually(lambda: all(rts[r].owners.owner(2, 2) == 1 for r in live))
+        time.sleep(0.3)
+        assert not any(rts[r].mailbox.has(2) for r in live)  # shard 2 of version 2 waits for rank 3's late code
+        submit(rts[3], 2, ages=(0, 0))
+        taken = {r: rts[r].wait(2) for r in live}
+        aggs = [taken[r].clone() for r in live]
+        first, again = _cr_mean([0, 1, 2], 2), _cr_mean(live, 2)
+        lo, hi = rts[0].layout.bounds(2)
+        expected = torch.cat([first[:lo], again[lo:hi], first[hi:]])
+        torch.testing.assert_close(aggs[0], expected)
+        assert not torch.allclose(first[lo:hi], again[lo:hi])  # so the shard really was decoded from the new set
+        assert all(torch.equal(a, aggs[0]) for a in aggs)
+        again_line = "version 2 (closed with ranks [2, 0, 1]) is decoded again for shards [2] from ranks [0, 1, 3]"
+        assert _eventually(lambda: again_line in caplog.text)  # logged just after the decision went out
+        for r in live:
+            rts[r].release(taken[r])
+        aggs = _step_all(rts, 3, live)
+        torch.testing.assert_close(aggs[0], _cr_mean(live, 3))
+        assert all(torch.equal(a, aggs[0]) for a in aggs)
+    finally:
+        _bury(rts, 2)
+
+
+def test_a_rank_that_missed_the_dead_owners_last_shard_rejoins_by_state_transfer(caplog):
+    """Rank 2 dies while serving version 2: ranks 0 and 1 got its shard, rank 3 did not. Rank 3 cannot complete
+    version 2, which others applied, so it is detached and rejoins at version 3 by state transfer. With rank 2
+    dead and s = 1, version 3 needs rank 3's code: the leader donates its state while it waits for version 3 (not
+    after, which would never come), and version 3 closes with ranks 0, 1, 3, identical on every rank."""
+    scheme = make_scheme("pgc_cr", 4, 1)
+    rts = make_runtimes(scheme, shards=4, heartbeat=(0.05, 40), wrap={2: _Withheld})
+    live = [0, 1, 3]
+    state = torch.arange(12, dtype=torch.uint8)
+    try:
+        for v in range(2):
+            _step_all(rts, v)
+        for rt in rts:
+            submit(rt, 2, ages=(0, 0))
+        for r in (0, 1, 2):
+            rts[r].release(rts[r].wait(2))
+        _die(rts, 2)
+        assert _eventually(lambda: rts[3].detached(2))
+        with pytest.raises(PGCDetached):
+            rts[3].wait(2)
+        assert "rank 3 did not get the shards [2] of version 2 from dead rank(s) [2]" in caplog.text
+        assert all(_eventually(lambda rt=rts[r]: rt.owners.owner(2, 3) == 1) for r in live)
+        got: dict[int, torch.Tensor] = {}
+
+        def donor(rt):
+            got[rt.rank] = rt.wait(3, donate=lambda: state).clone()
+
+        for r in (0, 1):
+            submit(rts[r], 3, ages=(0, 0))
+        threads = [threading.Thread(target=donor, args=(rts[r],)) for r in (0, 1)]
+        for t in threads:
+            t.start()
+        u, received = rts[3].rejoin(2)
+        assert u == 3 and torch.equal(received, state)
+        submit(rts[3], 3, ages=(0, 0))
+        got[3] = rts[3].wait(3).clone()
+        for t in threads:
+            t.join(10)
+        torch.testing.assert_close(got[0], _cr_mean(live, 3))
+        assert all(torch.equal(got[r], got[0]) for r in live)
+        assert rts[0].donation(3) is None and rts[1].donation(3) is None  # donated once, from wait
+        assert rts[0].rank_stats()[3]["rejoined"] == 1
+    finally:
+        _bury(rts, 2)
+
+
+def test_a_frozen_shard_owner_fails_the_job_after_the_window_plus_timeout_naming_it():
+    """A shard owner that freezes (SIGSTOP: no heartbeats, its streams stay up) holds up every rank; instead of
+    waiting for it forever, every rank fails once it has been silent for the heartbeat window plus ``timeout``."""
+    scheme = make_scheme("pgc_cr", 4, 1)
+    rts = make_runtimes(scheme, shards=4, timeout=0.5, heartbeat=(0.05, 10), wrap={2: FrozenTransport})
+    try:
+        _step_all(rts, 0)
+        rts[2].transport.freeze()
+        started = time.monotonic()
+        for r in (0, 1, 3):
+            submit(rts[r], 1, ages=(0, 0))
+        frozen_owner = r"rank 2 owns shard\(s\) \[2\] .*no heartbeat for over 1 s .*frozen shard owner"
+        for r in (0, 1, 3):
+            with pytest.raises(RuntimeError, match=frozen_owner):
+                rts[r].wait(1)
+        assert time.monotonic() - started < 4.0  # window 0.5 s + timeout 0.5 s, with slack for a busy machine
+    finally:
+        _bury(rts, 2)
+
+
+def test_a_dead_shard_owner_under_bounded_staleness_fails_the_job_fast_naming_it():
+    """Bounded staleness keeps the table's codes at their owners, so a dead owner is not survived: every rank
+    fails naming it, and the error says how to keep one shard."""
+    from tests.test_bounded import make_runtimes as bounded_runtimes
+    from tests.test_bounded import submit as bounded_submit
+
+    scheme = BoundedScheme(4, 2, 2)
+    rts = bounded_runtimes(scheme, shards=4, ranks=[0, 1, 2], heartbeat=(0.05, 40))
     try:
         for rt in rts:
-            submit(rt, 0, ages=(0, 0))
+            bounded_submit(rt, 0)
         _kill(rts, 3)
-        dead_owner = r"rank 3 died at version \d+ and it owns shard\(s\) \[3\].*shard_bytes"
+        dead_owner = r"rank 3 died at version \d+ and it owns shard\(s\) \[3\]"  # workers get the text truncated
         for rt in rts:  # the leader's error, or the same words from a rank that lost the owner's stream first
             with pytest.raises(RuntimeError, match=dead_owner):
                 rt.wait(1)
         assert _eventually(lambda: isinstance(rts[0].error, CoordinatorError))
+        assert re.search(dead_owner + r".*bounded staleness.*shard_bytes", str(rts[0].error))
         got = _together(rts, lambda rt: rt.collectives.barrier())
         assert all(isinstance(v, RuntimeError) for v in got.values())  # collectives fail too, instead of hanging
     finally:

@@ -176,6 +176,30 @@ def test_a_killed_worker_is_survived_validation_and_checkpoints_included(tmp_pat
     assert saved == [8, 16]
 
 
+def test_a_killed_shard_owner_is_survived_its_shard_moves_to_a_live_rank(tmp_path):
+    """SIGKILL of rank 2 at step 3 with 4 shards (``shard_bytes`` below the payload: every rank owns one, as for
+    any real model): its shard moves to a live rank, and the other three finish fit with validation and
+    checkpoints, identical replicas and ``pgc/alive`` 3; the launching process exits 0."""
+    job = run_job(
+        tmp_path, "kill_owner", strategy="pgc", devices=4, max_steps=16, val_check_interval=8,
+        check_val_every_n_epoch=None, limit_val_batches=2, checkpoint_every_n_steps=8,
+        strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0, "shard_bytes": 64},
+        faults=[{"kind": "Kill", "rank": 2, "step": 3}],
+    )
+    ranks = job["ranks"]
+    assert ranks[2] is None
+    live = [ranks[r] for r in (0, 1, 3)]
+    assert len({r["checksum"] for r in live}) == 1 and {r["global_step"] for r in live} == {16}
+    assert re.search(r"rank 2 died at version \d+ .*its shard\(s\) \[2\] move to live ranks", job["stderr"]), \
+        job["stderr"][-3000:]
+    assert re.search(r"shard 2 to rank [013]", job["stderr"]), job["stderr"][-3000:]
+    alive = [row["pgc/alive"] for row in job["summary"]["diagnostics"] if "pgc/alive" in row]
+    assert alive and alive[-1] == 3.0
+    assert math.isfinite(job["summary"]["metrics"]["val_loss"])
+    ckpt = torch.load(tmp_path / "kill_owner" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert ckpt["global_step"] == 16
+
+
 def test_more_than_s_killed_ranks_fail_every_survivor_fast_naming_them_and_leave_no_process(tmp_path):
     """s = 1 and ranks 2 and 3 are SIGKILLed at step 3: no version can close. Every surviving rank exits non-zero
     within twice the heartbeat window (1 s; ``timeout`` 1 s) of the first kill, the errors name the dead ranks and

@@ -181,9 +181,14 @@ class Leader:
         self._stats[rank].skipped = max(self._stats[rank].skipped, skipped)
 
     def on_dead(self, rank: int) -> None:
-        """``rank``'s stream broke (its process is gone)."""
+        """``rank``'s stream broke (its process is gone). A code of it for the open version is no longer admitted:
+        the shard of it that it owned itself died with it."""
         if rank not in self.byes:
             self.dead.add(rank)
+            if rank in self._arrivals:
+                self._order.remove(rank)
+                for d in (self._arrivals, self._valid, self._ages):
+                    d.pop(rank, None)
 
     def on_rejoin(self, rank: int, leader_rank: int, leader_finished: bool = False) -> tuple[int, int]:
         """Detached ``rank`` is back: it gets aggregates again from the open version ``u`` on, and the training
@@ -269,16 +274,20 @@ class Leader:
         if self._short_since is None:
             self._short_since = now
         if now - self._short_since > self.timeout:
-            missing = self.missing(now)
-            early = sorted(self.byes)
-            raise CoordinatorError(  # the key facts first: workers get this text truncated to a control message
-                f"Missing ranks: {missing}; the last version closed is {self.version - 1}, "
-                f"{now - self._last_close:.1f} s ago (no heartbeat for {self.heartbeat_window:g} s, or process gone)"
-                + (f"; ranks {early} finished early" if early else "")
-                + f". Version {self.version} cannot close: scheme '{self.scheme.name}' needs "
-                f"{self.scheme.wait_for} of {self.world_size} ranks (tolerates "
-                f"{self.world_size - self.scheme.wait_for} missing)."
-            )
+            raise self.missing_error(now)
+
+    def missing_error(self, now: float) -> CoordinatorError:
+        """The error for too few live ranks: the missing ones, the last version closed, what the scheme needs."""
+        missing = self.missing(now)
+        early = sorted(self.byes)
+        return CoordinatorError(  # the key facts first: workers get this text truncated to a control message
+            f"Missing ranks: {missing}; the last version closed is {self.version - 1}, "
+            f"{now - self._last_close:.1f} s ago (no heartbeat for {self.heartbeat_window:g} s, or process gone)"
+            + (f"; ranks {early} finished early" if early else "")
+            + f". Version {self.version} cannot close: scheme '{self.scheme.name}' needs "
+            f"{self.scheme.wait_for} of {self.world_size} ranks (tolerates "
+            f"{self.world_size - self.scheme.wait_for} missing)."
+        )
 
     # ------------------------------------------------------------------------------------------- reading
     def record(self, version: int) -> Optional[StepRecord]:

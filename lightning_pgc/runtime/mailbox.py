@@ -17,7 +17,8 @@ class PGCTimeoutError(RuntimeError):
 class Mailbox:
     """Aggregates published by the shard owners, by version; holds only versions not yet applied.
 
-    A version is complete when all ``num_shards`` shards arrived. Buffers come from a pool and go back to it
+    A version is complete when all ``num_shards`` shards arrived; a shard that arrives again replaces the first
+    copy (a dead owner's shard of a version nobody completed is decoded again by its new owner). Buffers come from a pool and go back to it
     through :meth:`release`, so a rank allocates at most as many as it holds at once (bounded by ``max_lag``).
     """
 
@@ -26,7 +27,7 @@ class Mailbox:
         self.shard_numel = shard_numel
         self.dtype = dtype
         self.pin_memory = pin_memory
-        self._items: dict[int, list] = {}  # version -> [buffer, shards received]
+        self._items: dict[int, list] = {}  # version -> [buffer, set of the shards received]
         self._notes: dict[int, tuple[int, int]] = {}  # version -> (rank that needs the state, donor)
         self._tables: dict[int, tuple[int, ...]] = {}  # version -> table ages it closed with (bounded, "oldest")
         self._free: list[Tensor] = []
@@ -56,13 +57,13 @@ class Mailbox:
                 self._tables[version] = table
             entry = self._items.get(version)
             if entry is None:
-                entry = self._items[version] = [self._buffer(), 0]
+                entry = self._items[version] = [self._buffer(), set()]
                 self.high_water = max(self.high_water, len(self._items))
         start = shard * self.shard_numel
         entry[0][start : start + self.shard_numel].copy_(payload)  # outside the lock: owners write in parallel
         with self._cond:
-            entry[1] += 1
-            if entry[1] == self.num_shards:
+            entry[1].add(shard)
+            if len(entry[1]) == self.num_shards:
                 self._cond.notify_all()
 
     def abort(self, reason: str | BaseException) -> None:
@@ -78,7 +79,7 @@ class Mailbox:
 
     def _complete(self, version: int) -> bool:
         entry = self._items.get(version)
-        return entry is not None and entry[1] == self.num_shards
+        return entry is not None and len(entry[1]) == self.num_shards
 
     def has(self, version: int) -> bool:
         """Whether the aggregate of ``version`` is complete."""

@@ -30,6 +30,8 @@ class Kind(IntEnum):
     DETACH = 9  # leader -> every rank: no aggregates to rank ``a`` from ``version`` on (it fell too far behind)
     REJOIN = 10  # worker -> leader: rank ``sender`` is back at ``version`` and needs the current state
     ATTACH = 11  # leader -> every rank: rank ``a`` gets aggregates again from ``version`` on; rank ``b`` donates
+    LOST = 12  # worker -> leader: the aggregate stream of dead owner ``a`` broke; the last version of its shard ``b``
+    # that arrived here is ``version``
 
 
 HEADER_FIELDS = 11  # kind, version, sender, shard, valid entries, max age, packed ages, skipped, partition, table

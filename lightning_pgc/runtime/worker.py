@@ -18,6 +18,11 @@ version its training thread is at, and the leader beats back. A rank whose train
 ``max_lag`` versions behind is detached (no aggregates from then on, so its memory stays bounded); when its
 training thread is back it asks to rejoin and a live rank donates the training state at the open version
 (:meth:`PGCRuntime.rejoin`, :meth:`PGCRuntime.donation`, :meth:`PGCRuntime.send_state`). Nobody waits for it.
+
+A shard owner that dies hands its shards to live ranks (:meth:`PGCRuntime._recover`): every rank tells the leader the
+last version of each lost shard it got; ranks that missed versions another rank got rejoin by state transfer; the
+version nobody could complete (at most one) has the lost shards decoded again by their new owners from the live
+ranks' kept codes, and every rank replaces what it had of them, so replicas stay identical.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -56,6 +62,10 @@ from lightning_pgc.runtime.shards import OwnerMap, ShardLayout
 from lightning_pgc.runtime.transport import Channel, Handle, Transport
 
 log = logging.getLogger(__name__)
+
+LATEST = 1 << 62  # a version after every reassignment: ``owners.shards_of(rank, LATEST)`` is what it owns now
+SERVED_KEPT = 64  # versions an owner remembers which shards it published (older late codes are dropped)
+FOREIGN_SLACK = 8  # versions a code for a shard this rank does not own yet is kept (its ASSIGN is on the way)
 
 __all__ = ["CodeMessage", "PGCDetached", "PGCRuntime", "PGCTimeoutError", "CoordinatorError", "Mailbox"]
 
@@ -200,6 +210,8 @@ class PGCRuntime:
         self._leader_heard = time.monotonic()
         self._last_check = self._resumed_at = time.monotonic()  # see _check_leader
         self._notes: dict[int, tuple[int, int]] = {}  # leader: version -> (rank needing the state, donor)
+        self._donations: dict[int, int] = {}  # version -> rank this rank donates its state to, on reaching it
+        self._donated: set[int] = set()  # versions whose donation :meth:`wait` already made
         self._final_requests: queue.Queue = queue.Queue()  # leader: (rank, version) to donate from stop()
         self._beats_done = threading.Event()
         self._small_lock = threading.Lock()
@@ -224,6 +236,12 @@ class PGCRuntime:
         self._broken: set[int] = set()  # peers whose streams broke (their process is gone): nothing is sent to them
         self._finished: set[int] = set()  # peers that said BYE on their code stream (no aggregates for them)
         self.alive = world_size  # ranks alive and training, as the leader last counted them (its heartbeats carry it)
+        self._shard_seen = [start_version - 1] * layout.num_shards  # last version of each shard that arrived here
+        self._served: dict[int, set[int]] = {}  # service thread: version -> shards this rank published
+        self._served_floor = start_version  # codes older than this are dropped (``_served`` forgot them)
+        self._lost: dict[tuple[int, int], dict[int, int]] = {}  # leader: (dead owner, shard) -> {rank: last version
+        # of that shard the rank got}
+        self._recovery: Optional[_Recovery] = None  # leader: dead owners whose shards are being moved
         self.collectives = LiveCollectives(LiveGather(
             transport, rank, world_size, leader, self.heartbeat_interval, members=self._members,
             failure=self.failure, check_leader=self._check_leader,
@@ -356,8 +374,13 @@ class PGCRuntime:
 
     def donation(self, version: int) -> Optional[int]:
         """The rank this rank must send its training state to before applying ``version`` (call after
-        :meth:`wait`), or None."""
+        :meth:`wait`), or None (none, or :meth:`wait` sent it already)."""
         note = self.mailbox.pop_note(version)
+        for v in [v for v in self._donations if v <= version]:
+            self._donations.pop(v, None)
+        if version in self._donated:
+            self._donated.discard(version)
+            return None
         if note is not None and note[1] == self.rank:
             return note[0]
         return None
@@ -421,10 +444,13 @@ class PGCRuntime:
         self._count(sent=row.numel() * row.element_size())
         self._reaper_q.put(([self.transport.isend(Channel.CODE, owner, row)], code._sent))
 
-    def wait(self, version: int) -> Tensor:
+    def wait(self, version: int, donate: Optional[Callable[[], Tensor]] = None) -> Tensor:
         """The aggregate of ``version`` as a flat view of ``layout.numel`` elements (``down_dtype``).
 
-        Blocks while the leader is alive: the leader decides when too few ranks are left, and says so.
+        Blocks while the leader is alive: the leader decides when too few ranks are left, and says so. ``donate``
+        gives this rank's training state (uint8, as for :meth:`send_state`): if this rank is the donor for a rank
+        that rejoins at ``version``, it sends the state while waiting, so a version that needs the rejoining rank's
+        code (too few others alive) can still close; :meth:`donation` then returns None for it.
 
         Raises:
             PGCTimeoutError: the leader stopped beating.
@@ -432,6 +458,10 @@ class PGCRuntime:
             RuntimeError: the leader failed (its error text) or a stream broke.
         """
         while True:
+            recipient = self._donations.pop(version, None) if donate is not None else None
+            if recipient is not None:
+                self.send_state(recipient, version, donate())
+                self._donated.add(version)
             if self.detached(version) and not self.mailbox.has(version):
                 raise PGCDetached(f"PGC rank {self.rank} is detached at version {version}: rejoin first")
             try:
@@ -557,9 +587,12 @@ class PGCRuntime:
                 self.transport.recv(Channel.BEAT, peer, buf)
             except Exception:  # the code stream reports the loss
                 return
-            kind, version, _, _, _ = read_control(buf)
+            kind, version, a, b, _ = read_control(buf)
             if kind == Kind.BYE:
                 return
+            if kind == Kind.LOST:
+                self._inbox.put(("lost", peer, version, a, b))
+                continue
             self._inbox.put((kind.name.lower(), peer, version, time.monotonic()))
 
     def _reap(self, _: int) -> None:
@@ -605,12 +638,14 @@ class PGCRuntime:
                 self.transport.recv(Channel.AGG, peer, buf)
             except Exception as exc:
                 self._broken.add(peer)
-                shards = self.owners.shards_of(peer, self.progress)
+                shards = self.owners.shards_of(peer, LATEST)
                 if not self._stopping.is_set() and shards:
                     if peer == self.leader_rank:
                         self.mailbox.abort(f"lost the PGC leader (rank {peer}, owner of shard 0): {exc!r}")
-                    else:
+                    elif self.scheme.reuses_codes:
                         self.mailbox.abort(f"{_dead_owner(peer, self.progress, shards)} ({exc!r})")
+                    else:
+                        self._report_lost(peer, shards)
                 return
             self._count(received=buf.numel() * buf.element_size())
             header = read_header(buf)
@@ -619,6 +654,17 @@ class PGCRuntime:
             note = (header.valid - 1, header.max_age) if header.shard == 0 and header.valid > 0 else None
             table = header.table if header.shard == 0 and header.table else None
             self.mailbox.put_shard(header.version, header.shard, buf[self._hn_down :], note, table)
+            self._shard_seen[header.shard] = max(self._shard_seen[header.shard], header.version)
+
+    def _report_lost(self, owner: int, shards: list[int]) -> None:
+        """The aggregate stream of shard owner ``owner`` broke (its process is gone): tell the leader the last
+        version of each of its shards that arrived here (the stream is ordered, so every older one did too)."""
+        for j in shards:
+            if self.is_leader:
+                self._inbox.put(("lost", self.rank, self._shard_seen[j], owner, j))
+            else:
+                self._send_small(Channel.BEAT, control(self.world_size, Kind.LOST, self._shard_seen[j], owner, j),
+                                 self.leader_rank)
 
     def _receive_control(self, leader: int) -> None:
         buf = torch.zeros(control_numel(self.world_size), dtype=torch.int64)
@@ -642,6 +688,8 @@ class PGCRuntime:
                 self._inbox.put(("decide", version, read_decide(version, a, b, data)))
             elif kind == Kind.ASSIGN:
                 self._apply_assign(a, b, version)
+            if kind == Kind.ATTACH and b == self.rank and a != self.rank:
+                self._donations[version] = a  # donated from wait(version), or else when its aggregate came
             elif kind == Kind.STOP:
                 self._inbox.put(("stop", version, data.clone()))
                 return
@@ -714,7 +762,7 @@ class PGCRuntime:
                     _, header, buf, arrived, local = item
                     if leader is not None and header.shard == 0:
                         leader.on_code(header, arrived)
-                    if header.version < self._keep_from:
+                    if header.version < self._keep_from and not self._owed(header.version, header.shard):
                         recycle(buf, local)  # late: no aggregate will use it
                     else:
                         slot = pending.setdefault(header.version, {}).setdefault(header.shard, {})
@@ -745,6 +793,9 @@ class PGCRuntime:
                                     "%d of %d ranks", item[1], leader.version, len(leader.alive(now)), self.world_size)
                 elif tag == "dead" and leader is not None:
                     self._on_dead(leader, item[1], item[2])
+                elif tag == "lost" and leader is not None:
+                    _, reporter, seen, owner, shard = item
+                    self._lost.setdefault((owner, shard), {})[reporter] = seen
                 elif tag == "reassign" and leader is not None:
                     _, shard, owner, from_version = item
                     if from_version < leader.version:
@@ -795,6 +846,9 @@ class PGCRuntime:
                     self._send_all(Channel.CTRL, control(self.world_size, Kind.BEAT, leader.version, self.alive),
                                    self.peers)
                 leader.check(now)
+                self._check_owners(leader, now)
+                if self._recovery is not None:
+                    self._recover(leader, self._recovery, now, decided)
             done_below = self._aggregate_ready(pending, decided, done_below, recycle)
 
             if leader is not None and self._stopping.is_set():
@@ -810,22 +864,136 @@ class PGCRuntime:
                     return
 
     def _on_dead(self, leader: Leader, rank: int, why: str) -> None:
-        """Leader: ``rank``'s code stream broke (its process is gone). Up to ``s`` dead ranks are survived, unless
-        the dead rank owned a shard of the data plane (not reassigned yet: the job then fails naming it).
+        """Leader: ``rank``'s code stream broke (its process is gone). Up to ``s`` dead ranks are survived; the
+        shards a dead rank owned move to live ranks (:meth:`_recover`), except under bounded staleness.
 
         Raises:
-            CoordinatorError: the dead rank owned a shard.
+            CoordinatorError: the dead rank owned a shard and the scheme keeps codes at their owners (bounded).
         """
         if rank in leader.byes or rank in leader.dead:
             return
         leader.on_dead(rank)
-        shards = self.owners.shards_of(rank, leader.version)
-        if shards:
+        shards = self.owners.shards_of(rank, LATEST)
+        if shards and self.scheme.reuses_codes:
             raise CoordinatorError(_dead_owner(rank, leader.version, shards))
-        alive = len(leader.alive(time.monotonic()))
-        log.warning("PGC: rank %d died at version %d (%s); training goes on without it: %d of %d ranks alive, "
-                    "scheme '%s' needs %d", rank, leader.version, why, alive, self.world_size, self.scheme.name,
-                    self.scheme.wait_for)
+        now = time.monotonic()
+        if shards:
+            if self._recovery is None:
+                self._recovery = _Recovery(since=now)
+            self._recovery.lost.extend((rank, j) for j in shards)
+            self._recovery.since = now  # the reports about this owner need their own window
+        alive = len(leader.alive(now))
+        log.warning("PGC: rank %d died at version %d (%s); training goes on without it%s: %d of %d ranks alive, "
+                    "scheme '%s' needs %d", rank, leader.version, why,
+                    f" (its shard(s) {shards} move to live ranks)" if shards else "", alive, self.world_size,
+                    self.scheme.name, self.scheme.wait_for)
+
+    def _check_owners(self, leader: Leader, now: float) -> None:
+        """Leader: fail once a live shard owner has been silent for the heartbeat window plus ``timeout`` (frozen):
+        every rank waits for its shards, and its streams did not break, so its shards cannot move yet.
+
+        Raises:
+            CoordinatorError: naming the frozen owner and its shards (or the missing ranks, if too few are alive).
+        """
+        for r in sorted(self.owners.owners(leader.version) - {self.rank}):
+            if r not in leader.dead and r not in leader.byes and leader.gone(r, now):
+                if len(leader.alive(now)) < self.scheme.wait_for:
+                    raise leader.missing_error(now)
+                raise CoordinatorError(
+                    f"rank {r} owns shard(s) {self.owners.shards_of(r, leader.version)} of the data plane and has "
+                    f"sent no heartbeat for over {self.heartbeat_window + self.timeout:g} s (heartbeat window plus "
+                    "`timeout`): a frozen shard owner holds up every rank and is not survived. Raise `timeout` if "
+                    "ranks pause this long and come back, or raise `shard_bytes` above this model's payload to "
+                    "keep one shard, on rank 0")
+
+    def _recover(self, leader: Leader, rec: "_Recovery", now: float, decided: dict) -> None:
+        """Leader: move the shards of dead owners to live ranks, once every live attached rank said which of their
+        versions it got (or a heartbeat window passed).
+
+        Let ``A`` be the last version some live rank got every lost shard of. A rank that got less is detached
+        (it cannot complete a version others applied, so it rejoins by state transfer). The shards are reassigned
+        from ``A + 1``: ranks re-send their kept codes to the new owners. If ``A + 1`` is closed (nobody could
+        complete it, as the owner died before publishing it), it is decided again for the shards not published
+        yet, with the live ranks whose codes for it arrived (:meth:`_rebuild`).
+
+        Raises:
+            CoordinatorError: the reports do not add up, no live rank can own a shard, or the version to decode
+                again cannot get enough live codes within ``timeout``.
+        """
+        if rec.rebuild is None:
+            gone = leader.dead | leader.byes | self._broken
+            expected = [r for r in range(self.world_size) if r not in gone and r not in leader.detached]
+            got_all = [r for r in expected if all(r in self._lost.get(key, {}) for key in rec.lost)]
+            if len(got_all) < len(expected) and now - rec.since < self.heartbeat_window:
+                return
+            last = {r: min(self._lost.get(key, {}).get(r, leader.start_version - 1) for key in rec.lost)
+                    for r in expected}
+            version = leader.version
+            top = max(last.values(), default=version - 1)  # A
+            if not version - 2 <= top <= version - 1:
+                raise CoordinatorError(f"dead shard owner(s) {rec.dead()}: the live ranks got their shards up to "
+                                       f"version {top}, but version {version} is open (expected {version - 1} or "
+                                       f"{version - 2}); {last}")
+            behind = [r for r in expected if last[r] < top]
+            for r in behind:
+                start = max(last[r] + 1, leader.start_version)
+                log.warning("PGC: rank %d did not get the shards %s of version %d from dead rank(s) %s (others did): "
+                            "detached, it rejoins by state transfer", r, rec.shards(), start, rec.dead())
+                leader.detached[r] = start
+                self._send_all(Channel.CTRL, control(self.world_size, Kind.DETACH, start, r), self.peers)
+                self._set_gap(r, start, detach=True)
+            owners = [r for r in expected if r not in behind and leader.is_alive(r, now)]
+            if not owners:
+                raise CoordinatorError(f"shards {rec.shards()} of dead rank(s) {rec.dead()}: no live rank to own them")
+            counts = {r: len(self.owners.shards_of(r, LATEST)) for r in owners}
+            moved = []
+            for j in rec.shards():
+                owner = min(owners, key=lambda r: (counts[r], r == self.rank, r))
+                counts[owner] += 1
+                moved.append((j, owner))
+            log.warning("PGC: shards of dead rank(s) %s move from version %d on: %s", rec.dead(), top + 1,
+                        ", ".join(f"shard {j} to rank {o}" for j, o in moved))
+            for j, owner in moved:
+                self._send_all(Channel.CTRL, control(self.world_size, Kind.ASSIGN, top + 1, j, owner), self.peers)
+                self._apply_assign(j, owner, top + 1)
+            if top + 1 == version:  # every closed version reached some live rank whole
+                self._recovery = None
+                return
+            rec.rebuild = top + 1
+        self._rebuild(leader, rec, now, decided)
+
+    def _rebuild(self, leader: Leader, rec: "_Recovery", now: float, decided: dict) -> None:
+        """Leader: decide version ``rec.rebuild`` again, without the dead ranks, for the shards nobody published:
+        the live ranks whose codes for it arrived (admitted, then late, in arrival order) once they decode. Every
+        owner publishes only the shards it has not published (the new owners: the lost ones), so each rank's
+        aggregate is whole, identical on every rank and, for exact schemes, the same gradient up to rounding."""
+        version = rec.rebuild
+        assert version is not None
+        record = leader.record(version)
+        gone = leader.dead | self._broken | set(leader.detached)
+        arrived = [] if record is None else record.admitted + sorted(record.late, key=record.late.__getitem__)
+        order = [r for r in arrived if r not in gone]
+        if order and self.scheme.admits(order):
+            plan = [(k, k, version) for k in order]
+            a, b, words = decide_words(version, plan)
+            message = control(self.world_size, Kind.DECIDE, version, a, b, data=words)
+            log.warning("PGC: version %d (closed with ranks %s) is decoded again for shards %s from ranks %s",
+                        version, [] if record is None else record.admitted, rec.shards(), order)
+            self._send_all(Channel.CTRL, message, sorted(self.owners.owners(version) - {self.rank}))
+            decided[version] = plan
+            self._recovery = None
+            return
+        could = set(order) | {r for r in leader.alive(now) if r not in gone}
+        if could and self.scheme.admits(sorted(could)):
+            rec.short_since = None
+            return
+        if rec.short_since is None:
+            rec.short_since = now
+        if now - rec.short_since > self.timeout:
+            raise CoordinatorError(
+                f"version {version} was closed with dead rank(s) {rec.dead()}, which owned shards {rec.shards()}, and "
+                f"cannot be decoded again: live codes for it came from ranks {order}, live ranks that may still "
+                f"send one: {sorted(could - set(order))}; scheme '{self.scheme.name}' needs {self.scheme.wait_for}")
 
     def _members(self) -> set[int]:
         """Leader: the ranks a collective waits for (not finished, not dead, not silent past window + timeout)."""
@@ -850,6 +1018,8 @@ class PGCRuntime:
         if finished and donor == self.rank:
             self._final_requests.put((rank, u))
         else:
+            if donor == self.rank:
+                self._donations[u] = rank
             self._notes[u] = (rank, donor)  # travels in shard 0 of u's aggregate, to the donor
 
     def _read_final_stats(self, words: Tensor) -> None:
@@ -869,22 +1039,39 @@ class PGCRuntime:
         while decided:
             version = min(decided)
             plan = decided[version]
-            shards = self.owners.shards_of(self.rank, version)
+            served = self._served.setdefault(version, set())
+            shards = [j for j in self.owners.shards_of(self.rank, version) if j not in served]
             if any(k not in pending.get(v, {}).get(j, {}) for j in shards for _, k, v in plan):
                 break  # an admitted code's shard is still on its way
             ordered = sorted(plan)  # summed in decode-key order, not arrival order: the same set gives the same bits
             for j in shards:
                 codes = [(key, pending[v][j][k][0]) for key, k, v in ordered]
                 self._publish_shard(version, j, codes, ordered)
+                served.add(j)
             del decided[version]
             done_below = max(done_below, version + 1)
             reused = min((v for _, _, v in plan), default=done_below) if self.scheme.reuses_codes else done_below
             self._keep_from = max(self._keep_from, reused)
+            self._served_floor = max(self._served_floor, done_below - SERVED_KEPT)
+            for v in [v for v in self._served if v < self._served_floor]:
+                del self._served[v]
             for v in [v for v in pending if v < self._keep_from]:
-                for slot in pending.pop(v).values():
-                    for buf, local in slot.values():
+                for j in [j for j in pending[v] if not self._owed(v, j)]:
+                    for buf, local in pending[v].pop(j).values():
                         recycle(buf, local)
+                if not pending[v]:
+                    del pending[v]
         return done_below
+
+    def _owed(self, version: int, shard: int) -> bool:
+        """Service thread: whether this rank may still publish ``shard`` of ``version`` (a version below the one
+        its codes are kept from): it owns the shard there and has not published it (a dead owner's shard moved
+        here), or it does not own it yet (a rank that applied the ASSIGN first re-sent its code here)."""
+        if version < self._served_floor or shard in self._served.get(version, ()):
+            return False
+        if self.owners.owner(shard, version) == self.rank:
+            return True
+        return version >= self._keep_from - FOREIGN_SLACK
 
     def _table(self, version: int, plan: list[tuple[int, int, int]]) -> tuple[int, ...]:
         """What an aggregate's header carries of the table: the age of every partition's entry (``plan`` in
@@ -922,6 +1109,7 @@ class PGCRuntime:
                                      table=table))
         if self._receives(self.rank, version):
             self.mailbox.put_shard(version, shard, payload, note, table or None)
+            self._shard_seen[shard] = max(self._shard_seen[shard], version)
         # The first peer served gets its aggregate first and starts its next step first: rotate the order with
         # the version, or the lowest ranks would be admitted systematically more often (a bias under pgc_cr).
         peers = [p for p in _rotated(self.peers, version) if self._receives(p, version) and p not in self._finished]
@@ -930,9 +1118,26 @@ class PGCRuntime:
 
 def _dead_owner(rank: int, version: int, shards: list[int]) -> str:
     """The error for a dead shard owner (the leader's, or a rank's that lost the owner's aggregate stream)."""
-    return (f"rank {rank} died at version {version} and it owns shard(s) {shards} of the data plane; dead shard "
-            "owners are not survived yet. Payloads above `shard_bytes` are split over every rank: raise "
-            "PGCStrategy(shard_bytes=...) above this model's payload to keep one shard, on rank 0")
+    return (f"rank {rank} died at version {version} and it owns shard(s) {shards} of the data plane; under bounded "
+            "staleness the owners keep the table's codes, so a dead owner is not survived. Payloads above "
+            "`shard_bytes` are split over every rank: raise PGCStrategy(shard_bytes=...) above this model's payload "
+            "to keep one shard, on rank 0")
+
+
+@dataclass
+class _Recovery:
+    """Leader: dead shard owners whose shards are being moved (:meth:`PGCRuntime._recover`)."""
+
+    since: float  # when the last of them was found dead (the reports about it get a heartbeat window)
+    lost: list[tuple[int, int]] = field(default_factory=list)  # (dead owner, shard)
+    rebuild: Optional[int] = None  # the closed version nobody completed, decided again once enough codes are here
+    short_since: Optional[float] = None  # since when that version cannot get enough live codes
+
+    def shards(self) -> list[int]:
+        return [j for _, j in self.lost]
+
+    def dead(self) -> list[int]:
+        return sorted({owner for owner, _ in self.lost})
 
 
 def _rotated(items: list[int], by: int) -> list[int]:
