@@ -138,8 +138,9 @@ class PGCStrategy(DDPStrategy):
             (``buffer_stats['mailbox_high_water']``); raise it if ``rank_stats()[k]['rejoined']`` counts state
             transfers after short hiccups (each one costs a copy of the model and optimizer state).
         heartbeat_interval: seconds between heartbeats (every rank to the leader and back).
-        heartbeat_misses: heartbeats a rank may miss before it counts as dead. Raise it if healthy ranks are
-            reported missing under heavy load (e.g. long GIL-holding work in callbacks).
+        heartbeat_misses: heartbeats a rank may miss before it counts as dead (a shard owner that misses them
+            has its shards moved and rejoins by state transfer). Raise it if healthy ranks are reported missing or
+            ``PGC: rank k owns shards ... (frozen)`` appears under heavy load (e.g. long GIL-holding callbacks).
         nonfinite: what to do with a gradient that contains NaN or inf: ``"skip"`` drops it (the rank is a
             straggler for that step, its cache entry is evicted, ``pgc/rejected/rank{k}`` counts it);
             ``"raise"`` stops training with an error on that rank.

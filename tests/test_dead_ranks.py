@@ -17,6 +17,7 @@ from lightning_pgc.runtime.collectives import CollectiveError, _op_name
 from lightning_pgc.runtime.messages import Kind, read_header
 from tests.test_runtime import (
     FrozenTransport,
+    _donate,
     _eventually,
     _NoSend,
     _release_receivers,
@@ -246,7 +247,7 @@ def test_a_rank_that_missed_the_dead_owners_last_shard_rejoins_by_state_transfer
         assert _eventually(lambda: rts[3].detached(2))
         with pytest.raises(PGCDetached):
             rts[3].wait(2)
-        assert "rank 3 did not get the shards [2] of version 2 from dead rank(s) [2]" in caplog.text
+        assert "rank 3 did not get the shards [2] of version 2 from lost owner(s) [2]" in caplog.text
         assert all(_eventually(lambda rt=rts[r]: rt.owners.owner(2, 3) == 1) for r in live)
         got: dict[int, torch.Tensor] = {}
 
@@ -272,24 +273,91 @@ def test_a_rank_that_missed_the_dead_owners_last_shard_rejoins_by_state_transfer
         _bury(rts, 2)
 
 
-def test_a_frozen_shard_owner_fails_the_job_after_the_window_plus_timeout_naming_it():
-    """A shard owner that freezes (SIGSTOP: no heartbeats, its streams stay up) holds up every rank; instead of
-    waiting for it forever, every rank fails once it has been silent for the heartbeat window plus ``timeout``."""
+def test_a_frozen_shard_owner_is_fenced_off_its_shard_moves_and_it_rejoins_when_it_resumes(caplog):
+    """Rank 2 (owner of shard 2) freezes (SIGSTOP: no heartbeats, its streams stay up) before version 2. After a
+    heartbeat window every rank stops accepting its shards and reports; shard 2 moves to rank 1 and version 2, which
+    closed without rank 2 but whose shard 2 it never published, is decoded again by rank 1. The live ranks go on
+    with exact, identical aggregates. When rank 2 resumes, what it publishes late is ignored, and it rejoins by
+    state transfer (donated while the others wait: with it frozen, s = 1 is used up)."""
     scheme = make_scheme("pgc_cr", 4, 1)
-    rts = make_runtimes(scheme, shards=4, timeout=0.5, heartbeat=(0.05, 10), wrap={2: FrozenTransport})
+    rts = make_runtimes(scheme, shards=4, heartbeat=(0.05, 10), wrap={2: FrozenTransport})
+    live = [0, 1, 3]
+    state = torch.arange(5, dtype=torch.uint8)
     try:
-        _step_all(rts, 0)
+        for v in range(2):
+            _step_all(rts, v)
+        rts[2].transport.freeze()
+        for v in range(2, 4):
+            aggs = _step_all(rts, v, live)
+            torch.testing.assert_close(aggs[0], _cr_mean(live, v))
+            assert all(torch.equal(a, aggs[0]) for a in aggs)
+        assert "rank 2 owns shards [2] and sent no heartbeat" in caplog.text and "shard 2 to rank 1" in caplog.text
+        rts[2].transport.frozen.clear()  # SIGCONT
+        behind = 2  # it may still apply what it held (the state transfer replaces it), until it is detached
+        with pytest.raises(PGCDetached):
+            while True:
+                rts[2].release(rts[2].wait(behind))
+                behind += 1
+        assert behind <= 3
+        got: dict = {}
+        rejoin = threading.Thread(target=lambda: got.update(result=rts[2].rejoin(behind)))
+        rejoin.start()
+        assert _eventually(lambda: 2 not in rts[0].leader.detached)
+        u = rts[0].leader.version
+
+        def donor(rt):  # as the strategy: the state goes out while waiting, or else with the aggregate
+            agg = rt.wait(u, donate=lambda: state)
+            _donate(rt, u, state)
+            got[rt.rank] = agg.clone()
+            rt.release(agg)
+
+        for r in live:
+            submit(rts[r], u, ages=(0, 0))
+        threads = [threading.Thread(target=donor, args=(rts[r],)) for r in live]
+        for t in threads:
+            t.start()
+        rejoin.join(10)
+        assert got["result"][0] == u and torch.equal(got["result"][1], state)
+        submit(rts[2], u, ages=(0, 0))
+        got[2] = rts[2].wait(u).clone()
+        for t in threads:
+            t.join(10)
+        assert all(torch.equal(got[r], got[0]) for r in range(4))
+        assert rts[0].rank_stats()[2]["rejoined"] == 1
+        aggs = _step_all(rts, u + 1)  # all four again
+        torch.testing.assert_close(aggs[0], _cr_mean(sorted(rts[0].record(u + 1).admitted), u + 1))
+        assert all(torch.equal(a, aggs[0]) for a in aggs)
+        assert all(rts[r].error is None for r in range(4))
+    finally:
+        _stop_all(rts, timeout=1.0)
+
+
+def test_a_frozen_shard_owner_under_bounded_staleness_fails_after_the_window_plus_timeout():
+    """Bounded staleness keeps codes at their owners, so a frozen owner's shards cannot move: every rank fails once
+    it has been silent for the heartbeat window plus ``timeout``, naming it, instead of waiting forever."""
+    from tests.test_bounded import make_runtimes as bounded_runtimes
+    from tests.test_bounded import stop_all
+    from tests.test_bounded import submit as bounded_submit
+
+    scheme = BoundedScheme(4, 2, 2)
+    rts = bounded_runtimes(scheme, shards=4, timeout=0.5, heartbeat=(0.05, 10))
+    try:
+        for rt in rts:
+            bounded_submit(rt, 0)
+        for rt in rts:
+            rt.release(rt.wait(0))
+        rts[2].transport = FrozenTransport(rts[2].transport)  # its beats and sends go through this from now on
         rts[2].transport.freeze()
         started = time.monotonic()
         for r in (0, 1, 3):
-            submit(rts[r], 1, ages=(0, 0))
-        frozen_owner = r"rank 2 owns shard\(s\) \[2\] .*no heartbeat for over 1 s .*frozen shard owner"
+            bounded_submit(rts[r], 1)
         for r in (0, 1, 3):
-            with pytest.raises(RuntimeError, match=frozen_owner):
+            with pytest.raises(RuntimeError, match=r"rank 2 owns shard\(s\) \[2\] .*no heartbeat for over 1 s"):
                 rts[r].wait(1)
         assert time.monotonic() - started < 4.0  # window 0.5 s + timeout 0.5 s, with slack for a busy machine
     finally:
-        _bury(rts, 2)
+        rts[2].transport.frozen.clear()
+        stop_all(rts)
 
 
 def test_a_dead_shard_owner_under_bounded_staleness_fails_the_job_fast_naming_it():

@@ -200,6 +200,23 @@ def test_a_killed_shard_owner_is_survived_its_shard_moves_to_a_live_rank(tmp_pat
     assert ckpt["global_step"] == 16
 
 
+def test_a_frozen_shard_owner_is_fenced_off_and_rejoins_when_it_resumes(tmp_path):
+    """SIGSTOP of rank 2 for 3 s at step 3 with 4 shards: after a heartbeat window (1 s) its shard moves to a live
+    rank and the others go on; after SIGCONT it rejoins by state transfer. All four finish with identical replicas."""
+    job = run_job(
+        tmp_path, "freeze_owner", strategy="pgc", devices=4, max_steps=40, check_val_every_n_epoch=100,
+        compute_s_per_eval=0.02,
+        strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "shard_bytes": 64},
+        faults=[{"kind": "Freeze", "rank": 2, "step": 3, "seconds": 3.0}],
+    )
+    ranks = job["ranks"]
+    assert len({r["checksum"] for r in ranks}) == 1 and {r["global_step"] for r in ranks} == {40}
+    assert re.search(r"rank 2 owns shards \[2\] and sent no heartbeat .*\(frozen\)", job["stderr"]), \
+        job["stderr"][-3000:]
+    assert re.search(r"shard 2 to rank [013]", job["stderr"]) and "rank 2: rejoined at version" in job["stderr"]
+    assert ranks[0]["rank_stats"][2]["rejoined"] >= 1
+
+
 def test_more_than_s_killed_ranks_fail_every_survivor_fast_naming_them_and_leave_no_process(tmp_path):
     """s = 1 and ranks 2 and 3 are SIGKILLed at step 3: no version can close. Every surviving rank exits non-zero
     within twice the heartbeat window (1 s; ``timeout`` 1 s) of the first kill, the errors name the dead ranks and

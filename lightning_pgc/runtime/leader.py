@@ -140,7 +140,7 @@ class Leader:
         stats = self._stats[sender]
         stats.skipped = max(stats.skipped, header.skipped)
         if version == self.version:
-            if sender in self._arrivals:
+            if sender in self._arrivals or sender in self.detached:  # a detached rank's code is never admitted
                 return
             if self._first_arrival is None:
                 self._first_arrival = arrived
@@ -185,10 +185,15 @@ class Leader:
         the shard of it that it owned itself died with it."""
         if rank not in self.byes:
             self.dead.add(rank)
-            if rank in self._arrivals:
-                self._order.remove(rank)
-                for d in (self._arrivals, self._valid, self._ages):
-                    d.pop(rank, None)
+            self.drop_open(rank)
+
+    def drop_open(self, rank: int) -> None:
+        """Forget ``rank``'s code for the open version (it died, or froze owning a shard: the shard of its code it
+        owned itself is gone with it)."""
+        if rank in self._arrivals:
+            self._order.remove(rank)
+            for d in (self._arrivals, self._valid, self._ages):
+                d.pop(rank, None)
 
     def on_rejoin(self, rank: int, leader_rank: int, leader_finished: bool = False) -> tuple[int, int]:
         """Detached ``rank`` is back: it gets aggregates again from the open version ``u`` on, and the training

@@ -32,6 +32,7 @@ class Kind(IntEnum):
     ATTACH = 11  # leader -> every rank: rank ``a`` gets aggregates again from ``version`` on; rank ``b`` donates
     LOST = 12  # worker -> leader: the aggregate stream of dead owner ``a`` broke; the last version of its shard ``b``
     # that arrived here is ``version``
+    QUERY = 13  # leader -> every rank: owner ``a`` is frozen: accept no more of its shards and answer with LOST
 
 
 HEADER_FIELDS = 11  # kind, version, sender, shard, valid entries, max age, packed ages, skipped, partition, table

@@ -19,8 +19,8 @@ version its training thread is at, and the leader beats back. A rank whose train
 training thread is back it asks to rejoin and a live rank donates the training state at the open version
 (:meth:`PGCRuntime.rejoin`, :meth:`PGCRuntime.donation`, :meth:`PGCRuntime.send_state`). Nobody waits for it.
 
-A shard owner that dies hands its shards to live ranks (:meth:`PGCRuntime._recover`): every rank tells the leader the
-last version of each lost shard it got; ranks that missed versions another rank got rejoin by state transfer; the
+A shard owner that dies (or freezes: then every rank first stops accepting its shards) hands its shards to live
+ranks (:meth:`PGCRuntime._recover`): every rank tells the leader the last version of each lost shard it got; ranks that missed versions another rank got rejoin by state transfer; the
 version nobody could complete (at most one) has the lost shards decoded again by their new owners from the live
 ranks' kept codes, and every rank replaces what it had of them, so replicas stay identical.
 """
@@ -242,6 +242,8 @@ class PGCRuntime:
         self._lost: dict[tuple[int, int], dict[int, int]] = {}  # leader: (dead owner, shard) -> {rank: last version
         # of that shard the rank got}
         self._recovery: Optional[_Recovery] = None  # leader: dead owners whose shards are being moved
+        self._fenced: dict[int, int] = {}  # frozen owner -> first version of its shards accepted again (moved back)
+        self._fence_locks = {p: threading.Lock() for p in range(world_size)}
         self.collectives = LiveCollectives(LiveGather(
             transport, rank, world_size, leader, self.heartbeat_interval, members=self._members,
             failure=self.failure, check_leader=self._check_leader,
@@ -639,7 +641,7 @@ class PGCRuntime:
             except Exception as exc:
                 self._broken.add(peer)
                 shards = self.owners.shards_of(peer, LATEST)
-                if not self._stopping.is_set() and shards:
+                if not self._stopping.is_set() and shards and peer not in self._fenced:
                     if peer == self.leader_rank:
                         self.mailbox.abort(f"lost the PGC leader (rank {peer}, owner of shard 0): {exc!r}")
                     elif self.scheme.reuses_codes:
@@ -653,8 +655,18 @@ class PGCRuntime:
                 return
             note = (header.valid - 1, header.max_age) if header.shard == 0 and header.valid > 0 else None
             table = header.table if header.shard == 0 and header.table else None
-            self.mailbox.put_shard(header.version, header.shard, buf[self._hn_down :], note, table)
-            self._shard_seen[header.shard] = max(self._shard_seen[header.shard], header.version)
+            with self._fence_locks[peer]:
+                if header.version < self._fenced.get(peer, -1):
+                    continue  # a frozen owner's shard, moved to another rank
+                self.mailbox.put_shard(header.version, header.shard, buf[self._hn_down :], note, table)
+                self._shard_seen[header.shard] = max(self._shard_seen[header.shard], header.version)
+
+    def _fence(self, owner: int) -> None:
+        """Owner ``owner`` froze and its shards move: accept none of its shards from now on (a stale one sent
+        when it resumes would differ from the new owner's), and report what arrived (:meth:`_report_lost`)."""
+        with self._fence_locks[owner]:
+            self._fenced[owner] = LATEST
+            self._report_lost(owner, self.owners.shards_of(owner, LATEST))
 
     def _report_lost(self, owner: int, shards: list[int]) -> None:
         """The aggregate stream of shard owner ``owner`` broke (its process is gone): tell the leader the last
@@ -688,6 +700,8 @@ class PGCRuntime:
                 self._inbox.put(("decide", version, read_decide(version, a, b, data)))
             elif kind == Kind.ASSIGN:
                 self._apply_assign(a, b, version)
+            elif kind == Kind.QUERY:
+                self._fence(a)
             if kind == Kind.ATTACH and b == self.rank and a != self.rank:
                 self._donations[version] = a  # donated from wait(version), or else when its aggregate came
             elif kind == Kind.STOP:
@@ -701,6 +715,9 @@ class PGCRuntime:
 
     def _apply_assign(self, shard: int, owner: int, from_version: int) -> None:
         """Take a reassignment into account and re-send kept codes that went to the old owner."""
+        if owner in self._fenced:  # a frozen owner that came back owns a shard again: its new shards count
+            with self._fence_locks[owner]:
+                self._fenced[owner] = min(self._fenced[owner], from_version)
         with self._send_lock:
             old = self.owners.owner(shard, from_version)
             self.owners.reassign(shard, owner, from_version)
@@ -878,10 +895,7 @@ class PGCRuntime:
             raise CoordinatorError(_dead_owner(rank, leader.version, shards))
         now = time.monotonic()
         if shards:
-            if self._recovery is None:
-                self._recovery = _Recovery(since=now)
-            self._recovery.lost.extend((rank, j) for j in shards)
-            self._recovery.since = now  # the reports about this owner need their own window
+            self._lose(rank, shards, now)
         alive = len(leader.alive(now))
         log.warning("PGC: rank %d died at version %d (%s); training goes on without it%s: %d of %d ranks alive, "
                     "scheme '%s' needs %d", rank, leader.version, why,
@@ -889,22 +903,48 @@ class PGCRuntime:
                     self.scheme.name, self.scheme.wait_for)
 
     def _check_owners(self, leader: Leader, now: float) -> None:
-        """Leader: fail once a live shard owner has been silent for the heartbeat window plus ``timeout`` (frozen):
-        every rank waits for its shards, and its streams did not break, so its shards cannot move yet.
+        """Leader: a shard owner that missed its heartbeats for a window (frozen: its streams stay up) holds up every
+        rank. Its shards move as a dead owner's do, after every rank fenced it off (:meth:`_fence`); it is detached,
+        so if it resumes it rejoins by state transfer. Under bounded staleness (codes kept at their owners) the job
+        fails instead once it has been silent for the window plus ``timeout``.
 
         Raises:
-            CoordinatorError: naming the frozen owner and its shards (or the missing ranks, if too few are alive).
+            CoordinatorError: bounded staleness, naming the frozen owner (or the missing ranks, if too few are
+                alive).
         """
-        for r in sorted(self.owners.owners(leader.version) - {self.rank}):
-            if r not in leader.dead and r not in leader.byes and leader.gone(r, now):
+        for r in sorted(self.owners.owners(LATEST) - {self.rank}):
+            if r in leader.dead or r in leader.byes or r in leader.detached or leader.is_alive(r, now):
+                continue
+            if self.scheme.reuses_codes:
+                if not leader.gone(r, now):
+                    continue
                 if len(leader.alive(now)) < self.scheme.wait_for:
                     raise leader.missing_error(now)
                 raise CoordinatorError(
-                    f"rank {r} owns shard(s) {self.owners.shards_of(r, leader.version)} of the data plane and has "
-                    f"sent no heartbeat for over {self.heartbeat_window + self.timeout:g} s (heartbeat window plus "
-                    "`timeout`): a frozen shard owner holds up every rank and is not survived. Raise `timeout` if "
-                    "ranks pause this long and come back, or raise `shard_bytes` above this model's payload to "
-                    "keep one shard, on rank 0")
+                    f"rank {r} owns shard(s) {self.owners.shards_of(r, LATEST)} of the data plane and has sent no "
+                    f"heartbeat for over {self.heartbeat_window + self.timeout:g} s (heartbeat window plus `timeout`): "
+                    "under bounded staleness a frozen shard owner is not survived. Raise `timeout` if ranks pause "
+                    "this long and come back, or raise `shard_bytes` above this model's payload to keep one shard")
+            shards = self.owners.shards_of(r, LATEST)
+            start = leader.progress[r]
+            log.warning("PGC: rank %d owns shards %s and sent no heartbeat for %.1f s (frozen) at version %d: its "
+                        "shards move to live ranks; it is detached and rejoins by state transfer if it resumes",
+                        r, shards, self.heartbeat_window, leader.version)
+            leader.detached[r] = start
+            leader.drop_open(r)
+            self._send_all(Channel.CTRL, control(self.world_size, Kind.DETACH, start, r), self.peers)
+            self._set_gap(r, start, detach=True)
+            self._send_all(Channel.CTRL, control(self.world_size, Kind.QUERY, leader.version, r),
+                           [p for p in self.peers if p != r])
+            self._fence(r)
+            self._lose(r, shards, now)
+
+    def _lose(self, owner: int, shards: list[int], now: float) -> None:
+        """Leader: ``owner``'s ``shards`` are to move (:meth:`_recover`); the reports about them get a window."""
+        if self._recovery is None:
+            self._recovery = _Recovery(since=now)
+        self._recovery.lost.extend(k for k in ((owner, j) for j in shards) if k not in self._recovery.lost)
+        self._recovery.since = now
 
     def _recover(self, leader: Leader, rec: "_Recovery", now: float, decided: dict) -> None:
         """Leader: move the shards of dead owners to live ranks, once every live attached rank said which of their
@@ -937,21 +977,21 @@ class PGCRuntime:
             behind = [r for r in expected if last[r] < top]
             for r in behind:
                 start = max(last[r] + 1, leader.start_version)
-                log.warning("PGC: rank %d did not get the shards %s of version %d from dead rank(s) %s (others did): "
+                log.warning("PGC: rank %d did not get the shards %s of version %d from lost owner(s) %s (others did): "
                             "detached, it rejoins by state transfer", r, rec.shards(), start, rec.dead())
                 leader.detached[r] = start
                 self._send_all(Channel.CTRL, control(self.world_size, Kind.DETACH, start, r), self.peers)
                 self._set_gap(r, start, detach=True)
             owners = [r for r in expected if r not in behind and leader.is_alive(r, now)]
             if not owners:
-                raise CoordinatorError(f"shards {rec.shards()} of dead rank(s) {rec.dead()}: no live rank to own them")
+                raise CoordinatorError(f"shards {rec.shards()} of lost owner(s) {rec.dead()}: no live rank to own them")
             counts = {r: len(self.owners.shards_of(r, LATEST)) for r in owners}
             moved = []
             for j in rec.shards():
                 owner = min(owners, key=lambda r: (counts[r], r == self.rank, r))
                 counts[owner] += 1
                 moved.append((j, owner))
-            log.warning("PGC: shards of dead rank(s) %s move from version %d on: %s", rec.dead(), top + 1,
+            log.warning("PGC: shards of lost owner(s) %s move from version %d on: %s", rec.dead(), top + 1,
                         ", ".join(f"shard {j} to rank {o}" for j, o in moved))
             for j, owner in moved:
                 self._send_all(Channel.CTRL, control(self.world_size, Kind.ASSIGN, top + 1, j, owner), self.peers)
@@ -991,7 +1031,7 @@ class PGCRuntime:
             rec.short_since = now
         if now - rec.short_since > self.timeout:
             raise CoordinatorError(
-                f"version {version} was closed with dead rank(s) {rec.dead()}, which owned shards {rec.shards()}, and "
+                f"version {version} was closed with lost owner(s) {rec.dead()}, which owned shards {rec.shards()}, and "
                 f"cannot be decoded again: live codes for it came from ranks {order}, live ranks that may still "
                 f"send one: {sorted(could - set(order))}; scheme '{self.scheme.name}' needs {self.scheme.wait_for}")
 
