@@ -20,9 +20,10 @@ training thread is back it asks to rejoin and a live rank donates the training s
 (:meth:`PGCRuntime.rejoin`, :meth:`PGCRuntime.donation`, :meth:`PGCRuntime.send_state`). Nobody waits for it.
 
 A shard owner that dies (or freezes: then every rank first stops accepting its shards) hands its shards to live
-ranks (:meth:`PGCRuntime._recover`): every rank tells the leader the last version of each lost shard it got; ranks that missed versions another rank got rejoin by state transfer; the
-version nobody could complete (at most one) has the lost shards decoded again by their new owners from the live
-ranks' kept codes, and every rank replaces what it had of them, so replicas stay identical.
+ranks (:meth:`PGCRuntime._recover`): every rank tells the leader the last version of each lost shard it got;
+ranks that missed versions another rank got rejoin by state transfer; the version nobody could complete (at most
+one) has the lost shards decoded again by their new owners from the live ranks' kept codes, and every rank
+replaces what it had of them, so replicas stay identical.
 """
 
 from __future__ import annotations
@@ -244,6 +245,7 @@ class PGCRuntime:
         self._recovery: Optional[_Recovery] = None  # leader: dead owners whose shards are being moved
         self._fenced: dict[int, int] = {}  # frozen owner -> first version of its shards accepted again (moved back)
         self._fence_locks = {p: threading.Lock() for p in range(world_size)}
+        self._owners_checked = self._owners_grace = time.monotonic()  # see _check_owners
         self.collectives = LiveCollectives(LiveGather(
             transport, rank, world_size, leader, self.heartbeat_interval, members=self._members,
             failure=self.failure, check_leader=self._check_leader,
@@ -695,6 +697,8 @@ class PGCRuntime:
                 self.alive = a
                 continue
             if kind in (Kind.DETACH, Kind.ATTACH):  # through the inbox: ordered with the decisions
+                if kind == Kind.ATTACH and b == self.rank and a != self.rank:
+                    self._donations[version] = a  # donated from wait(version), or else when its aggregate came
                 self._inbox.put((kind.name.lower(), version, a, b))
             elif kind == Kind.DECIDE:
                 self._inbox.put(("decide", version, read_decide(version, a, b, data)))
@@ -702,8 +706,6 @@ class PGCRuntime:
                 self._apply_assign(a, b, version)
             elif kind == Kind.QUERY:
                 self._fence(a)
-            if kind == Kind.ATTACH and b == self.rank and a != self.rank:
-                self._donations[version] = a  # donated from wait(version), or else when its aggregate came
             elif kind == Kind.STOP:
                 self._inbox.put(("stop", version, data.clone()))
                 return
@@ -912,8 +914,14 @@ class PGCRuntime:
             CoordinatorError: bounded staleness, naming the frozen owner (or the missing ranks, if too few are
                 alive).
         """
+        if now - self._owners_checked > 3 * self.heartbeat_interval:
+            self._owners_grace = now + self.heartbeat_window  # this loop did not run for a while (busy process):
+            # the owners' heartbeats may still be in the sockets, so give them a window from now
+        self._owners_checked = now
+        if now < self._owners_grace:
+            return
         for r in sorted(self.owners.owners(LATEST) - {self.rank}):
-            if r in leader.dead or r in leader.byes or r in leader.detached or leader.is_alive(r, now):
+            if r in leader.dead or r in leader.byes or self._fenced.get(r) == LATEST or leader.is_alive(r, now):
                 continue
             if self.scheme.reuses_codes:
                 if not leader.gone(r, now):
@@ -926,14 +934,15 @@ class PGCRuntime:
                     "under bounded staleness a frozen shard owner is not survived. Raise `timeout` if ranks pause "
                     "this long and come back, or raise `shard_bytes` above this model's payload to keep one shard")
             shards = self.owners.shards_of(r, LATEST)
-            start = leader.progress[r]
             log.warning("PGC: rank %d owns shards %s and sent no heartbeat for %.1f s (frozen) at version %d: its "
                         "shards move to live ranks; it is detached and rejoins by state transfer if it resumes",
                         r, shards, self.heartbeat_window, leader.version)
-            leader.detached[r] = start
             leader.drop_open(r)
-            self._send_all(Channel.CTRL, control(self.world_size, Kind.DETACH, start, r), self.peers)
-            self._set_gap(r, start, detach=True)
+            if r not in leader.detached:  # (a rank detached for lagging keeps its span)
+                start = leader.progress[r]
+                leader.detached[r] = start
+                self._send_all(Channel.CTRL, control(self.world_size, Kind.DETACH, start, r), self.peers)
+                self._set_gap(r, start, detach=True)
             self._send_all(Channel.CTRL, control(self.world_size, Kind.QUERY, leader.version, r),
                            [p for p in self.peers if p != r])
             self._fence(r)
