@@ -184,6 +184,29 @@ def test_a_dead_shard_owner_hands_its_shard_to_a_live_rank(caplog):
         _bury(rts, 2)
 
 
+def test_a_shard_owner_that_leaves_on_sigterm_hands_its_shard_over(caplog):
+    """Rank 2 (owner of shard 2) gets SIGTERM between versions 1 and 2 and leaves at once (``stop(leave=True)``):
+    its BYE tells every rank its shard is lost, the shard moves to rank 1, and the three others go on with exact,
+    identical aggregates."""
+    scheme = make_scheme("pgc_cr", 4, 1)
+    rts = make_runtimes(scheme, shards=4, heartbeat=(0.05, 40))
+    live = [0, 1, 3]
+    try:
+        for v in range(2):
+            _step_all(rts, v)
+        rts[2].stop(leave=True)
+        assert all(_eventually(lambda rt=rts[r]: rt.owners.owner(2, 2) == 1) for r in live)
+        for v in range(2, 5):
+            aggs = _step_all(rts, v, live)
+            torch.testing.assert_close(aggs[0], _cr_mean(live, v))
+            assert all(torch.equal(a, aggs[0]) for a in aggs)
+        assert "rank 2 left at version 2 (SIGTERM on that rank)" in caplog.text
+        assert "its shard(s) [2] move to live ranks" in caplog.text
+    finally:
+        _release_receivers(rts[2].hub, 2, live)
+        _stop_all([rts[r] for r in live], timeout=1.0)
+
+
 def test_a_closed_version_its_dead_owner_never_published_is_decoded_again_from_live_codes(caplog):
     """Rank 2 sends its code for version 2, freezes (it never publishes shard 2 of it), version 2 closes with
     ranks 2, 0, 1, and then rank 2's process is gone. The leader moves shard 2 to rank 1 from version 2 and decides

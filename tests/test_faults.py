@@ -283,13 +283,17 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_sigterm_on_one_worker_leaves_the_others_training(tmp_path):
-    """A SIGTERM on rank 2 only (one node evicted) at step 3: rank 2 says BYE and leaves at once; the others go on
-    as with a dead rank and finish with identical replicas; the job succeeds."""
+@pytest.mark.parametrize("shard_bytes", [None, 64], ids=["one_shard", "every_rank_owns_one"])
+def test_sigterm_on_one_worker_leaves_the_others_training(tmp_path, shard_bytes):
+    """A SIGTERM on rank 2 only (one node evicted) at step 3: rank 2 says BYE and leaves at once (with 4 shards,
+    its shard moves to a live rank); the others go on as with a dead rank and finish with identical replicas; the
+    job succeeds."""
+    kwargs = {"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0}
+    if shard_bytes is not None:
+        kwargs["shard_bytes"] = shard_bytes
     job = run_job(
         tmp_path, "term1", strategy="pgc", devices=4, max_steps=16, check_val_every_n_epoch=100,
-        strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0},
-        faults=[{"kind": "Terminate", "rank": 2, "step": 3}],
+        strategy_kwargs=kwargs, faults=[{"kind": "Terminate", "rank": 2, "step": 3}],
     )
     ranks = job["ranks"]
     assert ranks[2] is None
@@ -297,6 +301,8 @@ def test_sigterm_on_one_worker_leaves_the_others_training(tmp_path):
     assert re.search(r"PGC rank 2: SIGTERM: leaving at step [3-5] ", job["stderr"]), job["stderr"][-3000:]
     assert re.search(r"PGC: rank 2 left at version \d+ \(SIGTERM on that rank\); training goes on with 3 of 4",
                      job["stderr"]), job["stderr"][-3000:]
+    if shard_bytes is not None:
+        assert re.search(r"shard 2 to rank [013]", job["stderr"]), job["stderr"][-3000:]
 
 
 def test_sigterm_on_every_rank_stops_the_job_cleanly_with_a_checkpoint(tmp_path):

@@ -282,12 +282,13 @@ class PGCRuntime:
 
         Every rank's training is over once all live ranks said BYE, so the last rank to finish sets when all
         return. On the leader, ``donate`` gives the final training state (a uint8 tensor) to ranks that rejoin
-        after the leader finished. With ``leave`` (a worker that owns no shard and stops alone, e.g. on SIGTERM)
-        it says BYE on every stream and returns at once: the others go on without it.
+        after the leader finished. With ``leave`` (a worker that stops alone, e.g. on SIGTERM) it says BYE on every
+        stream and returns at once: the others go on without it, and its shards move to live ranks as a dead
+        owner's do (under bounded staleness an owner serves its shards until the others finish instead).
         """
         if self._stopped:
             return
-        if leave and not self.is_leader and not self.owners.shards_of(self.rank, self.progress):
+        if leave and not self.is_leader and not (self.scheme.reuses_codes and self.owners.shards_of(self.rank, LATEST)):
             self._leave()
             return
         self._stopped = True
@@ -327,7 +328,7 @@ class PGCRuntime:
         self._send_all(Channel.CODE, bye, self.peers)
         self.collectives.gather.stop()
         self._send_small(Channel.BEAT, control(self.world_size, Kind.BYE, -1), self.leader_rank)
-        self._say_agg_bye()
+        self._say_agg_bye(leaving=True)
         log.warning("PGC rank %d left at version %d; the others go on without it", self.rank, self.progress)
 
     # ------------------------------------------------------------------------------------------- worker API
@@ -654,6 +655,9 @@ class PGCRuntime:
             self._count(received=buf.numel() * buf.element_size())
             header = read_header(buf)
             if header.kind == Kind.BYE:
+                shards = self.owners.shards_of(peer, LATEST)
+                if header.valid == 1 and shards and not self._stopping.is_set() and peer not in self._fenced:
+                    self._report_lost(peer, shards)  # an owner that left early (SIGTERM): its shards move
                 return
             note = (header.valid - 1, header.max_age) if header.shard == 0 and header.valid > 0 else None
             table = header.table if header.shard == 0 and header.table else None
@@ -744,9 +748,10 @@ class PGCRuntime:
                                self.peers)
             self._say_agg_bye()
 
-    def _say_agg_bye(self) -> None:
+    def _say_agg_bye(self, leaving: bool = False) -> None:
+        """BYE on this rank's aggregate streams (``leaving``: it leaves early, so its shards are lost)."""
         bye = torch.zeros(message_numel(self.layout.shard_numel, self.down_dtype), dtype=self.down_dtype)
-        write_header(bye, Header(Kind.BYE, -1, self.rank))
+        write_header(bye, Header(Kind.BYE, -1, self.rank, valid=int(leaving)))
         self._send_all(Channel.AGG, bye, self.peers)
 
     def _serve(self) -> None:
@@ -808,8 +813,13 @@ class PGCRuntime:
                 elif tag == "bye" and leader is not None:
                     leader.on_bye(item[1], item[2])
                     if item[3]:
+                        shards = self.owners.shards_of(item[1], LATEST)
                         log.warning("PGC: rank %d left at version %d (SIGTERM on that rank); training goes on with "
-                                    "%d of %d ranks", item[1], leader.version, len(leader.alive(now)), self.world_size)
+                                    "%d of %d ranks%s", item[1], leader.version, len(leader.alive(now)),
+                                    self.world_size, f" (its shard(s) {shards} move to live ranks)" if shards else "")
+                        if shards:
+                            leader.drop_open(item[1])  # its code's own shard left with it
+                            self._lose(item[1], shards, now)
                 elif tag == "dead" and leader is not None:
                     self._on_dead(leader, item[1], item[2])
                 elif tag == "lost" and leader is not None:
