@@ -207,14 +207,36 @@ def test_a_shard_owner_that_leaves_on_sigterm_hands_its_shard_over(caplog):
         _stop_all([rts[r] for r in live], timeout=1.0)
 
 
-def test_a_closed_version_its_dead_owner_never_published_is_decoded_again_from_live_codes(caplog):
+class _LateAssign:
+    """Rank 1's transport: the leader's ASSIGN reaches it 0.3 s late, after the codes that ranks which applied it
+    first re-sent to rank 1 (which then does not own the shard yet)."""
+
+    def __init__(self, inner):
+        self.inner, self.rank, self.world_size = inner, inner.rank, inner.world_size
+
+    def isend(self, channel, peer, message):
+        return self.inner.isend(channel, peer, message)
+
+    def recv(self, channel, peer, buf):
+        self.inner.recv(channel, peer, buf)
+        if channel == Channel.CTRL and int(buf[0]) == Kind.ASSIGN:
+            time.sleep(0.3)
+
+    def close(self):
+        self.inner.close()
+
+
+@pytest.mark.parametrize("late_assign", [False, True], ids=["assign_first", "codes_first"])
+def test_a_closed_version_its_dead_owner_never_published_is_decoded_again_from_live_codes(caplog, late_assign):
     """Rank 2 sends its code for version 2, freezes (it never publishes shard 2 of it), version 2 closes with
     ranks 2, 0, 1, and then rank 2's process is gone. The leader moves shard 2 to rank 1 from version 2 and decides
     version 2 again for it, from the live codes: ranks 0, 1 and rank 3, whose code comes late. Every rank's
     aggregate of version 2 is shards 0, 1, 3 decoded from {0, 1, 2} and shard 2 from {0, 1, 3}: exact for each
-    set, identical on every rank; version 3 is plain again."""
+    set, identical on every rank; version 3 is plain again. ``codes_first``: the re-sent codes reach rank 1 before
+    its ASSIGN does, and it keeps them."""
     scheme = make_scheme("pgc_cr", 4, 1)
-    rts = make_runtimes(scheme, shards=4, heartbeat=(0.05, 40), wrap={2: FrozenTransport})
+    wrap = {2: FrozenTransport, **({1: _LateAssign} if late_assign else {})}
+    rts = make_runtimes(scheme, shards=4, heartbeat=(0.05, 40), wrap=wrap)
     live = [0, 1, 3]
     try:
         for v in range(2):
@@ -229,6 +251,7 @@ def test_a_closed_version_its_dead_owner_never_published_is_decoded_again_from_l
         _die(rts, 2)
         assert _eventually(lambda: all(rts[r].owners.owner(2, 2) == 1 for r in live))
         time.sleep(0.3)
+        assert rts[1]._keep_from == 3  # codes of version 2 are below it: rank 1 keeps them only as owed
         assert not any(rts[r].mailbox.has(2) for r in live)  # shard 2 of version 2 waits for rank 3's late code
         submit(rts[3], 2, ages=(0, 0))
         taken = {r: rts[r].wait(2) for r in live}
