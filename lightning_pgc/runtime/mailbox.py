@@ -18,8 +18,9 @@ class Mailbox:
     """Aggregates published by the shard owners, by version; holds only versions not yet applied.
 
     A version is complete when all ``num_shards`` shards arrived; a shard that arrives again replaces the first
-    copy (a dead owner's shard of a version nobody completed is decoded again by its new owner). Buffers come from a pool and go back to it
-    through :meth:`release`, so a rank allocates at most as many as it holds at once (bounded by ``max_lag``).
+    copy (a dead owner's shard of a version nobody completed is decoded again by its new owner). Buffers come from
+    a pool and go back to it through :meth:`release`, so a rank allocates at most as many as it holds at once
+    (bounded by ``max_lag``).
     """
 
     def __init__(self, num_shards: int, shard_numel: int, dtype: torch.dtype, pin_memory: bool = False) -> None:
