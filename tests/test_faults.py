@@ -56,16 +56,19 @@ def test_a_long_stall_costs_nobody_and_the_stalled_rank_rejoins_by_state_transfe
 SOAK_RSS_GROWTH = 16 << 20
 
 
-def test_a_300_step_soak_with_jitter_and_stalls_neither_hangs_nor_grows(tmp_path):
+@pytest.mark.parametrize("shard_bytes", [None, 64], ids=["one_shard", "every_rank_owns_one"])
+def test_a_300_step_soak_with_jitter_and_stalls_neither_hangs_nor_grows(tmp_path, shard_bytes):
     """4 ranks, pgc_cr s = 1, 300 steps with log-normal jitter (median 3 ms) and a 1 s stall on each of ranks 1, 2
     and 3 (steps 60, 140, 220: tens of versions, far past ``max_lag``). The job finishes (the harness timeout
     guards against a hang), every stalled rank rejoins by state transfer, replicas end identical, the loss falls,
     and per rank nothing grows from step 50 (warm-up done) to the end: no thread more, resident memory within
     ``SOAK_RSS_GROWTH``. Measured growth is at most 4 MiB on a ~540 MiB rank (3 runs); a leak of 100 kB per step (one
-    tensor kept per step) adds 25-28 MiB over the 250 steps and trips the bound."""
+    tensor kept per step) adds 25-28 MiB over the 250 steps and trips the bound. ``every_rank_owns_one``: the same
+    with 4 shards, so every rank's owner bookkeeping (late codes, published shards) runs too."""
+    kwargs = {"max_lag": MAX_LAG, **({"shard_bytes": shard_bytes} if shard_bytes else {})}
     job = run_job(
         tmp_path, "soak", strategy="pgc_cr", devices=4, max_steps=300, check_val_every_n_epoch=100,
-        delay="lognormal(median=0.003, sigma=0.5)", strategy_kwargs={"max_lag": MAX_LAG},
+        delay="lognormal(median=0.003, sigma=0.5)", strategy_kwargs=kwargs,
         faults=[{"kind": "Stall", "rank": r, "step": k, "seconds": 1.0} for r, k in ((1, 60), (2, 140), (3, 220))],
         resources=[50, 150],
     )
@@ -174,47 +177,6 @@ def test_a_killed_worker_is_survived_validation_and_checkpoints_included(tmp_pat
     saved = sorted(int(re.search(r"step=(\d+)", p.name).group(1))
                    for p in (tmp_path / "kill" / "checkpoints").glob("epoch*.ckpt"))
     assert saved == [8, 16]
-
-
-def test_a_killed_shard_owner_is_survived_its_shard_moves_to_a_live_rank(tmp_path):
-    """SIGKILL of rank 2 at step 3 with 4 shards (``shard_bytes`` below the payload: every rank owns one, as for
-    any real model): its shard moves to a live rank, and the other three finish fit with validation and
-    checkpoints, identical replicas and ``pgc/alive`` 3; the launching process exits 0."""
-    job = run_job(
-        tmp_path, "kill_owner", strategy="pgc", devices=4, max_steps=16, val_check_interval=8,
-        check_val_every_n_epoch=None, limit_val_batches=2, checkpoint_every_n_steps=8,
-        strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0, "shard_bytes": 64},
-        faults=[{"kind": "Kill", "rank": 2, "step": 3}],
-    )
-    ranks = job["ranks"]
-    assert ranks[2] is None
-    live = [ranks[r] for r in (0, 1, 3)]
-    assert len({r["checksum"] for r in live}) == 1 and {r["global_step"] for r in live} == {16}
-    assert re.search(r"rank 2 died at version \d+ .*its shard\(s\) \[2\] move to live ranks", job["stderr"]), \
-        job["stderr"][-3000:]
-    assert re.search(r"shard 2 to rank [013]", job["stderr"]), job["stderr"][-3000:]
-    alive = [row["pgc/alive"] for row in job["summary"]["diagnostics"] if "pgc/alive" in row]
-    assert alive and alive[-1] == 3.0
-    assert math.isfinite(job["summary"]["metrics"]["val_loss"])
-    ckpt = torch.load(tmp_path / "kill_owner" / "checkpoints" / "last.ckpt", weights_only=False)
-    assert ckpt["global_step"] == 16
-
-
-def test_a_frozen_shard_owner_is_fenced_off_and_rejoins_when_it_resumes(tmp_path):
-    """SIGSTOP of rank 2 for 3 s at step 3 with 4 shards: after a heartbeat window (1 s) its shard moves to a live
-    rank and the others go on; after SIGCONT it rejoins by state transfer. All four finish with identical replicas."""
-    job = run_job(
-        tmp_path, "freeze_owner", strategy="pgc", devices=4, max_steps=40, check_val_every_n_epoch=100,
-        compute_s_per_eval=0.02,
-        strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "shard_bytes": 64},
-        faults=[{"kind": "Freeze", "rank": 2, "step": 3, "seconds": 3.0}],
-    )
-    ranks = job["ranks"]
-    assert len({r["checksum"] for r in ranks}) == 1 and {r["global_step"] for r in ranks} == {40}
-    assert re.search(r"rank 2 owns shards \[2\] and sent no heartbeat .*\(frozen\)", job["stderr"]), \
-        job["stderr"][-3000:]
-    assert re.search(r"shard 2 to rank [013]", job["stderr"]) and "rank 2: rejoined at version" in job["stderr"]
-    assert ranks[0]["rank_stats"][2]["rejoined"] >= 1
 
 
 def test_more_than_s_killed_ranks_fail_every_survivor_fast_naming_them_and_leave_no_process(tmp_path):
