@@ -184,6 +184,34 @@ def test_a_dead_shard_owner_hands_its_shard_to_a_live_rank(caplog):
         _bury(rts, 2)
 
 
+def test_two_owners_dying_together_are_survived_with_s_2(caplog):
+    """pgc_cr, n = 5, s = 2, 5 shards: ranks 3 and 4 die at once (one node with two ranks). Both shards move, to the
+    live non-leader ranks with the fewest shards (ranks 1 and 2, one each), and the three live ranks go on with
+    exact, identical aggregates."""
+    scheme = make_scheme("pgc_cr", 5, 2)
+    rts = make_runtimes(scheme, shards=5, heartbeat=(0.05, 40), wrap={3: FrozenTransport, 4: FrozenTransport})
+    live = [0, 1, 2]
+    try:
+        for v in range(2):
+            _step_all(rts, v)
+        rts[3].transport.freeze()
+        rts[4].transport.freeze()
+        _kill(live_rts := [rts[r] for r in live], 3)
+        _kill(live_rts, 4)
+        assert all(_eventually(lambda rt=rts[r]: {rt.owners.owner(3, 2), rt.owners.owner(4, 2)} == {1, 2})
+                   for r in live)
+        for v in range(2, 5):
+            aggs = _step_all(rts, v, live)
+            torch.testing.assert_close(aggs[0], sum(code(k, v) for k in live) / 3 / 3)  # mu / n = 1 / (|R| c)
+            assert all(torch.equal(a, aggs[0]) for a in aggs)
+        assert all(rts[r].error is None for r in live)
+    finally:
+        for dead in (3, 4):
+            _release_receivers(rts[dead].hub, dead, [r for r in range(5) if r != dead])
+            rts[dead].transport.frozen.clear()
+        _stop_all(rts, timeout=1.0)
+
+
 def test_a_shard_owner_that_leaves_on_sigterm_hands_its_shard_over(caplog):
     """Rank 2 (owner of shard 2) gets SIGTERM between versions 1 and 2 and leaves at once (``stop(leave=True)``):
     its BYE tells every rank its shard is lost, the shard moves to rank 1, and the three others go on with exact,
