@@ -113,7 +113,7 @@ def run_jobs(jobs: list[cx.Job], store: cx.Store, args: argparse.Namespace, step
     """Run the jobs without a matching record (while ``budget[0] > 0``); returns how many ran."""
     from lightning_pgc.experiments import launch
 
-    ran = 0
+    todo = []
     for job in jobs:
         spec = job_spec(job, args, steps_of[job.phase])
         previous = store.load(job, spec)
@@ -122,6 +122,9 @@ def run_jobs(jobs: list[cx.Job], store: cx.Store, args: argparse.Namespace, step
         if args.only_cells and (job.cell.key not in args.only_cells if job.phase == "main" else
                                 job.cell.cost not in {k.split("-")[-1] for k in args.only_cells}):
             continue
+        todo.append((job, spec))
+    ran, spent = 0, 0.0
+    for job, spec in todo:
         if budget[0] <= 0:
             break
         budget[0] -= 1
@@ -134,9 +137,12 @@ def run_jobs(jobs: list[cx.Job], store: cx.Store, args: argparse.Namespace, step
         record["job_wall_s"] = time.monotonic() - started
         store.save(job, spec, record)
         ran += 1
+        spent += record["job_wall_s"]
         final = record["row"].get("final_val_loss", math.nan)
+        left = len(todo) - ran  # of this phase, budget aside; the estimate is this sitting's mean job time
         print(f"[{job.phase}] {job.name}: {'ok' if record['ok'] else 'FAILED ' + record['error'][-200:]}, "
-              f"final val loss {final}, job {record['job_wall_s']:.1f} s", flush=True)
+              f"final val loss {final}, job {record['job_wall_s']:.1f} s; {ran} done, {left} left "
+              f"(~{left * spent / ran / 3600:.1f} h)", flush=True)
     return ran
 
 
