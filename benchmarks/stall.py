@@ -142,8 +142,9 @@ def write_markdown(res: dict) -> None:
     for s, v in res["others_step_growth"].items():
         md.append(f"| {s} | {v['median']:.3f} | {fmt(v['per_round'])} |")
     md += ["", "Under ddp every rank waits the full stall inside one step. Under pgc the others go on; the stalled "
-           "rank is detached after `max_lag` versions (its buffers stay bounded), and when it is back it gets the "
-           "leader's state (state transfer) and runs its remaining steps without computing. Lightning's `fit` "
+           "rank is detached after `max_lag` versions (its buffers stay bounded), and when it is back it runs its "
+           "missed steps without computing until it is near the others, then gets the leader's state (state "
+           "transfer). Lightning's `fit` "
            "returns on every rank together: the end-wait column is how long after the others' last step the stalled "
            "rank finished its own.", ""]
     (DOCS / "stall.md").write_text("\n".join(md))

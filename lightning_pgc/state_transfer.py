@@ -18,16 +18,41 @@ if TYPE_CHECKING:
     from lightning_pgc.strategy import PGCStrategy
 
 
+STALLED_IDLE = 8  # idle steps without gaining on the open version after which a detached rank rejoins at once
+
+
 class StateTransfer:
     """Rejoin by state transfer for one :class:`~lightning_pgc.PGCStrategy`.
 
-    Call order: set :attr:`pending` from ``runtime.rejoin(version)``; then at each step :meth:`catch_up` (and
-    :meth:`idle_step` while it returns True); :meth:`finish` when training ends. A donor calls :meth:`state_bytes`.
+    Call order: while detached, :meth:`ahead` at each step (an :meth:`idle_step` while it returns True); then set
+    :attr:`pending` from ``runtime.rejoin(version)``; then at each step :meth:`catch_up` (and :meth:`idle_step`
+    while it returns True); :meth:`finish` when training ends. A donor calls :meth:`state_bytes`.
     """
 
     def __init__(self, strategy: "PGCStrategy") -> None:
         self.strategy = strategy
         self.pending: Optional[tuple[int, Tensor]] = None  # (version, state) received by state transfer, not loaded
+        self._gap: Optional[tuple[int, int]] = None  # (smallest gap to the open version, idle steps since then)
+
+    def ahead(self, version: int, frontier: int) -> bool:
+        """A detached rank at ``version``, the open version being ``frontier``: True while it should idle on
+        before asking to rejoin. It rejoins near the open version, so it holds no aggregates while it idles
+        (asking at once meant idling after the state came, holding aggregates, and being detached again past
+        ``max_lag``: two state transfers per stall). False once within a version of it, or when the gap has not
+        shrunk for ``STALLED_IDLE`` idle steps (idle steps no faster than the others' steps: rejoin now; the
+        frontier moves in heartbeat-sized jumps, so one wider gap proves nothing)."""
+        gap = frontier - version
+        if gap <= 1:
+            self._gap = None
+            return False
+        if self._gap is None or gap < self._gap[0]:
+            self._gap = (gap, 0)
+            return True
+        self._gap = (self._gap[0], self._gap[1] + 1)
+        if self._gap[1] >= STALLED_IDLE:
+            self._gap = None
+            return False
+        return True
 
     def catch_up(self, version: int) -> bool:
         """With a state received by :meth:`PGCRuntime.rejoin` pending: True while ``version`` is before the one it

@@ -588,6 +588,8 @@ class PGCStrategy(DDPStrategy):
         skipped = runtime.published(version)
         transfer = self._transfer
         if transfer.pending is None and not skipped and runtime.detached(version):
+            if transfer.ahead(version, runtime.frontier()):  # idle up to the open version first, then rejoin
+                return transfer.idle_step(version, closure)
             transfer.pending = runtime.rejoin(version)
         if transfer.pending is not None and transfer.catch_up(version):
             return transfer.idle_step(version, closure)
@@ -597,6 +599,8 @@ class PGCStrategy(DDPStrategy):
                 start = self._compute_and_submit(version, closure)
                 aggregate = runtime.wait(version, donate=transfer.state_bytes)
             except PGCDetached:  # fell too far behind while computing: catch up by state transfer
+                if transfer.ahead(version, runtime.frontier()):
+                    return transfer.idle_step(version, closure)
                 transfer.pending = runtime.rejoin(version)
                 if transfer.catch_up(version):
                     return transfer.idle_step(version, closure)

@@ -482,3 +482,19 @@ def test_the_launchers_kill_nobody_while_the_job_runs_and_reap_every_rank_after_
     assert time.monotonic() - started < 10 and procs[0].returncode == -9
     assert re.search(rf"rank 1 \(pid {procs[0].pid}\) still runs \d+ s after rank 0 returned: killed", caplog.text)
     assert f"rank 2 (pid {procs[1].pid}) exited with status 3" in caplog.text and "rank 3" not in caplog.text
+
+
+def test_a_detached_rank_idles_up_to_the_open_version_before_it_asks_to_rejoin():
+    """``StateTransfer.ahead``: a detached rank idles while it gains on the open version and asks to rejoin within
+    one version of it; if it stops gaining (its idle steps are no faster than the others' steps) it asks after
+    ``STALLED_IDLE`` idle steps; a single wider gap (the frontier moves in heartbeat-sized jumps) is not enough."""
+    from lightning_pgc.state_transfer import STALLED_IDLE, StateTransfer
+
+    transfer = StateTransfer(strategy=None)  # ``ahead`` reads no strategy state
+    assert [transfer.ahead(v, 30) for v in (10, 15, 20, 25, 28)] == [True] * 5
+    assert transfer.ahead(29, 30) is False  # within a version: rejoin now
+    assert transfer.ahead(5, 20) is True and transfer.ahead(6, 24) is True  # a jump of the frontier
+    assert transfer.ahead(7, 18) is True  # gaining again
+    steady = [transfer.ahead(8 + i, 19 + i) for i in range(STALLED_IDLE)]  # no longer gaining
+    assert steady == [True] * (STALLED_IDLE - 1) + [False]
+    assert transfer.ahead(30, 30) is False

@@ -237,6 +237,7 @@ class PGCRuntime:
         self._broken: set[int] = set()  # peers whose streams broke (their process is gone): nothing is sent to them
         self._finished: set[int] = set()  # peers that said BYE on their code stream (no aggregates for them)
         self.alive = world_size  # ranks alive and training, as the leader last counted them (its heartbeats carry it)
+        self._frontier = start_version  # the leader's open version, as its last heartbeat said
         self._shard_seen = [start_version - 1] * layout.num_shards  # last version of each shard that arrived here
         self._served: dict[int, set[int]] = {}  # service thread: version -> shards this rank published
         self._served_floor = start_version  # codes older than this are dropped (``_served`` forgot them)
@@ -343,6 +344,10 @@ class PGCRuntime:
         :meth:`rejoin`."""
         return not self._receives(self.rank, version)
 
+    def frontier(self) -> int:
+        """The open version: the leader's own, or as its last heartbeat said (at most a heartbeat old)."""
+        return self.leader.version if self.leader is not None else self._frontier
+
     def rejoin(self, version: int) -> tuple[int, Tensor]:
         """Ask to rejoin at ``version`` (this rank is :meth:`detached`); block until a donor sent the training
         state. Returns ``(u, state)``: aggregates come again from version ``u`` on, and ``state`` (uint8, as given
@@ -368,8 +373,8 @@ class PGCRuntime:
         if state.numel():
             self.transport.recv(Channel.STATE, donor, state)
         self._count(received=16 + state.numel())
-        log.warning("PGC rank %d: rejoined at version %d with the state of rank %d (%.1f MB), after falling "
-                    "behind at version %d", self.rank, u, donor, state.numel() / 1e6, version)
+        log.warning("PGC rank %d: rejoined at version %d with the state of rank %d (%.1f MB), asked at version %d",
+                    self.rank, u, donor, state.numel() / 1e6, version)
         return u, state
 
     def table(self, version: int) -> Optional[tuple[int, ...]]:
@@ -699,6 +704,7 @@ class PGCRuntime:
             kind, version, a, b, data = read_control(buf)
             if kind == Kind.BEAT:
                 self.alive = a
+                self._frontier = version
                 continue
             if kind in (Kind.DETACH, Kind.ATTACH):  # through the inbox: ordered with the decisions
                 if kind == Kind.ATTACH and b == self.rank and a != self.rank:
