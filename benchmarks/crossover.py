@@ -177,15 +177,18 @@ def choose_lr(finals: Mapping[float, Sequence[Optional[float]]], runs: int) -> O
 def plan_main(cells: Sequence[Cell], arms: Sequence[Arm], seeds: Sequence[int],
               lr_of: Mapping[tuple[str, str], Optional[float]]) -> tuple[list[Job], list[tuple[Cell, Arm]]]:
     """The main runs at each arm's chosen rate (``lr_of[(cost, arm key)]``), and the (cell, arm) pairs that have
-    no rate yet (their sweep is unfinished)."""
+    no rate yet (their sweep is unfinished). Within a cell the order is seed, then arm: the runs a paired interval
+    compares (same cell and seed) run back to back, so slow drift of a shared machine hits both sides alike."""
     jobs, waiting = [], []
     for cell in cells:
+        ready = []
         for arm in arms:
             lr = lr_of.get((cell.cost, arm.key))
             if lr is None:
                 waiting.append((cell, arm))
-                continue
-            jobs += [Job("main", cell, arm, lr, seed) for seed in seeds]
+            else:
+                ready.append((arm, lr))
+        jobs += [Job("main", cell, arm, lr, seed) for seed in seeds for arm, lr in ready]
     return jobs, waiting
 
 

@@ -130,6 +130,8 @@ def test_report_renders_from_per_run_files_and_marks_incomplete_cells(tmp_path):
     assert lr_of[("sleep", "pgc_cr_c2")] == 0.1 and lr_of[("sleep", "ddp")] == 0.05
     main_jobs, waiting = cx.plan_main(cells, arms, [0, 1, 2], lr_of)
     assert not waiting and len(main_jobs) == 2 * 3 * 3
+    # paired runs back to back: within a cell, every arm of seed 0, then of seed 1, ...
+    assert [(j.seed, j.arm.key) for j in main_jobs[:4]] == [(0, "ddp"), (0, "dgd"), (0, "pgc_cr_c2"), (1, "ddp")]
     times = {"ddp": [4.0, 6.0, 8.0], "dgd": [5.0, 5.0, 5.0], "pgc_cr_c2": [2.0, 3.0, 4.0]}
     for job in main_jobs:
         if job.cell.key == "slowrank-sleep" and job.arm.key == "dgd" and job.seed == 2:
@@ -185,3 +187,18 @@ def test_benchmarks_map_block_is_what_grid_renders_from_grid_map_json():
     text = (docs / "benchmarks.md").read_text()
     block = text[text.index(cx.MARK_BEGIN): text.index(cx.MARK_END) + len(cx.MARK_END)]
     assert block == cx.render_markdown(result)
+
+
+def test_the_runner_waits_while_the_pause_file_exists(tmp_path):
+    """--pause-file: no job starts while the file exists; the runner goes on once it is removed."""
+    import threading
+    import time
+
+    pause = tmp_path / "PAUSE"
+    pause.touch()
+    threading.Timer(0.5, pause.unlink).start()
+    started = time.monotonic()
+    grid_map.wait_while_paused(str(pause))
+    assert not pause.exists() and time.monotonic() - started >= 0.5
+    grid_map.wait_while_paused(str(pause))  # absent: returns at once
+    grid_map.wait_while_paused(None)
