@@ -301,50 +301,62 @@ def test_a_closed_version_its_dead_owner_never_published_is_decoded_again_from_l
         _bury(rts, 2)
 
 
-def test_a_rank_that_missed_the_dead_owners_last_shard_rejoins_by_state_transfer(caplog):
-    """Rank 2 dies while serving version 2: ranks 0 and 1 got its shard, rank 3 did not. Rank 3 cannot complete
-    version 2, which others applied, so it is detached and rejoins at version 3 by state transfer. With rank 2
-    dead and s = 1, version 3 needs rank 3's code: the leader donates its state while it waits for version 3 (not
-    after, which would never come), and version 3 closes with ranks 0, 1, 3, identical on every rank."""
+def _rejoin_while_others_wait(rts, rank, others, asked, state):
+    """``others`` submit version ``asked + 1`` and wait for it (donating ``state``) while detached ``rank`` rejoins
+    (asked at ``asked``: it must get ``asked + 1`` and ``state``), then submits and waits; the aggregates by rank."""
+    version = asked + 1
+    got: dict[int, torch.Tensor] = {}
+
+    def donor(rt):
+        got[rt.rank] = rt.wait(version, donate=lambda: state).clone()
+
+    for r in others:
+        submit(rts[r], version, ages=(0, 0))
+    threads = [threading.Thread(target=donor, args=(rts[r],)) for r in others]
+    for t in threads:
+        t.start()
+    u, received = rts[rank].rejoin(asked)
+    assert u == version and torch.equal(received, state)
+    submit(rts[rank], version, ages=(0, 0))
+    got[rank] = rts[rank].wait(version).clone()
+    for t in threads:
+        t.join(10)
+    return got
+
+
+@pytest.mark.parametrize("dead", [2, 0], ids=["owner", "leader_with_failover"])
+def test_a_rank_that_missed_the_dead_owners_last_shard_rejoins_by_state_transfer(caplog, dead):
+    """Rank ``dead`` dies while serving version 2: the two other live ranks got its shard, rank 3 did not. Rank 3
+    cannot complete version 2, which others applied, so it is detached and rejoins at version 3 by state transfer.
+    With a rank dead and s = 1, version 3 needs rank 3's code: the leader donates its state while it waits for
+    version 3 (not after, which would never come), and version 3 closes with the live ranks, identical on every
+    rank. Rank 2 is a plain owner; rank 0 is the leader (with failover): rank 1 takes over, shard 0 and the
+    donation with it."""
     scheme = make_scheme("pgc_cr", 4, 1)
-    rts = make_runtimes(scheme, shards=4, heartbeat=(0.05, 40), wrap={2: _Withheld})
-    live = [0, 1, 3]
+    rts = make_runtimes(scheme, shards=4, heartbeat=(0.05, 40), wrap={dead: _Withheld}, failover=dead == 0)
+    live = [r for r in range(4) if r != dead]
     state = torch.arange(12, dtype=torch.uint8)
     try:
         for v in range(2):
             _step_all(rts, v)
         for rt in rts:
             submit(rt, 2, ages=(0, 0))
-        for r in (0, 1, 2):
+        for r in range(3):
             rts[r].release(rts[r].wait(2))
-        _die(rts, 2)
+        _die(rts, dead)
         assert _eventually(lambda: rts[3].detached(2))
         with pytest.raises(PGCDetached):
             rts[3].wait(2)
-        assert "rank 3 did not get the shards [2] of version 2 from lost owner(s) [2]" in caplog.text
-        assert all(_eventually(lambda rt=rts[r]: rt.owners.owner(2, 3) == 1) for r in live)
-        got: dict[int, torch.Tensor] = {}
-
-        def donor(rt):
-            got[rt.rank] = rt.wait(3, donate=lambda: state).clone()
-
-        for r in (0, 1):
-            submit(rts[r], 3, ages=(0, 0))
-        threads = [threading.Thread(target=donor, args=(rts[r],)) for r in (0, 1)]
-        for t in threads:
-            t.start()
-        u, received = rts[3].rejoin(2)
-        assert u == 3 and torch.equal(received, state)
-        submit(rts[3], 3, ages=(0, 0))
-        got[3] = rts[3].wait(3).clone()
-        for t in threads:
-            t.join(10)
-        torch.testing.assert_close(got[0], _cr_mean(live, 3))
-        assert all(torch.equal(got[r], got[0]) for r in live)
-        assert rts[0].donation(3) is None and rts[1].donation(3) is None  # donated once, from wait
-        assert rts[0].rank_stats()[3]["rejoined"] == 1
+        assert f"rank 3 did not get the shards [{dead}] of version 2 from lost owner(s) [{dead}]" in caplog.text
+        assert all(_eventually(lambda rt=rts[r]: rt.owners.owner(dead, 3) == 1) for r in live)
+        got = _rejoin_while_others_wait(rts, 3, live[:2], 2, state)
+        torch.testing.assert_close(got[live[0]], _cr_mean(live, 3))
+        assert all(torch.equal(got[r], got[live[0]]) for r in live)
+        leader = rts[live[0]]
+        assert leader.is_leader and leader.rank_stats()[3]["rejoined"] == 1
+        assert all(rts[r].donation(3) is None for r in live[:2])  # donated once, from wait
     finally:
-        _bury(rts, 2)
+        _bury(rts, dead)
 
 
 def test_a_frozen_shard_owner_is_fenced_off_its_shard_moves_and_it_rejoins_when_it_resumes(caplog):

@@ -82,11 +82,25 @@ class LiveGather:
 
     def start(self) -> None:
         """Start the receiving threads (leader: one per peer; worker: one for the leader)."""
-        sources = self.peers if self.rank == self.leader else [self.leader]
+        self._listen(self.peers if self.rank == self.leader else [self.leader])
+
+    def _listen(self, sources: list[int]) -> None:
         for peer in sources:
             t = threading.Thread(target=self._receive, args=(peer,), name=f"pgc-coll-recv-{peer}", daemon=True)
             t.start()
             self.threads.append(t)
+
+    def set_leader(self, leader: int) -> None:
+        """The leader died and ``leader`` took over (any thread): later collectives go through it. A collective in
+        flight when the leader died fails on the ranks that were waiting for it (its result may have reached some
+        ranks and not others)."""
+        with self._cond:
+            if leader == self.leader:
+                return
+            old, self.leader = self.leader, leader
+            self.lost.add(old)
+            self._cond.notify_all()
+        self._listen([p for p in self.peers if p not in self.lost] if leader == self.rank else [leader])
 
     def stop(self) -> None:
         """End this rank's outgoing COLL streams (their receivers return); call once, after the last gather."""
@@ -114,7 +128,7 @@ class LiveGather:
                     self.lost.add(peer)
                     self._cond.notify_all()
                 if self.rank != self.leader:
-                    self._results.put(exc)
+                    self._results.put((peer, exc))
                 return
             if seq < 0:
                 return
@@ -141,8 +155,9 @@ class LiveGather:
         if self.rank == self.leader:
             op_code, result = self._collect(self.seq, code, payload)
         else:
-            self._post([self.leader], self.seq, code, payload)
-            op_code, result = self._await(self.seq)
+            leader = self.leader
+            self._post([leader], self.seq, code, payload)
+            op_code, result = self._await(self.seq, leader)
         if op_code == _MISMATCH:
             raise CollectiveError(_loads(result))
         if op_code != code:
@@ -181,8 +196,8 @@ class LiveGather:
         self._post(sorted(r for r in got if r != self.rank), seq, code, result)
         return code, result
 
-    def _await(self, seq: int) -> tuple[int, Tensor]:
-        """Worker: the leader's result for ``seq``."""
+    def _await(self, seq: int, leader: int) -> tuple[int, Tensor]:
+        """Worker: the result for ``seq`` from ``leader`` (the one the contribution went to)."""
         while True:
             failure = self.failure()
             if failure is not None:
@@ -192,9 +207,12 @@ class LiveGather:
             except queue.Empty:
                 self.check_leader(f"in collective {seq} (a barrier, broadcast or reduce)")
                 continue
-            if isinstance(item, BaseException):
-                raise RuntimeError(f"PGC rank {self.rank} lost the leader's stream during collective {seq}: "
-                                   f"{item!r}") from item
+            if len(item) == 2:  # (peer, error): a leader's stream broke
+                peer, exc = item
+                if peer != leader:
+                    continue  # a leader that died before this collective (its successor answers)
+                raise RuntimeError(f"PGC rank {self.rank} lost the leader's stream (rank {peer}) during collective "
+                                   f"{seq}: {exc!r}") from exc
             got, op, payload = item
             if got == seq:
                 return op, payload

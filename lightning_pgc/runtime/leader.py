@@ -213,6 +213,16 @@ class Leader:
             raise CoordinatorError(f"rank {rank} asks to rejoin at version {u} but no live rank can donate the state")
         return u, max(candidates, key=lambda r: (self.progress[r], -r))
 
+    def reopen(self, version: int, now: float) -> None:
+        """A successor leader: ``version`` is the open one (the dead leader's last decisions are unknown here, and
+        every version before ``version`` reached some live rank whole). Codes of it that arrived are forgotten:
+        ranks re-send them to the new owner of shard 0."""
+        self.version = version
+        self._last_close = now
+        for r in self.progress:  # until their heartbeats say more: at the open version (none is detached for lag)
+            self.progress[r] = max(self.progress[r], version)
+        self._open(None)
+
     # ------------------------------------------------------------------------------------------ decisions
     def try_close(self, now: float) -> Optional[StepRecord]:
         """Close the open version if the codes in decode it (no rank is waited for); else None."""

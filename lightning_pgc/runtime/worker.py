@@ -155,6 +155,9 @@ class PGCRuntime:
             :class:`~lightning_pgc.runtime.bounded.BoundedLeader`).
         heartbeat_interval: seconds between heartbeats; heartbeat_misses: missed heartbeats after which a rank
             (or the leader, seen from a worker) counts as dead.
+        failover: when the leader's process dies (its streams break), the lowest live rank takes over the control
+            plane and shard 0 (:meth:`_leader_gone`) instead of every rank failing. Not under bounded staleness
+            (the table lives at the leader), not for a frozen leader (workers still fail after a heartbeat window).
     """
 
     def __init__(
@@ -173,6 +176,7 @@ class PGCRuntime:
         make_leader: Optional[Callable[..., Leader]] = None,
         heartbeat_interval: float = 0.2,
         heartbeat_misses: int = 15,
+        failover: bool = False,
     ) -> None:
         if heartbeat_interval <= 0 or heartbeat_misses < 1:
             raise ValueError(f"need heartbeat_interval > 0 and heartbeat_misses >= 1, got {heartbeat_interval}, "
@@ -196,10 +200,16 @@ class PGCRuntime:
         self.mailbox = Mailbox(layout.num_shards, layout.shard_numel, down_dtype, pin_memory=pin_memory)
         self.heartbeat_interval = float(heartbeat_interval)
         self.heartbeat_window = float(heartbeat_interval) * heartbeat_misses
+        self.max_lag = max_lag
+        self._make_leader = make_leader or Leader
         self.leader: Optional[Leader] = (
-            (make_leader or Leader)(scheme, world_size, start_version, timeout, max_lag, self.heartbeat_window)
+            self._make_leader(scheme, world_size, start_version, timeout, max_lag, self.heartbeat_window)
             if rank == leader else None
         )
+        self.failover = failover and not scheme.reuses_codes
+        self._failover_lock = threading.Lock()
+        self._deposed: set[int] = set()  # leaders whose process died (this rank moved on to their successor)
+        self.successions: list[tuple[int, int]] = []  # (dead leader, successor), in order
         self.error: Optional[BaseException] = None
         self.skipped = 0
         self.rejected = 0
@@ -266,7 +276,7 @@ class PGCRuntime:
                 self._spawn(self._receive_beats, peer, name=f"pgc-beat-recv-{peer}")
         if not self.is_leader:
             self._spawn(self._receive_control, self.leader_rank, name="pgc-ctrl-recv")
-            self._spawn(self._send_beats, self.leader_rank, name="pgc-beat")
+            self._spawn(self._send_beats, -1, name="pgc-beat")
         self._spawn(self._reap, -1, name="pgc-reaper")
         self.collectives.gather.start()
         self._threads.extend(self.collectives.gather.threads)
@@ -330,6 +340,7 @@ class PGCRuntime:
         self.collectives.gather.stop()
         self._send_small(Channel.BEAT, control(self.world_size, Kind.BYE, -1), self.leader_rank)
         self._say_agg_bye(leaving=True)
+        self._reaper_q.put(None)  # the reaper ends once these sends are done
         log.warning("PGC rank %d left at version %d; the others go on without it", self.rank, self.progress)
 
     # ------------------------------------------------------------------------------------------- worker API
@@ -358,20 +369,25 @@ class PGCRuntime:
             RuntimeError: the runtime failed or the donor's stream broke.
         """
         self._attached.clear()
-        message = control(self.world_size, Kind.REJOIN, version)
-        if self.is_leader:
-            self._inbox.put(("rejoin", self.rank, version, time.monotonic()))
-        else:
-            self._send_small(Channel.BEAT, message, self.leader_rank)
+        asked = self.leader_rank
+        self._to_leader(Kind.REJOIN, version)
         while not self._attached.wait(self.heartbeat_interval):
             self._check_leader(f"rejoining at version {version}")
+            if self.leader_rank != asked:  # the leader died before answering: ask its successor
+                asked = self.leader_rank
+                self._to_leader(Kind.REJOIN, version)
         assert self._attach_info is not None
         u, donor = self._attach_info
         header = torch.zeros(2, dtype=torch.int64)
-        self.transport.recv(Channel.STATE, donor, header)
-        state = torch.empty(int(header[1]), dtype=torch.uint8)
-        if state.numel():
-            self.transport.recv(Channel.STATE, donor, state)
+        try:
+            self.transport.recv(Channel.STATE, donor, header)
+            state = torch.empty(int(header[1]), dtype=torch.uint8)
+            if state.numel():
+                self.transport.recv(Channel.STATE, donor, state)
+        except Exception as exc:
+            raise RuntimeError(f"PGC rank {self.rank}: rank {donor}, which was sending the training state for "
+                               f"version {u}, is gone ({exc!r}); a donor that dies during a state transfer is not "
+                               "survived") from exc
         self._count(received=16 + state.numel())
         log.warning("PGC rank %d: rejoined at version %d with the state of rank %d (%.1f MB), asked at version %d",
                     self.rank, u, donor, state.numel() / 1e6, version)
@@ -406,10 +422,7 @@ class PGCRuntime:
         """This rank's code for ``version`` is not finite and is not sent: the leader counts it and treats this
         rank as a straggler for ``version``."""
         self.rejected += 1
-        if self.is_leader:
-            self._inbox.put(("reject", self.rank, version, time.monotonic()))
-        else:
-            self._send_small(Channel.BEAT, control(self.world_size, Kind.REJECT, version), self.leader_rank)
+        self._to_leader(Kind.REJECT, version)
 
     def new_code(self, version: int) -> CodeMessage:
         """A message to encode this rank's code for ``version`` into (reused once its sends completed and its
@@ -584,10 +597,22 @@ class PGCRuntime:
         with self._small_lock:
             self._send_all(channel, message, [peer])
 
-    def _send_beats(self, leader: int) -> None:
-        """Worker: a heartbeat with this rank's progress every ``heartbeat_interval`` until :meth:`stop`."""
+    def _send_beats(self, _: int) -> None:
+        """Worker: a heartbeat with this rank's progress every ``heartbeat_interval`` until :meth:`stop` (to the
+        current leader; it ends if this rank takes over as leader)."""
         while not self._beats_done.wait(self.heartbeat_interval):
+            leader = self.leader_rank
+            if leader == self.rank:
+                return
             self._send_small(Channel.BEAT, control(self.world_size, Kind.BEAT, self.progress), leader)
+
+    def _to_leader(self, kind: Kind, version: int, a: int = 0, b: int = 0) -> None:
+        """A small message to the leader (its own inbox if this rank is the leader, or is taking over)."""
+        if self.leader_rank == self.rank:
+            self._inbox.put((kind.name.lower(), self.rank, version, a, b) if kind == Kind.LOST
+                            else (kind.name.lower(), self.rank, version, time.monotonic()))
+        else:
+            self._send_small(Channel.BEAT, control(self.world_size, kind, version, a, b), self.leader_rank)
 
     def _receive_beats(self, peer: int) -> None:
         """Leader: heartbeats, rejected codes and rejoin requests of ``peer``."""
@@ -649,8 +674,11 @@ class PGCRuntime:
             except Exception as exc:
                 self._broken.add(peer)
                 shards = self.owners.shards_of(peer, LATEST)
+                leader_lost = self._fails_over(peer)
+                if leader_lost:  # every aggregate it sent is in (the stream is ordered): report, then move on
+                    self._leader_gone(peer, repr(exc))
                 if not self._stopping.is_set() and shards and peer not in self._fenced:
-                    if peer == self.leader_rank:
+                    if peer == self.leader_rank and not leader_lost:
                         self.mailbox.abort(f"lost the PGC leader (rank {peer}, owner of shard 0): {exc!r}")
                     elif self.scheme.reuses_codes:
                         self.mailbox.abort(f"{_dead_owner(peer, self.progress, shards)} ({exc!r})")
@@ -683,11 +711,7 @@ class PGCRuntime:
         """The aggregate stream of shard owner ``owner`` broke (its process is gone): tell the leader the last
         version of each of its shards that arrived here (the stream is ordered, so every older one did too)."""
         for j in shards:
-            if self.is_leader:
-                self._inbox.put(("lost", self.rank, self._shard_seen[j], owner, j))
-            else:
-                self._send_small(Channel.BEAT, control(self.world_size, Kind.LOST, self._shard_seen[j], owner, j),
-                                 self.leader_rank)
+            self._to_leader(Kind.LOST, self._shard_seen[j], owner, j)
 
     def _receive_control(self, leader: int) -> None:
         buf = torch.zeros(control_numel(self.world_size), dtype=torch.int64)
@@ -695,6 +719,9 @@ class PGCRuntime:
             try:
                 self.transport.recv(Channel.CTRL, leader, buf)
             except Exception as exc:
+                if self._fails_over(leader):
+                    self._leader_gone(leader, repr(exc))
+                    return
                 if not self._stopping.is_set():
                     self.mailbox.abort(f"lost the connection to the PGC leader: {exc!r}")
                 self._inbox.put(("stop", None, None))
@@ -724,6 +751,54 @@ class PGCRuntime:
                 self.mailbox.abort(f"the PGC leader failed: {text}")
                 self._inbox.put(("stop", None, None))
                 return
+
+    def _fails_over(self, peer: int) -> bool:
+        """Whether ``peer``'s broken stream means a leader to replace (or one already replaced) rather than the end."""
+        return self.failover and (peer == self.leader_rank or peer in self._deposed)
+
+    def _leader_gone(self, dead: int, why: str) -> None:
+        """Any thread: the streams of leader ``dead`` broke (its process is gone). The lowest rank whose streams are
+        up takes over; every rank makes the same choice, since every stream of a dead process breaks (a rank that
+        picked a successor that is dead too moves on when that one's streams break). Heartbeats, control messages,
+        reports and collectives go to the successor from now on; it builds its control plane on its service thread
+        (:meth:`_take_over`) and moves the dead leader's shards as a dead owner's (:meth:`_recover`)."""
+        with self._failover_lock:
+            if dead != self.leader_rank:
+                return  # already handled (another of its streams broke first)
+            self._broken.add(dead)
+            self._deposed.add(dead)
+            successor = min(r for r in range(self.world_size) if r not in self._broken)
+            self._inbox.put(("succeed", dead, successor))  # before anyone can see the new leader_rank
+            self.leader_rank = successor
+            self._leader_heard = time.monotonic()
+            self.successions.append((dead, successor))
+        log.warning("PGC rank %d: the leader (rank %d) is gone at version %d (%s); rank %d takes over", self.rank,
+                    dead, self.progress, why, successor)
+        self.collectives.gather.set_leader(successor)
+
+    def _take_over(self, dead: int, now: float) -> None:
+        """Service thread, on the successor of dead leader ``dead``: a control plane at the first version whose shard
+        0 did not arrive here (:meth:`_recover` corrects it from every rank's report), with what every rank knows:
+        who finished, who is gone, who is detached. Statistics and records start afresh."""
+        leader = self._make_leader(self.scheme, self.world_size, self._shard_seen[0] + 1, self.timeout,
+                                   self.max_lag, self.heartbeat_window)
+        for r in self._finished:
+            leader.on_bye(r)
+        for r in self._broken:
+            leader.on_dead(r)
+        with self._gap_lock:
+            for r, spans in self._gaps.items():
+                if spans and spans[-1][1] is None:
+                    leader.detached[r] = spans[-1][0]
+        self.leader = leader
+        for peer in self.peers:
+            if peer not in self._broken:
+                self._spawn(self._receive_beats, peer, name=f"pgc-beat-recv-{peer}")
+        self._lose(dead, self.owners.shards_of(dead, LATEST), now)
+        assert self._recovery is not None
+        self._recovery.failover = True
+        log.warning("PGC rank %d is the leader now (rank %d died); shard 0 moves here and the next version is decided "
+                    "once every live rank reported what it got", self.rank, dead)
 
     def _apply_assign(self, shard: int, owner: int, from_version: int) -> None:
         """Take a reassignment into account and re-send kept codes that went to the old owner."""
@@ -788,6 +863,7 @@ class PGCRuntime:
             now = time.monotonic()
             for item in batch:
                 tag = item[0]
+                leader = self.leader  # a successor becomes the leader between two items
                 if tag == "code":
                     _, header, buf, arrived, local = item
                     if leader is not None and header.shard == 0:
@@ -826,6 +902,14 @@ class PGCRuntime:
                         if shards:
                             leader.drop_open(item[1])  # its code's own shard left with it
                             self._lose(item[1], shards, now)
+                elif tag == "succeed":
+                    _, dead, successor = item
+                    if successor == self.leader_rank == self.rank and self.leader is None:
+                        self._take_over(dead, now)
+                    elif successor == self.leader_rank != self.rank:
+                        self._spawn(self._receive_control, successor, name=f"pgc-ctrl-recv-{successor}")
+                elif tag == "dead" and self._fails_over(item[1]):
+                    self._leader_gone(item[1], item[2])
                 elif tag == "dead" and leader is not None:
                     self._on_dead(leader, item[1], item[2])
                 elif tag == "lost" and leader is not None:
@@ -991,17 +1075,21 @@ class PGCRuntime:
             got_all = [r for r in expected if all(r in self._lost.get(key, {}) for key in rec.lost)]
             if len(got_all) < len(expected) and now - rec.since < self.heartbeat_window:
                 return
-            last = {r: min(self._lost.get(key, {}).get(r, leader.start_version - 1) for key in rec.lost)
-                    for r in expected}
+            unknown = -1 if rec.failover else leader.start_version - 1  # a rank that did not report: detach it from
+            # as early as it may lack (detaching a rank that is further on costs it a state transfer, nothing more)
+            last = {r: min(self._lost.get(key, {}).get(r, unknown) for key in rec.lost) for r in expected}
             version = leader.version
             top = max(last.values(), default=version - 1)  # A
-            if not version - 2 <= top <= version - 1:
+            if rec.failover:  # a successor: the dead leader's last decisions are unknown, A + 1 is decided afresh
+                version = top + 1
+                leader.reopen(version, now)
+            elif not version - 2 <= top <= version - 1:
                 raise CoordinatorError(f"dead shard owner(s) {rec.dead()}: the live ranks got their shards up to "
                                        f"version {top}, but version {version} is open (expected {version - 1} or "
                                        f"{version - 2}); {last}")
             behind = [r for r in expected if last[r] < top]
             for r in behind:
-                start = max(last[r] + 1, leader.start_version)
+                start = last[r] + 1 if rec.failover else max(last[r] + 1, leader.start_version)
                 log.warning("PGC: rank %d did not get the shards %s of version %d from lost owner(s) %s (others did): "
                             "detached, it rejoins by state transfer", r, rec.shards(), start, rec.dead())
                 leader.detached[r] = start
@@ -1013,6 +1101,9 @@ class PGCRuntime:
             counts = {r: len(self.owners.shards_of(r, LATEST)) for r in owners}
             moved = []
             for j in rec.shards():
+                if j == 0:  # its arrivals announce the codes: it goes with the control plane
+                    moved.append((0, self.rank))
+                    continue
                 owner = min(owners, key=lambda r: (counts[r], r == self.rank, r))
                 counts[owner] += 1
                 moved.append((j, owner))
@@ -1063,7 +1154,8 @@ class PGCRuntime:
     def _members(self) -> set[int]:
         """Leader: the ranks a collective waits for (not finished, not dead, not silent past window + timeout)."""
         leader, now = self.leader, time.monotonic()
-        assert leader is not None
+        if leader is None:  # a successor taking over: its control plane is being built
+            return {r for r in range(self.world_size) if r not in self._broken and r not in self._finished}
         return {r for r in range(self.world_size)
                 if r not in leader.byes and r not in self._broken and not leader.gone(r, now)}
 
@@ -1197,6 +1289,7 @@ class _Recovery:
     lost: list[tuple[int, int]] = field(default_factory=list)  # (dead owner, shard)
     rebuild: Optional[int] = None  # the closed version nobody completed, decided again once enough codes are here
     short_since: Optional[float] = None  # since when that version cannot get enough live codes
+    failover: bool = False  # the dead owner was the leader: this rank took over, its first open version is A + 1
 
     def shards(self) -> list[int]:
         return [j for _, j in self.lost]

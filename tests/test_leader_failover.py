@@ -1,0 +1,126 @@
+"""Leader failover on in-process queues: when the leader's process dies, the lowest live rank takes over the
+control plane and shard 0, every live rank goes on with exact, identical aggregates, and collectives go through the
+new leader. A rank that missed the dead leader's last aggregate rejoins by state transfer: tests/test_dead_ranks.py,
+``test_a_rank_that_missed_the_dead_owners_last_shard_rejoins_by_state_transfer[leader_with_failover]``."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from lightning_pgc.codes import make_scheme
+from lightning_pgc.runtime import Channel
+from lightning_pgc.runtime.messages import Kind, read_header
+from tests.test_dead_ranks import _bury, _cr_mean, _die, _step_all, _together
+from tests.test_runtime import FrozenTransport, _eventually, _NoSend, make_runtimes, submit
+
+
+def test_a_dead_leader_between_versions_is_replaced_by_the_lowest_live_rank(caplog):
+    """pgc_cr, n = 4, s = 1, one shard (the leader's: the small-model layout). Rank 0 dies between versions 1 and 2,
+    while ranks 1-3 already sent their codes for version 2 to it (it may have closed and published version 2 or
+    not): rank 1 takes over, shard 0 moves to it, kept codes are sent again, and versions 2-5 reach every live rank
+    exact and identical; barrier, broadcast and reduce then run through rank 1."""
+    scheme = make_scheme("pgc_cr", 4, 1)
+    rts = make_runtimes(scheme, shards=1, heartbeat=(0.05, 40), wrap={0: FrozenTransport}, failover=True)
+    live = [1, 2, 3]
+    try:
+        for v in range(2):
+            _step_all(rts, v)
+        for r in live:
+            submit(rts[r], 2, ages=(0, 0))
+        _die(rts, 0)
+        for v in range(2, 6):
+            if v > 2:
+                for r in live:
+                    submit(rts[r], v, ages=(0, 0))
+            aggs = []
+            for r in live:
+                agg = rts[r].wait(v)
+                aggs.append(agg.clone())
+                rts[r].release(agg)
+            torch.testing.assert_close(aggs[0], _cr_mean(live, v))
+            assert all(torch.equal(a, aggs[0]) for a in aggs)
+        assert rts[1].is_leader and [rts[r].leader_rank for r in live] == [1, 1, 1]
+        assert [rts[r].successions for r in live] == [[(0, 1)]] * 3
+        # (rank 0 may have closed and published version 2 before it died: then shard 0 moves from version 3)
+        assert [rts[r].owners.owner(0, 3) for r in live] == [1, 1, 1]
+        assert [rts[r].owners.owner(0, 1) for r in live] == [0, 0, 0]
+        assert "rank 1 takes over" in caplog.text and "shard 0 to rank 1" in caplog.text
+        assert "rejoins by state transfer" not in caplog.text
+        assert [(rts[r].error, rts[r].mailbox.failure()) for r in live] == [(None, None)] * 3
+        assert _eventually(lambda: all(rts[r].alive == 3 for r in live))
+
+        alive = [rts[r] for r in live]
+        assert set(_together(alive, lambda rt: rt.collectives.barrier()).values()) == {None}
+        got = _together(alive, lambda rt: rt.collectives.broadcast(f"from {rt.rank}", src=2))
+        assert all(v == "from 2" for v in got.values())
+        got = _together(alive, lambda rt: rt.collectives.reduce(torch.tensor(float(rt.rank)), "sum"))
+        assert all(float(v) == 6.0 for v in got.values())
+    finally:
+        _bury(rts, 0)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("pgc-")]
+
+
+def test_without_failover_a_dead_leader_still_ends_the_job_on_every_rank():
+    """The default (``failover=False``): every worker fails at once naming the lost leader."""
+    scheme = make_scheme("pgc_cr", 4, 1)
+    rts = make_runtimes(scheme, shards=1, heartbeat=(0.05, 40), wrap={0: FrozenTransport})
+    try:
+        _step_all(rts, 0)
+        _die(rts, 0)
+        for r in (1, 2, 3):
+            submit(rts[r], 1, ages=(0, 0))
+        for r in (1, 2, 3):
+            with pytest.raises(RuntimeError, match="leader"):
+                rts[r].wait(1)
+    finally:
+        _bury(rts, 0)
+
+
+class _Unpublished(FrozenTransport):
+    """The leader closes version 2 and tells the other owners, but dies before any of its shard 0 of it leaves."""
+
+    def isend(self, channel, peer, message):
+        if channel == Channel.AGG:
+            header = read_header(message)
+            if header.kind == Kind.AGGREGATE and header.version >= 2:
+                return _NoSend()
+        return super().isend(channel, peer, message)
+
+
+def test_a_version_the_dead_leader_closed_but_never_published_is_decided_again_by_its_successor(caplog):
+    """pgc_cr, n = 4, s = 1, 4 shards. Rank 0 closes version 2 (with three of the four codes) and the other owners
+    publish shards 1-3 of it, but rank 0 dies before its shard 0 leaves. Nobody completed version 2, so the new
+    leader decides it afresh from the live ranks' codes, sent again to it; only shard 0 is published again. Every
+    rank applies the same aggregate: shard 0 from the new set {1, 2, 3}, shards 1-3 from the dead leader's set."""
+    scheme = make_scheme("pgc_cr", 4, 1)
+    rts = make_runtimes(scheme, shards=4, heartbeat=(0.05, 40), wrap={0: _Unpublished}, failover=True)
+    live = [1, 2, 3]
+    try:
+        for v in range(2):
+            _step_all(rts, v)
+        for rt in rts:
+            submit(rt, 2, ages=(0, 0))
+        assert _eventually(lambda: rts[0].leader.record(2) is not None)
+        first = rts[0].leader.record(2).admitted
+        assert _eventually(lambda: all(rts[r].mailbox.failure() is None and rts[r]._shard_seen[r] == 2
+                                       for r in live))  # shards 1-3 of version 2 are out
+        _die(rts, 0)
+        aggs = []
+        for r in live:
+            agg = rts[r].wait(2)
+            aggs.append(agg.clone())
+            rts[r].release(agg)
+        assert all(torch.equal(a, aggs[0]) for a in aggs)
+        size = rts[1].layout.shard_numel
+        torch.testing.assert_close(aggs[0][:size], _cr_mean(live, 2)[:size])
+        torch.testing.assert_close(aggs[0][size:], _cr_mean(first, 2)[size:])
+        assert "move from version 2 on: shard 0 to rank 1" in caplog.text
+        for v in range(3, 5):
+            got = _step_all(rts, v, live)
+            torch.testing.assert_close(got[0], _cr_mean(live, v))
+            assert all(torch.equal(a, got[0]) for a in got)
+    finally:
+        _bury(rts, 0)
