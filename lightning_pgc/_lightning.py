@@ -6,11 +6,14 @@ When Lightning changes one of these, this module is the only one to fix. Checked
 
 from __future__ import annotations
 
+import csv
 import functools
 import logging
 import os
 import pickle
+import tempfile
 import time
+import warnings
 from typing import Any, Callable, Optional
 
 import torch
@@ -20,7 +23,10 @@ from lightning.fabric.strategies.launchers.multiprocessing import (  # 2.6.6: th
     _check_bad_cuda_fork,
     _check_missing_main_guard,
 )
+from lightning.fabric.loggers.csv_logs import CSVLogger as _FabricCSVLogger  # 2.6.6: CSVLogger's base
+from lightning.fabric.utilities import move_data_to_device
 from lightning.fabric.utilities.distributed import _set_num_threads_if_needed  # 2.6.6: OMP threads per rank
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout  # 2.6.6: module constant
 from lightning.pytorch.loops.optimization.automatic import ClosureResult  # 2.6.6: automatic optimization output
 from lightning.pytorch.overrides.distributed import _sync_module_states  # 2.6.6: broadcast rank 0's weights
@@ -28,6 +34,7 @@ from lightning.pytorch.strategies.launchers.launcher import _Launcher as Launche
 from lightning.pytorch.strategies.launchers.multiprocessing import (  # 2.6.6: fork/spawn launcher
     _GlobalStateSnapshot,
     _MultiProcessingLauncher,
+    _WorkerOutput,
 )
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher  # 2.6.6: popen
 from lightning.pytorch.trainer.call import _interrupt  # 2.6.6: on_exception hooks of an interrupted run
@@ -49,6 +56,12 @@ __all__ = [
     "SurvivingMultiprocessingLauncher",
     "replace_sigterm_notifier",
     "mark_sigterm",
+    "mark_launching_rank",
+    "launches_in_rank_zero",
+    "make_rank_zero",
+    "logger_ids",
+    "pin_loggers",
+    "continue_loggers",
 ]
 
 log = logging.getLogger(__name__)
@@ -165,9 +178,11 @@ class SurvivingMultiprocessingLauncher(_MultiProcessingLauncher):
     tolerates dead ranks: it waits for rank 0, which returns the results; the launching process raises only if
     rank 0 failed. Other ranks get ``grace_s`` seconds after rank 0 to exit, then are killed."""
 
-    def __init__(self, base: _MultiProcessingLauncher, grace_s: float) -> None:
+    def __init__(self, base: _MultiProcessingLauncher, grace_s: float, failover: bool = False) -> None:
         super().__init__(base._strategy, base._start_method)
         self.grace_s = grace_s
+        self.failover = failover
+        self._results: Any = None  # the return queue, for a rank that took over from rank 0
 
     @override
     def launch(self, function: Callable, *args: Any, trainer: Optional["pl.Trainer"] = None, **kwargs: Any) -> Any:
@@ -181,7 +196,7 @@ class SurvivingMultiprocessingLauncher(_MultiProcessingLauncher):
                                       "Lightning; create a new Trainer and pass fit(ckpt_path=...)")
         assert self._strategy.cluster_environment is not None
         os.environ["MASTER_PORT"] = str(self._strategy.cluster_environment.main_port)
-        return_queue = mp.get_context(self._start_method).SimpleQueue()
+        return_queue = self._results = mp.get_context(self._start_method).SimpleQueue()
         process_args: list[Any] = [trainer, function, args, kwargs, return_queue]
         if self._start_method == "spawn":
             process_args.append(_GlobalStateSnapshot.capture())
@@ -191,10 +206,16 @@ class SurvivingMultiprocessingLauncher(_MultiProcessingLauncher):
         self.procs = context.processes
         rank0, others = self.procs[0], self.procs[1:]
         rank0.join()
+        if rank0.exitcode != 0 and self.failover:  # another rank may have taken over: it returns the results
+            while return_queue.empty() and any(p.is_alive() for p in others):
+                time.sleep(0.1)
         _reap(others, lambda p: p.is_alive(), lambda p: (p.kill(), p.join()), lambda p: p.exitcode,
               self.grace_s, first_rank=1, error=lambda i: ": " + _child_error(context, i).strip().splitlines()[-1]
               if _child_error(context, i) else "")
-        if rank0.exitcode != 0:
+        if rank0.exitcode != 0 and self.failover and not return_queue.empty():
+            log.warning("lightning_pgc: rank 0 (the first PGC leader) exited with status %s; the rank that took over "
+                        "finished the job", rank0.exitcode)
+        elif rank0.exitcode != 0:
             raise RuntimeError(f"lightning_pgc: rank 0 (the PGC leader) exited with status {rank0.exitcode}:\n"
                                + (_child_error(context, 0) or "(no Python error: killed by a signal?)"))
         if return_queue.empty():
@@ -212,6 +233,26 @@ class SurvivingMultiprocessingLauncher(_MultiProcessingLauncher):
         self._already_fit |= trainer.state.fn == TrainerFn.FITTING
         self._recover_results_in_main_process(worker_output, trainer)
         return worker_output.trainer_results
+
+
+    @override
+    def _collect_rank_zero_results(self, trainer: "pl.Trainer", results: Any) -> Optional[_WorkerOutput]:
+        # 2.6.6: every rank builds its state_dict, process 0 returns the output that ``_wrapping_function`` puts in
+        # the queue. Here the rank doing the rank-zero work does (rank 0, or the one that took over); a successor
+        # puts it itself, since ``_wrapping_function`` puts only from process 0.
+        callback = trainer.checkpoint_callback
+        best = getattr(callback, "best_model_path", None) if callback is not None else None
+        state_dict = trainer.lightning_module.state_dict()
+        if not self._strategy.is_global_zero:
+            return None
+        weights = None
+        if trainer.state.fn == TrainerFn.FITTING:
+            weights = os.path.join(tempfile.mkdtemp(), ".temp.ckpt")
+            self._strategy.checkpoint_io.save_checkpoint(state_dict, weights)
+        output = _WorkerOutput(best, weights, trainer.state, results, self.get_extra_results(trainer))
+        if self._strategy.global_rank != 0 and self._results is not None:
+            self._results.put(move_data_to_device(output, "cpu"))
+        return output
 
 
 def _run_rank(trainer: Optional["pl.Trainer"], function: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -240,13 +281,90 @@ def _child_error(context: Any, index: int) -> str:
         return ""
 
 
-def surviving_launcher(launcher: Any, grace_s: float) -> Any:
-    """The launcher that survives dead ranks for Lightning's ``launcher`` (others are returned unchanged)."""
+def surviving_launcher(launcher: Any, grace_s: float, failover: bool = False) -> Any:
+    """The launcher that survives dead ranks for Lightning's ``launcher`` (others are returned unchanged); with
+    ``failover`` the fork/spawn one also survives rank 0 (its results then come from the rank that took over)."""
     if type(launcher) is _SubprocessScriptLauncher:
         return SurvivingSubprocessLauncher(launcher, grace_s)
     if type(launcher) is _MultiProcessingLauncher:
-        return SurvivingMultiprocessingLauncher(launcher, grace_s)
+        return SurvivingMultiprocessingLauncher(launcher, grace_s, failover)
     return launcher
+
+
+# --------------------------------------------------------------------------------------- the rank-zero seat
+# When the PGC leader (rank 0) dies and another rank takes over (``lightning_pgc.leadership``), Lightning's
+# rank-zero work moves with it: ``rank_zero_only`` (2.6.6: a module-level ``rank_zero_only.rank`` that strategies
+# set to the global rank at setup, read at every call) and the loggers' runs.
+_LAUNCHING_RANK = "LIGHTNING_PGC_RANK0_LAUNCHES"  # set by rank 0 before it starts the others (inherited)
+
+
+def mark_launching_rank(launcher: Any) -> None:
+    """In the launching process, before any rank starts: record (in the environment the ranks inherit) whether
+    rank 0 is the launching process itself (2.6.6: ``_SubprocessScriptLauncher`` runs rank 0 in the process that
+    called ``fit`` unless the cluster created the processes, e.g. SLURM or torchrun)."""
+    base = getattr(launcher, "launcher", launcher)  # through lightning_pgc's own wrappers
+    if isinstance(base, _SubprocessScriptLauncher) and not base.cluster_environment.creates_processes_externally:
+        os.environ[_LAUNCHING_RANK] = "1"
+    elif _LAUNCHING_RANK in os.environ and not isinstance(base, _SubprocessScriptLauncher):
+        del os.environ[_LAUNCHING_RANK]  # a fork/spawn job after a popen one in the same process
+
+
+def launches_in_rank_zero(strategy: Any) -> bool:
+    """Whether rank 0 of this job is the process that launched it (then its death is the job's end)."""
+    return os.environ.get(_LAUNCHING_RANK) == "1" and getattr(strategy, "_start_method", None) == "popen"
+
+
+def make_rank_zero() -> None:
+    """This process does the rank-zero work from now on: ``rank_zero_only`` functions (loggers, rank-zero
+    messages) run here."""
+    rank_zero_only.rank = 0
+
+
+def logger_ids(loggers: list[Any]) -> list[Optional[str]]:
+    """Rank 0: what names each logger's run (2.6.6: ``version``, the W&B run id for ``WandbLogger``)."""
+    out: list[Optional[str]] = []
+    for lg in loggers:
+        try:
+            version = lg.version
+        except Exception:  # a logger whose version needs its experiment, not reachable here
+            version = None
+        out.append(None if version is None else str(version))
+    return out
+
+
+def pin_loggers(loggers: list[Any], ids: list[Optional[str]]) -> None:
+    """Every other rank: use rank 0's runs, so that a successor writes into them (2.6.6: ``CSVLogger`` and
+    ``TensorBoardLogger`` keep their version in ``_version``; ``WandbLogger`` passes ``_wandb_init`` to
+    ``wandb.init`` when its experiment is created)."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    for lg, ident in zip(loggers, ids):
+        if ident is None:
+            continue
+        if isinstance(lg, WandbLogger):
+            lg._id = ident
+            lg._wandb_init.update(id=ident, resume="allow")
+        elif hasattr(lg, "_version"):
+            lg._version = int(ident) if ident.isdigit() else ident
+
+
+def continue_loggers(loggers: list[Any]) -> None:
+    """A successor, now rank zero: open rank 0's runs and append to them (2.6.6: creating the CSV writer deletes
+    an existing ``metrics.csv``, so it is kept aside meanwhile and its columns are carried over)."""
+    for lg in loggers:
+        if not isinstance(lg, _FabricCSVLogger):
+            continue
+        path = os.path.join(lg.log_dir, "metrics.csv")
+        kept = path + ".pgc" if os.path.isfile(path) else None
+        if kept is not None:
+            os.replace(path, kept)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "logs directory exists and is not empty": it is rank 0's, continued
+            writer = lg.experiment
+        if kept is not None:
+            os.replace(kept, path)
+            with open(path, newline="") as fh:
+                writer.metrics_keys = sorted(next(csv.reader(fh), []))
 
 
 def replace_sigterm_notifier(trainer: "pl.Trainer", notifier: Callable[[Any, Any], None]) -> None:

@@ -16,7 +16,7 @@ def check_options(
     *, scheme: str, stragglers: int, replication: Optional[int], staleness: Optional[int], fresh: Optional[int],
     widen_after: Optional[float], max_staleness: Optional[int], choice: Optional[str], warmup: str, timeout: float,
     max_lag: Optional[int], heartbeat_interval: float, heartbeat_misses: int, nonfinite: str, shard_bytes: int,
-    seed: int, diagnostics: bool, diagnostics_every: int, max_condition: float,
+    seed: int, diagnostics: bool, diagnostics_every: int, max_condition: float, failover: Optional[bool] = None,
 ) -> None:
     """Check PGCStrategy's own arguments (types first, then values).
 
@@ -42,6 +42,7 @@ def check_options(
         _check_type(name, value, (Integral, type(None)))
     _check_type("widen_after", widen_after, (Real, type(None)))
     _check_type("choice", choice, (str, type(None)))
+    _check_type("failover", failover, (bool, type(None)))
     if scheme not in STRATEGY_SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(STRATEGY_SCHEMES)}")
     if stragglers < 0:
@@ -76,6 +77,9 @@ def check_options(
         raise ValueError(f"shard_bytes must be >= 1, got {shard_bytes}")
     if diagnostics_every < 1:
         raise ValueError(f"diagnostics_every must be >= 1, got {diagnostics_every}")
+    if failover and scheme == "bounded":
+        raise ValueError("failover=True is not available under scheme='bounded': the table of every partition's "
+                         "entries lives at the leader, so rank 0's death ends the job (leave failover unset)")
 
 
 def _check_type(name: str, value: Any, types: Union[type, tuple[type, ...]]) -> None:

@@ -45,6 +45,8 @@ from lightning_pgc._lightning import (
     closure_loss,
     default_pg_timeout,
     has_layer_sync,
+    launches_in_rank_zero,
+    mark_launching_rank,
     replace_sigterm_broadcast,
     replace_sigterm_notifier,
     set_closure_loss,
@@ -65,6 +67,7 @@ from lightning_pgc.compat import (
     check_trainer,
 )
 from lightning_pgc.data import PartitionBatchSampler, select_partition, split_batch
+from lightning_pgc.leadership import Leadership
 from lightning_pgc.live import ALONE, LiveRouting
 from lightning_pgc.options import STRATEGY_SCHEMES, check_options  # noqa: F401 (re-exported)
 from lightning_pgc.runtime import GlooTransport, PGCDetached, PGCRuntime, ShardLayout, choose_num_shards
@@ -155,6 +158,12 @@ class PGCStrategy(DDPStrategy):
         process_group_timeout: timeout of Lightning's default process group (as ``DDPStrategy(timeout=...)``).
         start_method: how Lightning launches the ranks, as for ``ddp``; with any of them a dead rank does not make
             the launcher kill the others (up to ``s`` dead workers are survived, see docs/guide.md).
+        failover: when rank 0 (the leader) dies, the lowest live rank takes over: the control plane, shard 0,
+            checkpoints, the loggers' runs and (``fork``/``spawn``) the fit's results; the job goes on as with any
+            other dead rank (the log says ``... takes over``). ``None`` (default): wherever it is available, i.e. not
+            under ``scheme="bounded"`` (its table lives at the leader) and not when rank 0 is the launching process
+            (``start_method="popen"`` outside SLURM or torchrun): there rank 0's death ends the job, fast. ``True``:
+            required (refused where unavailable); ``False``: the job ends whenever rank 0 dies.
     """
 
     strategy_name = "pgc"
@@ -188,12 +197,14 @@ class PGCStrategy(DDPStrategy):
         process_group_backend: Optional[str] = None,
         process_group_timeout: Optional[timedelta] = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        failover: Optional[bool] = None,
     ) -> None:
         check_options(scheme=scheme, stragglers=stragglers, replication=replication, staleness=staleness, fresh=fresh,
                       widen_after=widen_after, max_staleness=max_staleness, choice=choice, warmup=warmup,
                       timeout=timeout, max_lag=max_lag, heartbeat_interval=heartbeat_interval,
                       heartbeat_misses=heartbeat_misses, nonfinite=nonfinite, shard_bytes=shard_bytes, seed=seed,
-                      diagnostics=diagnostics, diagnostics_every=diagnostics_every, max_condition=max_condition)
+                      diagnostics=diagnostics, diagnostics_every=diagnostics_every, max_condition=max_condition,
+                      failover=failover)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -223,6 +234,7 @@ class PGCStrategy(DDPStrategy):
         self.diagnostics = diagnostics
         self.diagnostics_every = diagnostics_every
         self.max_condition = max_condition
+        self.failover = failover
         self.scheme: Optional[Scheme] = None
         self.runtime: Optional[PGCRuntime] = None
         self.cache: Optional[StaleCache] = None
@@ -248,6 +260,7 @@ class PGCStrategy(DDPStrategy):
         self._live = LiveRouting(self)  # collectives, metric syncs and SIGTERM among the live ranks during fit
         self._transfer = StateTransfer(self)  # rejoin by state transfer after falling max_lag versions behind
         self._choices = ChoiceBook()  # bounded: what the partition choice remembers between steps
+        self._leadership = Leadership(self)  # which rank does Lightning's rank-zero work (rank 0, or its successor)
 
     # ------------------------------------------------------------------------------------------ configuration
     def _make_scheme(self, world_size: int) -> Scheme:
@@ -272,7 +285,13 @@ class PGCStrategy(DDPStrategy):
             self._make_scheme(self.num_nodes * len(self.parallel_devices))
         super()._configure_launcher()
         # Lightning's launchers kill every rank when one dies; PGC survives up to s dead ranks.
-        wrap_launcher(self, lambda launcher: surviving_launcher(launcher, self._live.reap_grace_s()))
+        failover = self.failover is not False and self.scheme_name != "bounded"
+        wrap_launcher(self, lambda launcher: surviving_launcher(launcher, self._live.reap_grace_s(), failover))
+        mark_launching_rank(self._launcher)
+        if self.failover and launches_in_rank_zero(self):
+            raise ValueError("PGCStrategy(failover=True): rank 0 is the launching process under start_method='popen' "
+                             "(outside SLURM or torchrun), so its death ends the job; use start_method='fork' or "
+                             "'spawn', or leave failover unset")
         # Lightning hands ``fit``'s model and loaders to the launcher: check them there, before any rank starts.
         wrap_launcher(self, lambda launcher: PreflightLauncher(launcher, self._preflight))
 
@@ -412,9 +431,11 @@ class PGCStrategy(DDPStrategy):
             make_leader=make_leader,
             heartbeat_interval=self.heartbeat_interval,
             heartbeat_misses=self.heartbeat_misses,
+            failover=self._leadership.enabled(),
         )
         self.runtime.start()
         self._live.route_metric_syncs()
+        self._leadership.pin_loggers(trainer)
         self.skipped_steps = 0
         self._rank_stats = []
         self._transfer.pending = None
@@ -439,6 +460,7 @@ class PGCStrategy(DDPStrategy):
                 log.warning("PGC rank %d: SIGTERM: leaving at step %d (the others go on while enough ranks are left)",
                             self.global_rank, trainer.global_step)
             self.runtime.stop(donate=self._transfer.state_bytes, leave=leave)
+            self._leadership.follow()  # the leader may have died while this rank finished
             self.buffer_stats = self.runtime.buffer_stats()
             self._rank_stats = self.runtime.rank_stats()
             if self.cache is not None:
@@ -466,6 +488,13 @@ class PGCStrategy(DDPStrategy):
             return self.runtime.rank_stats()
         return list(self._rank_stats)
 
+    @property
+    @override
+    def is_global_zero(self) -> bool:
+        """Whether this rank does Lightning's rank-zero work (checkpoints, loggers, results): rank 0, or the rank that
+        took over when it died (``failover``)."""
+        return self.global_rank == self._leadership.rank
+
     # ------------------------------------------------------------------------------------------ checkpoints
     @override
     def save_checkpoint(
@@ -477,6 +506,7 @@ class PGCStrategy(DDPStrategy):
         Called by ``Trainer.save_checkpoint`` on every rank. Outside fit (the cache is released when training
         ends) only Lightning's checkpoint is written; resuming from it warms the pipeline up again.
         """
+        self._leadership.follow()  # who writes it
         state = self._checkpoints.state()
         self._checkpoints.entry(state, checkpoint, filepath)
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
@@ -525,6 +555,7 @@ class PGCStrategy(DDPStrategy):
     @override
     def reduce(self, tensor: Any, group: Optional[Any] = None, reduce_op: Optional[Any] = "mean") -> Any:
         self.collective_guard.refuse("a reduce (e.g. `self.log(..., sync_dist=True)`)")
+        self._leadership.follow()
         live = self._live.target()
         if live is None or not isinstance(tensor, Tensor) or group is not None:
             return super().reduce(tensor, group=group, reduce_op=reduce_op)
@@ -550,11 +581,12 @@ class PGCStrategy(DDPStrategy):
         live = self._live.target()
         if live is None:
             return super().broadcast(obj, src)
-        return obj if live is ALONE else live.broadcast(obj, src)
+        return obj if live is ALONE else live.broadcast(obj, self._leadership.source(src))
 
     @override
     def barrier(self, *args: Any, **kwargs: Any) -> None:
         self.collective_guard.refuse("`barrier`")
+        self._leadership.follow()
         live = self._live.target()
         if live is None:
             super().barrier(*args, **kwargs)
@@ -580,7 +612,9 @@ class PGCStrategy(DDPStrategy):
             self._evaluations, self._sampled = self._choices.choose(self.scheme, self.global_rank, version, start)
 
         pgc_closure = SingleUseClosure(lambda: self._exchange(version, closure))
-        return super().optimizer_step(optimizer, pgc_closure, model, **kwargs)
+        out = super().optimizer_step(optimizer, pgc_closure, model, **kwargs)
+        self._leadership.follow()
+        return out
 
     def _exchange(self, version: int, closure: Callable[[], Any]) -> Tensor:
         runtime, cache = self.runtime, self.cache

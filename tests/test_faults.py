@@ -200,7 +200,7 @@ def test_more_than_s_killed_ranks_fail_every_survivor_fast_naming_them_and_leave
     assert ckpt["global_step"] >= 2 and "state_dict" in ckpt
 
 
-def _failing_job_watched(tmp_path, name: str, **spec):
+def _failing_job_watched(tmp_path, name: str, failover=None, **spec):
     """Run a job that must fail (4 ranks, pgc, heartbeat window 1 s, timeout 1 s) while watching its processes;
     returns the JobFailed and, per process of the job, when it was gone. Asserts none is left."""
     from lightning_pgc.experiments import JobFailed
@@ -210,7 +210,8 @@ def _failing_job_watched(tmp_path, name: str, **spec):
     def run() -> None:
         try:
             run_job(tmp_path, name, strategy="pgc", devices=4,
-                    strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0}, **spec)
+                    strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0,
+                                     "failover": failover}, **spec)
         except JobFailed as exc:
             failed.append(exc)
 
@@ -227,11 +228,13 @@ def _failing_job_watched(tmp_path, name: str, **spec):
     return failed[0], exits
 
 
-def test_a_killed_leader_ends_the_job_fast_and_clean(tmp_path):
-    """Rank 0 (the leader) is SIGKILLed at step 3: leader failover is not built, so the job must end, fast and
-    without leftovers. Every worker fails within twice the heartbeat window, naming the lost leader, and the
-    launching process exits non-zero saying rank 0 died."""
-    failed, exits = _failing_job_watched(tmp_path, "kill0", max_steps=40, check_val_every_n_epoch=100,
+def test_without_failover_a_killed_leader_ends_the_job_fast_and_clean(tmp_path):
+    """Rank 0 (the leader) is SIGKILLed at step 3 with ``failover=False`` (as under bounded staleness, or when rank 0
+    is the launching process): the job must end, fast and without leftovers. Every worker fails within twice the
+    heartbeat window, naming the lost leader, and the launching process exits non-zero saying rank 0 died.
+    (With failover the job finishes: tests/test_leader_faults.py.)"""
+    failed, exits = _failing_job_watched(tmp_path, "kill0", failover=False, max_steps=40,
+                                         check_val_every_n_epoch=100,
                                          faults=[{"kind": "Kill", "rank": 0, "step": 3}])
     ranks = sorted(t for t in exits.values() if t is not None)[:4]
     assert ranks[3] - ranks[0] < 2 * 1.0 * 2, ranks

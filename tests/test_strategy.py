@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import statistics
 from types import SimpleNamespace
 
@@ -148,6 +150,12 @@ def test_bad_configurations_fail_before_any_rank_starts():
         PGCStrategy(timeout=0)
     with pytest.raises(ValueError, match="shard_bytes"):
         PGCStrategy(shard_bytes=0)
+    with pytest.raises(ValueError, match="failover=True is not available under scheme='bounded'"):
+        PGCStrategy(scheme="bounded", failover=True)
+    with pytest.raises(ValueError, match="rank 0 is the launching process under start_method='popen'"):
+        _trainer(PGCStrategy(failover=True), devices=2)  # popen (the default) outside a cluster launcher
+    assert isinstance(_trainer(PGCStrategy(failover=True, start_method="fork"), devices=2).strategy, PGCStrategy)
+    assert "LIGHTNING_PGC_RANK0_LAUNCHES" not in os.environ  # (a fork job after a popen one: rank 0 is a child)
 
 
 def test_unsupported_training_setups_are_refused():

@@ -70,11 +70,11 @@ class LossRecorder(pl.Callback):
         if self.t0 is None:
             self.t0 = now
         self.rows.append((now - self.t0, trainer.global_step, float(loss)))
-        if trainer.global_rank == 0 and trainer.global_step % 10 == 0:
+        if trainer.is_global_zero and trainer.global_step % 10 == 0:
             (self.out / FILES["progress"]).write_text(str(trainer.global_step))
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.global_rank == 0:
+        if trainer.is_global_zero:
             with open(self.out / FILES["curve"], "w") as f:
                 f.write(CURVE_HEADER + "\n")
                 for t, step, loss in self.rows:
@@ -365,17 +365,17 @@ class ValidationCurve(pl.Callback):
             logger.log_metrics({"val/loss": loss, "val/acc": acc, "val/wall_s": now - self.t0}, step=step)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.global_rank == 0:
+        if trainer.is_global_zero:
             self._evaluate(trainer, pl_module)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         step = trainer.global_step
-        if trainer.global_rank == 0 and step % self.every == 0 and step != self._last_step:
+        if trainer.is_global_zero and step % self.every == 0 and step != self._last_step:
             self._evaluate(trainer, pl_module)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if trainer.global_rank != 0:
+        if not trainer.is_global_zero:
             return
         if trainer.global_step != self._last_step:
             self._evaluate(trainer, pl_module)
@@ -452,7 +452,7 @@ class JobRecorder(pl.Callback):
                       "checks": valve.history,
                       "final_lrs": valve.final_lrs}
             (self.out / valve_file(rank)).write_text(json.dumps(record))
-        if rank != 0:
+        if not trainer.is_global_zero:  # rank 0, or the rank that took over when it died
             return
         diagnostics = _find(trainer, PGCDiagnostics)
         summary: dict[str, Any] = {

@@ -1,0 +1,74 @@
+"""Leadership: which rank does Lightning's rank-zero work when the PGC leader (rank 0) dies and another takes over.
+
+The runtime's leader failover (:class:`~lightning_pgc.runtime.worker.PGCRuntime`, ``failover=True``) moves the
+control plane and shard 0 to the lowest live rank. Lightning ties more to rank 0: it writes checkpoints
+(``is_global_zero``), its loggers are the only ones that write (``rank_zero_only``), Lightning broadcasts from it
+(``src=0``), and the fork/spawn launcher takes the fit's results from it. :class:`Leadership` moves all of that
+to the successor, so that the job goes on writing the same checkpoints and the same runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from lightning_pgc._lightning import continue_loggers, launches_in_rank_zero, logger_ids, make_rank_zero, pin_loggers
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+
+    from lightning_pgc.strategy import PGCStrategy
+
+log = logging.getLogger(__name__)
+
+
+class Leadership:
+    """The rank-zero seat of one :class:`~lightning_pgc.PGCStrategy`.
+
+    Call order: :meth:`enabled` when the runtime is built; :meth:`pin_loggers` on every rank once the runtime runs
+    (every rank alive); :meth:`follow` on the training thread after every exchange, before every collective and
+    checkpoint, and when the runtime stops; :attr:`rank` at any time.
+    """
+
+    def __init__(self, strategy: "PGCStrategy") -> None:
+        self.strategy = strategy
+        self.rank = 0  # the rank doing Lightning's rank-zero work
+
+    def enabled(self) -> bool:
+        """Whether the runtime fails over when the leader dies: not turned off (``failover=False``), the scheme keeps
+        no state at the leader (not bounded staleness, whose table lives there), and rank 0 is not the launching process
+        (``start_method="popen"`` without a cluster launcher: the job's own process would be the dead one)."""
+        st = self.strategy
+        scheme = st.scheme
+        return (st.failover is not False and scheme is not None and not scheme.reuses_codes
+                and not launches_in_rank_zero(st))
+
+    def pin_loggers(self, trainer: "pl.Trainer") -> None:
+        """Every rank learns rank 0's logger runs, so that a successor continues them instead of starting new ones
+        (one broadcast among the live ranks, at the start of fit)."""
+        st = self.strategy
+        if not self.enabled() or not trainer.loggers:
+            return
+        ids = st.broadcast(logger_ids(trainer.loggers) if st.global_rank == 0 else None, src=0)
+        if st.global_rank != 0:
+            pin_loggers(trainer.loggers, ids)
+
+    def follow(self) -> None:
+        """Move the rank-zero seat to where the runtime's leader is now, taking it if that is this rank."""
+        st = self.strategy
+        runtime = st.runtime
+        if runtime is None or runtime.leader_rank == self.rank or st.lightning_module is None:
+            return
+        trainer = st.lightning_module.trainer
+        dead, self.rank = self.rank, runtime.leader_rank
+        if self.rank != self.strategy.global_rank:
+            return
+        make_rank_zero()
+        continue_loggers(trainer.loggers)
+        log.warning("PGC rank %d: rank %d (the leader) died; this rank leads from step %d on: it writes the "
+                    "checkpoints and the loggers' runs from now on", self.rank, dead, trainer.global_step)
+
+    def source(self, src: int) -> int:
+        """The rank a broadcast from ``src`` comes from: Lightning broadcasts from rank 0, whose seat may have moved."""
+        self.follow()
+        return self.rank if src == 0 else src

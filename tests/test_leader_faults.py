@@ -1,0 +1,73 @@
+"""A dead leader on 4 real CPU ranks (gloo, fork): rank 1 takes over the control plane, shard 0, checkpoints, the
+loggers' runs and the fit's results, and the job finishes (tests/test_leader_failover.py has the protocol on
+in-process queues). A file of its own so that pytest-xdist runs it beside the other fault tests."""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+
+import pytest
+import torch
+
+from tests.jobs import run_job
+
+
+@pytest.mark.parametrize("shard_bytes", [None, 64], ids=["one_shard", "every_rank_owns_one"])
+def test_a_killed_leader_is_replaced_by_rank_1_and_the_job_finishes(tmp_path, shard_bytes):
+    """SIGKILL of rank 0 (the leader, and Lightning's rank zero) at step 3: rank 1 takes over. Ranks 1-3 finish fit
+    with identical replicas; validation and checkpoints go on (written by rank 1, in the same folder); the CSV
+    logger's run continues (rows from before and after the failover in one ``metrics.csv``, ``pgc/alive`` 3); the
+    summary comes from rank 1 and the launching process exits 0, warning that rank 0 died."""
+    kwargs = {"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0}
+    if shard_bytes is not None:
+        kwargs["shard_bytes"] = shard_bytes
+    job = run_job(
+        tmp_path, "kill0", strategy="pgc", devices=4, max_steps=16, val_check_interval=8,
+        check_val_every_n_epoch=None, limit_val_batches=2, checkpoint_every_n_steps=8, strategy_kwargs=kwargs,
+        faults=[{"kind": "Kill", "rank": 0, "step": 3}],
+    )
+    log = job["stderr"]
+    ranks = job["ranks"]
+    assert ranks[0] is None
+    live = [ranks[r] for r in (1, 2, 3)]
+    assert len({r["checksum"] for r in live}) == 1 and {r["global_step"] for r in live} == {16}
+    assert re.search(r"the leader \(rank 0\) is gone at version \d+ .*; rank 1 takes over", log), log[-3000:]
+    assert re.search(r"PGC rank 1: rank 0 \(the leader\) died; this rank leads from step \d+ on", log), log[-3000:]
+    assert "rank 0 (the first PGC leader) exited with status -9" in log
+    alive = [row["pgc/alive"] for row in job["summary"]["diagnostics"] if "pgc/alive" in row]
+    assert alive and alive[-1] == 3.0
+    assert math.isfinite(job["summary"]["metrics"]["val_loss"])
+    folder = tmp_path / "kill0" / "checkpoints"
+    assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == 16
+    assert sorted(int(re.search(r"step=(\d+)", p.name).group(1)) for p in folder.glob("epoch*.ckpt")) == [8, 16]
+    runs = list((tmp_path / "kill0" / "logs").glob("version_*"))
+    assert [p.name for p in runs] == ["version_0"]  # the same run, not a new version
+    with open(runs[0] / "metrics.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    steps = {int(row["step"]) for row in rows if row.get("step")}
+    assert max(steps) >= 15, sorted(steps)  # (rows rank 0 had not flushed yet died with it)
+    assert any(row.get("pgc/alive") == "3.0" for row in rows)
+
+
+def test_a_successor_appends_to_rank_0s_csv_run_keeping_its_rows_and_columns(tmp_path):
+    """The logger side of a failover, in one process: rank 0's CSV run has rows; the successor, pinned to the same
+    version, continues the run: one ``metrics.csv`` with rank 0's rows, then its own, under the union of columns."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lightning_pgc._lightning import continue_loggers, logger_ids, pin_loggers
+
+    first = CSVLogger(tmp_path, name="logs")
+    first.log_metrics({"train_loss": 1.0}, step=1)
+    first.save()
+    ids = logger_ids([first])
+    successor = CSVLogger(tmp_path, name="logs")
+    pin_loggers([successor], ids)
+    continue_loggers([successor])
+    successor.log_metrics({"train_loss": 0.5, "pgc/alive": 3.0}, step=5)
+    successor.save()
+    assert successor.log_dir == first.log_dir and ids == ["0"]
+    with open(tmp_path / "logs" / "version_0" / "metrics.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["step"], r["train_loss"], r["pgc/alive"]) for r in rows] == [("1", "1.0", ""), ("5", "0.5", "3.0")]
