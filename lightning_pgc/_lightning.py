@@ -206,19 +206,27 @@ class SurvivingMultiprocessingLauncher(_MultiProcessingLauncher):
         self.procs = context.processes
         rank0, others = self.procs[0], self.procs[1:]
         rank0.join()
-        if rank0.exitcode != 0 and self.failover:  # another rank may have taken over: it returns the results
-            while return_queue.empty() and any(p.is_alive() for p in others):
+        outputs = _drain(return_queue)  # rank 0's output; None if another rank took over (it froze)
+        if self.failover and trainer is not None and not any(o is not None for o in outputs):
+            # rank 0 died, or froze and stepped down: the rank that took over returns the results when it ends
+            while not any(o is not None for o in outputs) and any(p.is_alive() for p in others):
                 time.sleep(0.1)
+                outputs += _drain(return_queue)
         _reap(others, lambda p: p.is_alive(), lambda p: (p.kill(), p.join()), lambda p: p.exitcode,
               self.grace_s, first_rank=1, error=lambda i: ": " + _child_error(context, i).strip().splitlines()[-1]
               if _child_error(context, i) else "")
-        if rank0.exitcode != 0 and self.failover and not return_queue.empty():
-            log.warning("lightning_pgc: rank 0 (the first PGC leader) exited with status %s; the rank that took over "
-                        "finished the job", rank0.exitcode)
-        elif rank0.exitcode != 0:
+        outputs += _drain(return_queue)
+        led = [o for o in outputs if o is not None] if trainer is not None else outputs
+        if rank0.exitcode != 0 and not led:
             raise RuntimeError(f"lightning_pgc: rank 0 (the PGC leader) exited with status {rank0.exitcode}:\n"
                                + (_child_error(context, 0) or "(no Python error: killed by a signal?)"))
-        if return_queue.empty():
+        if rank0.exitcode != 0:
+            log.warning("lightning_pgc: rank 0 (the first PGC leader) exited with status %s; the rank that took over "
+                        "finished the job", rank0.exitcode)
+        if outputs and not led:
+            raise RuntimeError("lightning_pgc: rank 0 stepped down as leader (it froze) and no rank returned the fit's "
+                               "results; see the ranks' errors above")
+        if not led:
             # Rank 0 exited 0 without results: a SIGTERM stopped it (``SIGTERMException`` is a ``SystemExit``, exit
             # status 0, as under ``ddp``), after its own on-exception hooks ran. Raising here would run the
             # on-exception hooks again in this process, on the untrained model (e.g. overwrite OnExceptionCheckpoint's
@@ -227,7 +235,7 @@ class SurvivingMultiprocessingLauncher(_MultiProcessingLauncher):
                 trainer.state.status = TrainerStatus.INTERRUPTED
             log.warning("lightning_pgc: rank 0 stopped on SIGTERM; the job ends without results")
             return None
-        worker_output = return_queue.get()
+        worker_output = led[0]
         if trainer is None:
             return worker_output
         self._already_fit |= trainer.state.fn == TrainerFn.FITTING
@@ -253,6 +261,14 @@ class SurvivingMultiprocessingLauncher(_MultiProcessingLauncher):
         if self._strategy.global_rank != 0 and self._results is not None:
             self._results.put(move_data_to_device(output, "cpu"))
         return output
+
+
+def _drain(results: Any) -> list[Any]:
+    """Everything in a ``SimpleQueue`` now."""
+    out = []
+    while not results.empty():
+        out.append(results.get())
+    return out
 
 
 def _run_rank(trainer: Optional["pl.Trainer"], function: Callable, *args: Any, **kwargs: Any) -> Any:
@@ -314,10 +330,11 @@ def launches_in_rank_zero(strategy: Any) -> bool:
     return os.environ.get(_LAUNCHING_RANK) == "1" and getattr(strategy, "_start_method", None) == "popen"
 
 
-def make_rank_zero() -> None:
-    """This process does the rank-zero work from now on: ``rank_zero_only`` functions (loggers, rank-zero
-    messages) run here."""
-    rank_zero_only.rank = 0
+def make_rank_zero(zero: bool = True, world_size: int = 1) -> None:
+    """This process does the rank-zero work from now on (``zero``): ``rank_zero_only`` functions (loggers,
+    rank-zero messages) run here; or no longer (a leader that was replaced): it then counts as a rank above all
+    others (2.6.6: loggers' experiments are dummies on ranks above 0)."""
+    rank_zero_only.rank = 0 if zero else world_size
 
 
 def logger_ids(loggers: list[Any]) -> list[Optional[str]]:

@@ -61,11 +61,16 @@ class Leadership:
             return
         trainer = st.lightning_module.trainer
         dead, self.rank = self.rank, runtime.leader_rank
-        if self.rank != self.strategy.global_rank:
+        if dead == st.global_rank:  # this rank froze and was replaced: it gives the seat up
+            make_rank_zero(False, st.world_size)
+            log.warning("PGC rank %d: rank %d took over as leader while this rank was frozen; it writes the "
+                        "checkpoints and the loggers' runs from step %d on", dead, self.rank, trainer.global_step)
+            return
+        if self.rank != st.global_rank:
             return
         make_rank_zero()
         continue_loggers(trainer.loggers)
-        log.warning("PGC rank %d: rank %d (the leader) died; this rank leads from step %d on: it writes the "
+        log.warning("PGC rank %d: rank %d (the leader) died or froze; this rank leads from step %d on: it writes the "
                     "checkpoints and the loggers' runs from now on", self.rank, dead, trainer.global_step)
 
     def source(self, src: int) -> int:

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from lightning_pgc.codes import make_scheme
-from lightning_pgc.runtime import Channel
+from lightning_pgc.runtime import Channel, PGCDetached
 from lightning_pgc.runtime.messages import Kind, read_header
 from tests.test_dead_ranks import _bury, _cr_mean, _die, _step_all, _together
-from tests.test_runtime import FrozenTransport, _eventually, _NoSend, make_runtimes, submit
+from tests.test_runtime import FrozenTransport, _donate, _eventually, _NoSend, _stop_all, make_runtimes, submit
 
 
 def test_a_dead_leader_between_versions_is_replaced_by_the_lowest_live_rank(caplog):
@@ -124,3 +124,65 @@ def test_a_version_the_dead_leader_closed_but_never_published_is_decided_again_b
             assert all(torch.equal(a, got[0]) for a in got)
     finally:
         _bury(rts, 0)
+
+
+def test_a_frozen_leader_is_replaced_and_rejoins_as_a_worker_when_it_resumes(caplog):
+    """pgc_cr, n = 4, s = 1, one shard. Rank 0 freezes (SIGSTOP: its streams stay up, it sends nothing) after
+    version 1. After a heartbeat window the others fence it off and rank 1 takes over; versions 2-3 close with ranks
+    1-3, exact and identical. When rank 0 resumes it reads rank 1's DEPOSE, steps down, finds itself detached and
+    rejoins by state transfer; then all four go on with exact, identical aggregates, and nothing it sent on resuming
+    is used."""
+    scheme = make_scheme("pgc_cr", 4, 1)
+    rts = make_runtimes(scheme, shards=1, heartbeat=(0.05, 10), wrap={0: FrozenTransport}, failover=True)
+    live = [1, 2, 3]
+    state = torch.arange(7, dtype=torch.uint8)
+    try:
+        for v in range(2):
+            _step_all(rts, v)
+        rts[0].transport.freeze()
+        for v in range(2, 4):
+            got = _step_all(rts, v, live)
+            torch.testing.assert_close(got[0], _cr_mean(live, v))
+            assert all(torch.equal(a, got[0]) for a in got)
+        assert [rts[r].leader_rank for r in live] == [1, 1, 1] and rts[1].is_leader
+        assert "the leader (rank 0) is frozen" in caplog.text
+        rts[0].transport.frozen.clear()  # SIGCONT
+        assert _eventually(lambda: not rts[0].is_leader and rts[0].leader_rank == 1)
+        version = 2  # (on resuming it may close and apply version 2 itself from codes in its sockets: void, as it
+        with pytest.raises(PGCDetached):  # is detached from version 2 and rejoins)
+            while True:
+                rts[0].release(rts[0].wait(version))
+                version += 1
+        rejoined: dict[str, tuple] = {}
+        asker = threading.Thread(target=lambda: rejoined.setdefault("state", rts[0].rejoin(version)))
+        asker.start()
+        assert _eventually(lambda: rts[0]._attach_info is not None and rts[0]._attached.is_set())
+        u = rts[0]._attach_info[0]  # the open version when rank 1 attached it (nobody sent a code for it yet)
+        got: dict[int, torch.Tensor] = {}
+
+        def donor(rt):
+            got[rt.rank] = rt.wait(u, donate=lambda: state).clone()
+            _donate(rt, u, state)  # (if the version closed before the donation could be made while waiting)
+
+        for r in live:
+            submit(rts[r], u, ages=(0, 0))
+        donors = [threading.Thread(target=donor, args=(rts[r],)) for r in live]
+        for t in donors:
+            t.start()
+        asker.join(10)
+        assert rejoined["state"][0] == u and torch.equal(rejoined["state"][1], state)
+        submit(rts[0], u, ages=(0, 0))
+        got[0] = rts[0].wait(u).clone()
+        for t in donors:
+            t.join(10)
+        assert all(torch.equal(got[r], got[1]) for r in range(4))
+        for v in range(u + 1, u + 3):
+            agg = _step_all(rts, v)
+            torch.testing.assert_close(agg[0], _cr_mean(rts[1].record(v).admitted, v))
+            assert all(torch.equal(a, agg[0]) for a in agg)
+        assert "took over as leader while this rank was frozen" in caplog.text
+        assert [rt.successions for rt in rts] == [[(0, 1)]] * 4
+        assert all(rt.error is None and rt.mailbox.failure() is None for rt in rts)
+    finally:
+        _stop_all(rts, timeout=1.0)
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("pgc-")]

@@ -61,15 +61,19 @@ class LiveGather:
         failure: the runtime's error, if it failed (every wait then raises it).
         check_leader: worker only: raises if the leader is gone.
         send: ``send(channel, tensor, peers)``: the runtime's asynchronous, ordered send.
+        waiting: called on the calling thread while a collective waits (the runtime donates its training state
+            there to a rank that rejoins, which the collective may be waiting for).
     """
 
     def __init__(self, transport: Transport, rank: int, world_size: int, leader: int, poll_s: float,
                  members: Callable[[], set[int]], failure: Callable[[], Optional[BaseException]],
-                 check_leader: Callable[[str], None], send: Callable[[Channel, Tensor, list[int]], None]) -> None:
+                 check_leader: Callable[[str], None], send: Callable[[Channel, Tensor, list[int]], None],
+                 waiting: Callable[[], None] = lambda: None) -> None:
         self.transport = transport
         self.rank, self.world_size, self.leader = rank, world_size, leader
         self.poll_s = poll_s
         self.members, self.failure, self.check_leader, self._send = members, failure, check_leader, send
+        self.waiting = waiting
         self.peers = [r for r in range(world_size) if r != rank]
         self.seq = 0
         self.threads: list[threading.Thread] = []
@@ -79,32 +83,46 @@ class LiveGather:
         self._results: queue.Queue = queue.Queue()  # worker: (seq, op, payload) or an exception
         self._send_lock = threading.Lock()
         self.lost: set[int] = set()  # peers whose COLL stream broke
+        self._led = False  # this rank was the leader and stepped down: every peer still listens to it
+        self._former: set[int] = set()  # leaders that were replaced alive: they still listen to this rank
+        self._listening: set[int] = set()  # peers a receiving thread was started for
 
     def start(self) -> None:
         """Start the receiving threads (leader: one per peer; worker: one for the leader)."""
         self._listen(self.peers if self.rank == self.leader else [self.leader])
 
     def _listen(self, sources: list[int]) -> None:
+        """One receiving thread per peer, whatever role it serves (it reads ``self.leader`` at each message)."""
         for peer in sources:
+            if peer in self._listening:
+                continue
+            self._listening.add(peer)
             t = threading.Thread(target=self._receive, args=(peer,), name=f"pgc-coll-recv-{peer}", daemon=True)
             t.start()
             self.threads.append(t)
 
-    def set_leader(self, leader: int) -> None:
-        """The leader died and ``leader`` took over (any thread): later collectives go through it. A collective in
-        flight when the leader died fails on the ranks that were waiting for it (its result may have reached some
-        ranks and not others)."""
+    def set_leader(self, leader: int, gone: bool = True) -> None:
+        """The leader died (``gone``) or froze, and ``leader`` took over (any thread): later collectives go through
+        it. A collective in flight at that moment fails on the ranks that were waiting for it (its result may have
+        reached some ranks and not others)."""
         with self._cond:
             if leader == self.leader:
                 return
             old, self.leader = self.leader, leader
-            self.lost.add(old)
+            if gone:
+                self.lost.add(old)
+            elif old != self.rank:
+                self._former.add(old)
+            self._led |= old == self.rank
             self._cond.notify_all()
         self._listen([p for p in self.peers if p not in self.lost] if leader == self.rank else [leader])
 
     def stop(self) -> None:
         """End this rank's outgoing COLL streams (their receivers return); call once, after the last gather."""
-        targets = [p for p in self.peers if p not in self.lost] if self.rank == self.leader else [self.leader]
+        if self.rank == self.leader or self._led:
+            targets = [p for p in self.peers if p not in self.lost]
+        else:
+            targets = [self.leader, *sorted(self._former - self.lost)]
         self._post(targets, -1, 0, torch.zeros(0, dtype=torch.uint8))
 
     def _post(self, peers: list[int], seq: int, op: int, payload: Tensor) -> None:
@@ -174,15 +192,17 @@ class LiveGather:
         with self._cond:
             got = self._inbox.setdefault(seq, {})
             got[self.rank] = (code, payload)
-            while True:
+        while True:
+            with self._cond:
                 failure = self.failure()
                 if failure is not None:
                     raise RuntimeError(f"PGC collective {seq} abandoned: {failure}") from failure
                 members = (self.members() - self.lost) | {self.rank}
                 if members <= set(got):
+                    del self._inbox[seq]
                     break
                 self._cond.wait(self.poll_s)
-            del self._inbox[seq]
+            self.waiting()
         ops = {r: op for r, (op, _) in got.items()}
         if len(set(ops.values())) > 1:  # every rank gets the error (code _MISMATCH), not only the leader
             names = {r: _NAMES.get(op, str(op)) for r, op in sorted(ops.items())}
@@ -206,6 +226,7 @@ class LiveGather:
                 item = self._results.get(timeout=self.poll_s)
             except queue.Empty:
                 self.check_leader(f"in collective {seq} (a barrier, broadcast or reduce)")
+                self.waiting()
                 continue
             if len(item) == 2:  # (peer, error): a leader's stream broke
                 peer, exc = item

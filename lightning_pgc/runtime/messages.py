@@ -33,6 +33,7 @@ class Kind(IntEnum):
     LOST = 12  # worker -> leader: the aggregate stream of dead owner ``a`` broke; the last version of its shard ``b``
     # that arrived here is ``version``
     QUERY = 13  # leader -> every rank: owner ``a`` is frozen: accept no more of its shards and answer with LOST
+    DEPOSE = 14  # successor -> a leader that froze: rank ``a`` leads now; go on as a worker (it rejoins)
 
 
 HEADER_FIELDS = 11  # kind, version, sender, shard, valid entries, max age, packed ages, skipped, partition, table

@@ -155,9 +155,10 @@ class PGCRuntime:
             :class:`~lightning_pgc.runtime.bounded.BoundedLeader`).
         heartbeat_interval: seconds between heartbeats; heartbeat_misses: missed heartbeats after which a rank
             (or the leader, seen from a worker) counts as dead.
-        failover: when the leader's process dies (its streams break), the lowest live rank takes over the control
-            plane and shard 0 (:meth:`_leader_gone`) instead of every rank failing. Not under bounded staleness
-            (the table lives at the leader), not for a frozen leader (workers still fail after a heartbeat window).
+        failover: when the leader dies (its streams break) or freezes (no heartbeat for a window), the lowest live
+            rank takes over the control plane and shard 0 (:meth:`_leader_gone`) instead of every rank failing; a
+            frozen leader that resumes steps down and rejoins as a worker. Not under bounded staleness (the table
+            lives at the leader).
     """
 
     def __init__(
@@ -220,9 +221,11 @@ class PGCRuntime:
         self._attached = threading.Event()
         self._leader_heard = time.monotonic()
         self._last_check = self._resumed_at = time.monotonic()  # see _check_leader
+        self._watched = self._watch_grace = time.monotonic()  # see _watch_leader
         self._notes: dict[int, tuple[int, int]] = {}  # leader: version -> (rank needing the state, donor)
         self._donations: dict[int, int] = {}  # version -> rank this rank donates its state to, on reaching it
         self._donated: set[int] = set()  # versions whose donation :meth:`wait` already made
+        self._state_fn: Optional[Callable[[], Tensor]] = None  # the training state, as last given to :meth:`wait`
         self._final_requests: queue.Queue = queue.Queue()  # leader: (rank, version) to donate from stop()
         self._beats_done = threading.Event()
         self._small_lock = threading.Lock()
@@ -260,7 +263,8 @@ class PGCRuntime:
         self.collectives = LiveCollectives(LiveGather(
             transport, rank, world_size, leader, self.heartbeat_interval, members=self._members,
             failure=self.failure, check_leader=self._check_leader,
-            send=lambda channel, message, peers: self._send_all(channel, message, peers)))
+            send=lambda channel, message, peers: self._send_all(channel, message, peers),
+            waiting=self._donate_between_steps))
 
     @property
     def is_leader(self) -> bool:
@@ -310,6 +314,7 @@ class PGCRuntime:
         self.collectives.gather.stop()
         if not self.is_leader:
             self._send_small(Channel.BEAT, control(self.world_size, Kind.BYE, -1), self.leader_rank)
+        self._end_deposed_streams()
         self._stopping.set()
         while self._service is not None and self._service.is_alive():
             self._service.join(0.05)
@@ -327,6 +332,15 @@ class PGCRuntime:
         if alive:
             log.warning("PGC rank %d: threads still running after stop: %s", self.rank, alive)
         self.transport.close()
+
+    def _end_deposed_streams(self) -> None:
+        """End the streams that only a leader reads or writes, towards or from leaders that froze and were replaced
+        (they are alive, so nothing breaks them): BYE to their heartbeat receivers, and, from a leader that
+        stepped down, BYE to the control receivers every other rank still has for it."""
+        for r in sorted(self._deposed - self._broken - {self.rank}):
+            self._send_small(Channel.BEAT, control(self.world_size, Kind.BYE, -1), r)
+        if self.rank in self._deposed:
+            self._send_all(Channel.CTRL, control(self.world_size, Kind.BYE, -1), self.peers)
 
     def _leave(self) -> None:
         """Worker: BYE on every stream it sends on, then return without waiting for the others (their streams
@@ -480,6 +494,8 @@ class PGCRuntime:
             PGCDetached: this rank is (or became, while waiting) :meth:`detached` at ``version``.
             RuntimeError: the leader failed (its error text) or a stream broke.
         """
+        if donate is not None:
+            self._state_fn = donate
         while True:
             recipient = self._donations.pop(version, None) if donate is not None else None
             if recipient is not None:
@@ -494,8 +510,20 @@ class PGCRuntime:
                 continue
             return buf[: self.layout.numel]
 
+    def _donate_between_steps(self) -> None:
+        """A collective waits on the training thread, between two steps: the state now is the state at the start of
+        the next version. If a rank rejoins at that version with this rank as donor, send it now; otherwise the
+        donation would come only with that version, after the collective, which may be waiting for that very rank
+        (it joins once it has the state)."""
+        version = self.progress + 1
+        recipient = self._donations.pop(version, None) if self._state_fn is not None else None
+        if recipient is not None:
+            self.send_state(recipient, version, self._state_fn())
+            self._donated.add(version)
+
     def _check_leader(self, doing: str) -> None:
-        """Raise if this worker has not heard from the leader for a heartbeat window."""
+        """Raise if the runtime failed, or (without failover) this worker has not heard from the leader for a
+        heartbeat window; with failover the service thread replaces a silent leader instead."""
         if self.error is not None:
             raise RuntimeError(f"PGC rank {self.rank} runtime failed: {self.error}") from self.error
         now = time.monotonic()
@@ -505,7 +533,7 @@ class PGCRuntime:
             self._resumed_at = now
         self._last_check = now
         silent = now - max(self._leader_heard, self._resumed_at)
-        if not self.is_leader and silent > self.heartbeat_window:
+        if not self.is_leader and silent > self.heartbeat_window and not self.failover:
             raise PGCTimeoutError(
                 f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no heartbeat for {silent:.1f} s "
                 f"while {doing}; its process is gone or frozen"
@@ -727,8 +755,12 @@ class PGCRuntime:
                 self._inbox.put(("stop", None, None))
                 return
             self._count(received=buf.numel() * 8)
-            self._leader_heard = time.monotonic()
             kind, version, a, b, data = read_control(buf)
+            if leader != self.leader_rank:  # a leader that froze and was replaced: what it sent on resuming is void
+                if kind == Kind.BYE:
+                    return
+                continue
+            self._leader_heard = time.monotonic()
             if kind == Kind.BEAT:
                 self.alive = a
                 self._frontier = version
@@ -756,30 +788,63 @@ class PGCRuntime:
         """Whether ``peer``'s broken stream means a leader to replace (or one already replaced) rather than the end."""
         return self.failover and (peer == self.leader_rank or peer in self._deposed)
 
-    def _leader_gone(self, dead: int, why: str) -> None:
+    def _leader_gone(self, dead: int, why: str, frozen: bool = False) -> None:
         """Any thread: the streams of leader ``dead`` broke (its process is gone). The lowest rank whose streams are
         up takes over; every rank makes the same choice, since every stream of a dead process breaks (a rank that
         picked a successor that is dead too moves on when that one's streams break). Heartbeats, control messages,
         reports and collectives go to the successor from now on; it builds its control plane on its service thread
-        (:meth:`_take_over`) and moves the dead leader's shards as a dead owner's (:meth:`_recover`)."""
+        (:meth:`_take_over`) and moves the dead leader's shards as a dead owner's (:meth:`_recover`). A ``frozen``
+        leader (alive, silent) is fenced first, as a frozen owner is (:meth:`_fence`), and is told to step down."""
         with self._failover_lock:
             if dead != self.leader_rank:
                 return  # already handled (another of its streams broke first)
-            self._broken.add(dead)
+            if not frozen:
+                self._broken.add(dead)
             self._deposed.add(dead)
-            successor = min(r for r in range(self.world_size) if r not in self._broken)
-            self._inbox.put(("succeed", dead, successor))  # before anyone can see the new leader_rank
+            successor = min(r for r in range(self.world_size) if r not in self._broken and r not in self._deposed)
+            self._inbox.put(("succeed", dead, successor, frozen))  # before anyone can see the new leader_rank
             self.leader_rank = successor
             self._leader_heard = time.monotonic()
             self.successions.append((dead, successor))
-        log.warning("PGC rank %d: the leader (rank %d) is gone at version %d (%s); rank %d takes over", self.rank,
-                    dead, self.progress, why, successor)
-        self.collectives.gather.set_leader(successor)
+        log.warning("PGC rank %d: the leader (rank %d) is %s at version %d (%s); rank %d takes over", self.rank,
+                    dead, "frozen" if frozen else "gone", self.progress, why, successor)
+        self.collectives.gather.set_leader(successor, gone=not frozen)
+        if frozen:
+            self._fence(dead)  # accept none of its shards from now on, and report what arrived (to the successor)
 
-    def _take_over(self, dead: int, now: float) -> None:
-        """Service thread, on the successor of dead leader ``dead``: a control plane at the first version whose shard
-        0 did not arrive here (:meth:`_recover` corrects it from every rank's report), with what every rank knows:
-        who finished, who is gone, who is detached. Statistics and records start afresh."""
+    def _watch_leader(self, now: float) -> None:
+        """Service thread of a worker (with failover): a leader silent for a heartbeat window froze; replace it. If
+        this loop itself did not run for a while (this process was frozen or busy), the leader's heartbeats may be
+        waiting in the socket: it gets a window from now first."""
+        if now - self._watched > 3 * self.heartbeat_interval:
+            self._watch_grace = now
+        self._watched = now
+        silent = now - max(self._leader_heard, self._watch_grace)
+        if silent > self.heartbeat_window:
+            self._leader_gone(self.leader_rank, f"no heartbeat for {silent:.1f} s", frozen=True)
+
+    def _step_down(self, successor: int, now: float) -> None:
+        """Service thread of a leader that froze and was replaced (``DEPOSE``): go on as a worker. The control
+        messages the successor sent meanwhile (its DETACH of this rank, ASSIGN of shard 0) wait in the stream; this
+        rank reads them, finds itself detached and rejoins by state transfer."""
+        with self._failover_lock:
+            self.leader = None
+            self._recovery = None
+            self._deposed.add(self.rank)
+            self.leader_rank = successor
+            self._leader_heard = self._watch_grace = now
+            self.successions.append((self.rank, successor))
+        log.warning("PGC rank %d: rank %d took over as leader while this rank was frozen; this rank goes on as a "
+                    "worker (it rejoins by state transfer)", self.rank, successor)
+        self.collectives.gather.set_leader(successor, gone=False)
+        self._spawn(self._receive_control, successor, name=f"pgc-ctrl-recv-{successor}")
+        self._spawn(self._send_beats, -1, name="pgc-beat")
+
+    def _take_over(self, dead: int, now: float, frozen: bool) -> None:
+        """Service thread, on the successor of leader ``dead``: a control plane at the first version whose shard 0
+        did not arrive here (:meth:`_recover` corrects it from every rank's report), with what every rank knows:
+        who finished, who is gone, who is detached. Statistics and records start afresh. A ``frozen`` leader is
+        detached (no more aggregates; it rejoins by state transfer) and told to step down when it resumes."""
         leader = self._make_leader(self.scheme, self.world_size, self._shard_seen[0] + 1, self.timeout,
                                    self.max_lag, self.heartbeat_window)
         for r in self._finished:
@@ -790,15 +855,22 @@ class PGCRuntime:
             for r, spans in self._gaps.items():
                 if spans and spans[-1][1] is None:
                     leader.detached[r] = spans[-1][0]
+        if frozen and dead not in leader.detached:  # from before anything this rank lacks: safe, if early
+            start = self._shard_seen[0] + 1
+            leader.detached[dead] = start
+            self._send_all(Channel.CTRL, control(self.world_size, Kind.DETACH, start, dead), self.peers)
+            self._set_gap(dead, start, detach=True)
+        if frozen:
+            self._send_small(Channel.BEAT, control(self.world_size, Kind.DEPOSE, leader.version, self.rank), dead)
         self.leader = leader
         for peer in self.peers:
-            if peer not in self._broken:
+            if peer not in self._broken:  # (a frozen leader too: it beats here once it stepped down)
                 self._spawn(self._receive_beats, peer, name=f"pgc-beat-recv-{peer}")
         self._lose(dead, self.owners.shards_of(dead, LATEST), now)
         assert self._recovery is not None
         self._recovery.failover = True
-        log.warning("PGC rank %d is the leader now (rank %d died); shard 0 moves here and the next version is decided "
-                    "once every live rank reported what it got", self.rank, dead)
+        log.warning("PGC rank %d is the leader now (rank %d %s); shard 0 moves here and the next version is decided "
+                    "once every live rank reported what it got", self.rank, dead, "froze" if frozen else "died")
 
     def _apply_assign(self, shard: int, owner: int, from_version: int) -> None:
         """Take a reassignment into account and re-send kept codes that went to the old owner."""
@@ -903,12 +975,14 @@ class PGCRuntime:
                             leader.drop_open(item[1])  # its code's own shard left with it
                             self._lose(item[1], shards, now)
                 elif tag == "succeed":
-                    _, dead, successor = item
+                    _, dead, successor, frozen = item
                     if successor == self.leader_rank == self.rank and self.leader is None:
-                        self._take_over(dead, now)
+                        self._take_over(dead, now, frozen)
                     elif successor == self.leader_rank != self.rank:
                         self._spawn(self._receive_control, successor, name=f"pgc-ctrl-recv-{successor}")
-                elif tag == "dead" and self._fails_over(item[1]):
+                elif tag == "depose" and leader is not None:
+                    self._step_down(item[1], now)
+                elif tag == "dead" and self.failover and item[1] == self.leader_rank:
                     self._leader_gone(item[1], item[2])
                 elif tag == "dead" and leader is not None:
                     self._on_dead(leader, item[1], item[2])
@@ -932,6 +1006,8 @@ class PGCRuntime:
                     self._say_agg_bye()
                     return
 
+            if self.leader is None and self.failover:
+                self._watch_leader(now)
             if leader is not None:
                 leader.on_beat(self.rank, self.progress, now)
                 rec = leader.try_close(now)
