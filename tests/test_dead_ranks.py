@@ -324,6 +324,43 @@ def _rejoin_while_others_wait(rts, rank, others, asked, state):
     return got
 
 
+def _resume_and_rejoin(rts, rank, leader, live, state, first):
+    """Rank ``rank`` resumed: it applies what it still gets from version ``first`` on (the state transfer replaces
+    it) until it finds itself detached, then asks to rejoin; the ``live`` ranks submit and wait for the version it
+    is attached at, donating ``state`` while waiting or with the aggregate, as the strategy does. Asserts it got
+    that state and every rank the same aggregate; returns (that version, the version it asked at)."""
+    behind = first
+    with pytest.raises(PGCDetached):
+        while True:
+            rts[rank].release(rts[rank].wait(behind))
+            behind += 1
+    got: dict = {}
+    asker = threading.Thread(target=lambda: got.update(result=rts[rank].rejoin(behind)))
+    asker.start()
+    assert _eventually(lambda: rank not in rts[leader].leader.detached)
+    u = rts[leader].leader.version  # open, and nobody sent a code for it yet
+
+    def donor(rt):
+        agg = rt.wait(u, donate=lambda: state)
+        _donate(rt, u, state)
+        got[rt.rank] = agg.clone()
+        rt.release(agg)
+
+    for r in live:
+        submit(rts[r], u, ages=(0, 0))
+    threads = [threading.Thread(target=donor, args=(rts[r],)) for r in live]
+    for t in threads:
+        t.start()
+    asker.join(10)
+    assert got["result"][0] == u and torch.equal(got["result"][1], state)
+    submit(rts[rank], u, ages=(0, 0))
+    got[rank] = rts[rank].wait(u).clone()
+    for t in threads:
+        t.join(10)
+    assert all(torch.equal(got[r], got[rank]) for r in live)
+    return u, behind
+
+
 @pytest.mark.parametrize("dead", [2, 0], ids=["owner", "leader_with_failover"])
 def test_a_rank_that_missed_the_dead_owners_last_shard_rejoins_by_state_transfer(caplog, dead):
     """Rank ``dead`` dies while serving version 2: the two other live ranks got its shard, rank 3 did not. Rank 3
@@ -379,36 +416,8 @@ def test_a_frozen_shard_owner_is_fenced_off_its_shard_moves_and_it_rejoins_when_
             assert all(torch.equal(a, aggs[0]) for a in aggs)
         assert "rank 2 owns shards [2] and sent no heartbeat" in caplog.text and "shard 2 to rank 1" in caplog.text
         rts[2].transport.frozen.clear()  # SIGCONT
-        behind = 2  # it may still apply what it held (the state transfer replaces it), until it is detached
-        with pytest.raises(PGCDetached):
-            while True:
-                rts[2].release(rts[2].wait(behind))
-                behind += 1
+        u, behind = _resume_and_rejoin(rts, 2, 0, live, state, first=2)
         assert behind <= 3
-        got: dict = {}
-        rejoin = threading.Thread(target=lambda: got.update(result=rts[2].rejoin(behind)))
-        rejoin.start()
-        assert _eventually(lambda: 2 not in rts[0].leader.detached)
-        u = rts[0].leader.version
-
-        def donor(rt):  # as the strategy: the state goes out while waiting, or else with the aggregate
-            agg = rt.wait(u, donate=lambda: state)
-            _donate(rt, u, state)
-            got[rt.rank] = agg.clone()
-            rt.release(agg)
-
-        for r in live:
-            submit(rts[r], u, ages=(0, 0))
-        threads = [threading.Thread(target=donor, args=(rts[r],)) for r in live]
-        for t in threads:
-            t.start()
-        rejoin.join(10)
-        assert got["result"][0] == u and torch.equal(got["result"][1], state)
-        submit(rts[2], u, ages=(0, 0))
-        got[2] = rts[2].wait(u).clone()
-        for t in threads:
-            t.join(10)
-        assert all(torch.equal(got[r], got[0]) for r in range(4))
         assert rts[0].rank_stats()[2]["rejoined"] == 1
         aggs = _step_all(rts, u + 1)  # all four again
         torch.testing.assert_close(aggs[0], _cr_mean(sorted(rts[0].record(u + 1).admitted), u + 1))

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from lightning_pgc.codes import make_scheme
-from lightning_pgc.runtime import Channel, PGCDetached
+from lightning_pgc.runtime import Channel
 from lightning_pgc.runtime.messages import Kind, read_header
-from tests.test_dead_ranks import _bury, _cr_mean, _die, _step_all, _together
-from tests.test_runtime import FrozenTransport, _donate, _eventually, _NoSend, _stop_all, make_runtimes, submit
+from tests.test_dead_ranks import _bury, _cr_mean, _die, _resume_and_rejoin, _step_all, _together
+from tests.test_runtime import FrozenTransport, _eventually, _NoSend, _stop_all, make_runtimes, submit
 
 
 def test_a_dead_leader_between_versions_is_replaced_by_the_lowest_live_rank(caplog):
@@ -148,34 +148,9 @@ def test_a_frozen_leader_is_replaced_and_rejoins_as_a_worker_when_it_resumes(cap
         assert "the leader (rank 0) is frozen" in caplog.text
         rts[0].transport.frozen.clear()  # SIGCONT
         assert _eventually(lambda: not rts[0].is_leader and rts[0].leader_rank == 1)
-        version = 2  # (on resuming it may close and apply version 2 itself from codes in its sockets: void, as it
-        with pytest.raises(PGCDetached):  # is detached from version 2 and rejoins)
-            while True:
-                rts[0].release(rts[0].wait(version))
-                version += 1
-        rejoined: dict[str, tuple] = {}
-        asker = threading.Thread(target=lambda: rejoined.setdefault("state", rts[0].rejoin(version)))
-        asker.start()
-        assert _eventually(lambda: rts[0]._attach_info is not None and rts[0]._attached.is_set())
-        u = rts[0]._attach_info[0]  # the open version when rank 1 attached it (nobody sent a code for it yet)
-        got: dict[int, torch.Tensor] = {}
-
-        def donor(rt):
-            got[rt.rank] = rt.wait(u, donate=lambda: state).clone()
-            _donate(rt, u, state)  # (if the version closed before the donation could be made while waiting)
-
-        for r in live:
-            submit(rts[r], u, ages=(0, 0))
-        donors = [threading.Thread(target=donor, args=(rts[r],)) for r in live]
-        for t in donors:
-            t.start()
-        asker.join(10)
-        assert rejoined["state"][0] == u and torch.equal(rejoined["state"][1], state)
-        submit(rts[0], u, ages=(0, 0))
-        got[0] = rts[0].wait(u).clone()
-        for t in donors:
-            t.join(10)
-        assert all(torch.equal(got[r], got[1]) for r in range(4))
+        # (on resuming it may close and apply version 2 itself from codes in its sockets: void, as it is detached
+        # from version 2 and rejoins)
+        u, _ = _resume_and_rejoin(rts, 0, 1, live, state, first=2)
         for v in range(u + 1, u + 3):
             agg = _step_all(rts, v)
             torch.testing.assert_close(agg[0], _cr_mean(rts[1].record(v).admitted, v))
