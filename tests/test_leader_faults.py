@@ -93,3 +93,15 @@ def test_a_frozen_leader_is_replaced_and_rejoins_as_a_worker_when_it_resumes(tmp
     assert math.isfinite(job["summary"]["metrics"]["val_loss"])
     folder = tmp_path / "freeze0" / "checkpoints"
     assert sorted(int(re.search(r"step=(\d+)", p.name).group(1)) for p in folder.glob("epoch*.ckpt")) == [20, 40]
+
+
+def test_other_ranks_pin_rank_0s_wandb_run_id(tmp_path):
+    """The W&B run a successor continues: rank 0's, by id, resumed (``wandb.init(id=..., resume="allow")``)."""
+    from lightning.pytorch.loggers import WandbLogger
+
+    from lightning_pgc._lightning import pin_loggers
+
+    wandb = WandbLogger(save_dir=str(tmp_path), offline=True, project="p")
+    pin_loggers([wandb], ["abc123"])
+    assert wandb.version == "abc123"
+    assert wandb._wandb_init["id"] == "abc123" and wandb._wandb_init["resume"] == "allow"
