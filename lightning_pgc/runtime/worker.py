@@ -209,7 +209,8 @@ class PGCRuntime:
         )
         self.failover = failover and not scheme.reuses_codes
         self._failover_lock = threading.Lock()
-        self._deposed: set[int] = set()  # leaders whose process died (this rank moved on to their successor)
+        self._deposed: set[int] = set()  # leaders that died or froze and were replaced (this rank too, if it stepped
+        # down): their streams carry nothing valid any more
         self.successions: list[tuple[int, int]] = []  # (dead leader, successor), in order
         self.error: Optional[BaseException] = None
         self.skipped = 0
@@ -379,7 +380,7 @@ class PGCRuntime:
         to the donor's :meth:`send_state`) is the training state at the start of ``u``.
 
         Raises:
-            PGCTimeoutError: the leader stopped beating.
+            PGCTimeoutError: the leader stopped beating (without failover).
             RuntimeError: the runtime failed or the donor's stream broke.
         """
         self._attached.clear()
@@ -490,7 +491,7 @@ class PGCRuntime:
         code (too few others alive) can still close; :meth:`donation` then returns None for it.
 
         Raises:
-            PGCTimeoutError: the leader stopped beating.
+            PGCTimeoutError: the leader stopped beating (without failover).
             PGCDetached: this rank is (or became, while waiting) :meth:`detached` at ``version``.
             RuntimeError: the leader failed (its error text) or a stream broke.
         """
