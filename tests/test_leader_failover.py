@@ -161,3 +161,56 @@ def test_a_frozen_leader_is_replaced_and_rejoins_as_a_worker_when_it_resumes(cap
     finally:
         _stop_all(rts, timeout=1.0)
     assert not [t.name for t in threading.enumerate() if t.name.startswith("pgc-")]
+
+
+class _ResultToRank2Only(FrozenTransport):
+    """The leader sends the result of collective 2 to rank 2 only (header and payload), then freezes (and dies)."""
+
+    def __init__(self, inner):
+        super().__init__(inner)
+        self.cut = False
+
+    def isend(self, channel, peer, message):
+        if channel == Channel.COLL and message.dtype == torch.int64 and int(message[0]) == 2:
+            self.cut = True
+        if self.cut and channel == Channel.COLL and peer in (1, 3):
+            return _NoSend()
+        handle = super().isend(channel, peer, message)
+        if self.cut and channel == Channel.COLL and peer == 2 and message.dtype == torch.uint8:
+            self.freeze()
+        return handle
+
+
+@pytest.mark.parametrize("got_by", [None, 2], ids=["nobody_got_it", "rank_2_got_it"])
+def test_a_collective_in_flight_when_the_leader_dies_completes_through_its_successor(got_by):
+    """A reduce is in flight when the leader dies: either before anyone got its result (the survivors' contributions
+    go again to rank 1, which decides it among the live ranks), or after rank 2 got it (that result stands: rank 2
+    tells rank 1, which gives it to ranks 1 and 3). Either way every survivor gets the same result, and the next
+    collective runs through rank 1."""
+    scheme = make_scheme("pgc_cr", 4, 1)
+    wrap = _ResultToRank2Only if got_by == 2 else FrozenTransport
+    rts = make_runtimes(scheme, shards=1, heartbeat=(0.05, 40), wrap={0: wrap}, failover=True)
+    live = [rts[r] for r in (1, 2, 3)]
+    try:
+        assert set(_together(rts, lambda rt: rt.collectives.barrier()).values()) == {None}  # collective 1
+        if got_by is None:
+            rts[0].transport.freeze()  # it gets the contributions but sends nothing
+        results: dict[int, object] = {}
+
+        def reduce(rt):
+            results[rt.rank] = rt.collectives.reduce(torch.tensor(float(rt.rank + 1)), "sum")  # collective 2
+
+        threads = [threading.Thread(target=reduce, args=(rt,)) for rt in rts]
+        for t in threads:
+            t.start()
+        assert _eventually(lambda: rts[0].transport.frozen.is_set() and (got_by is None or 2 in results))
+        _die(rts, 0)
+        for t in threads[1:]:
+            t.join(20)
+        assert not any(t.is_alive() for t in threads[1:]), "a survivor's collective hung"
+        expected = 10.0 if got_by == 2 else 9.0  # 1+2+3+4 (rank 0 took part), or 2+3+4 among the survivors
+        assert [float(results[r]) for r in (1, 2, 3)] == [expected] * 3
+        got = _together(live, lambda rt: rt.collectives.reduce(torch.tensor(1.0), "sum"))  # collective 3
+        assert all(float(v) == 3.0 for v in got.values())
+    finally:
+        _bury(rts, 0)

@@ -28,6 +28,7 @@ __all__ = ["CollectiveError", "LiveCollectives", "LiveGather", "OPS"]
 OPS = {"barrier": 1, "broadcast": 2, "reduce": 3, "all_gather": 4}
 _NAMES = {v: k for k, v in OPS.items()}
 _MISMATCH = 0  # the leader's answer when the ranks called different collectives (payload: the error text)
+_KNOWN = 1000  # operation ``_KNOWN + op``: "the result of this collective was this" (to a new leader)
 _HEADER = 3  # int64 words: sequence number, payload bytes, operation (sequence -1: the stream ends)
 
 
@@ -63,17 +64,22 @@ class LiveGather:
         send: ``send(channel, tensor, peers)``: the runtime's asynchronous, ordered send.
         waiting: called on the calling thread while a collective waits (the runtime donates its training state
             there to a rank that rejoins, which the collective may be waiting for).
+        failover: the leader may be replaced (:meth:`set_leader`); a collective in flight then completes through
+            the new leader, with the result some rank may already have got from the old one.
     """
 
     def __init__(self, transport: Transport, rank: int, world_size: int, leader: int, poll_s: float,
                  members: Callable[[], set[int]], failure: Callable[[], Optional[BaseException]],
                  check_leader: Callable[[str], None], send: Callable[[Channel, Tensor, list[int]], None],
-                 waiting: Callable[[], None] = lambda: None) -> None:
+                 waiting: Callable[[], None] = lambda: None, failover: bool = False) -> None:
         self.transport = transport
         self.rank, self.world_size, self.leader = rank, world_size, leader
         self.poll_s = poll_s
         self.members, self.failure, self.check_leader, self._send = members, failure, check_leader, send
         self.waiting = waiting
+        self.failover = failover
+        self._pending: Optional[tuple[int, int, Tensor]] = None  # (seq, op, payload) of the collective in flight
+        self._last: Optional[tuple[int, int, Tensor]] = None  # (seq, op, result) of the last one completed here
         self.peers = [r for r in range(world_size) if r != rank]
         self.seq = 0
         self.threads: list[threading.Thread] = []
@@ -103,8 +109,9 @@ class LiveGather:
 
     def set_leader(self, leader: int, gone: bool = True) -> None:
         """The leader died (``gone``) or froze, and ``leader`` took over (any thread): later collectives go through
-        it. A collective in flight at that moment fails on the ranks that were waiting for it (its result may have
-        reached some ranks and not others)."""
+        it. A collective in flight at that moment completes through it (:meth:`_await` re-sends the contribution);
+        this rank tells it the result of the last collective it completed, which stands for the ranks that did
+        not get it (ranks are at most one collective apart)."""
         with self._cond:
             if leader == self.leader:
                 return
@@ -114,8 +121,13 @@ class LiveGather:
             elif old != self.rank:
                 self._former.add(old)
             self._led |= old == self.rank
+            last = self._last
+            if leader == self.rank and last is not None:  # answer late re-posts of it with the same result
+                self._done.setdefault(last[0], (last[1], last[2]))
             self._cond.notify_all()
         self._listen([p for p in self.peers if p not in self.lost] if leader == self.rank else [leader])
+        if leader != self.rank and last is not None:  # ranks still waiting for it must get this same result
+            self._post([leader], last[0], _KNOWN + last[1], last[2])
 
     def stop(self) -> None:
         """End this rank's outgoing COLL streams (their receivers return); call once, after the last gather."""
@@ -150,8 +162,13 @@ class LiveGather:
                 return
             if seq < 0:
                 return
+            if op >= _KNOWN:  # a rank got this collective's result from a leader that is gone: it stands
+                with self._cond:
+                    self._done.setdefault(seq, (op - _KNOWN, payload))
+                    self._cond.notify_all()
+                continue
             if self.rank != self.leader:
-                self._results.put((seq, op, payload))
+                self._results.put((peer, seq, op, payload))
                 continue
             with self._cond:
                 done = self._done.get(seq)
@@ -170,12 +187,15 @@ class LiveGather:
         """
         self.seq += 1
         code, payload = OPS[op], _dumps(obj)
+        self._pending = (self.seq, code, payload)
         if self.rank == self.leader:
             op_code, result = self._collect(self.seq, code, payload)
         else:
             leader = self.leader
             self._post([leader], self.seq, code, payload)
             op_code, result = self._await(self.seq, leader)
+        with self._cond:
+            self._pending, self._last = None, (self.seq, op_code, result)
         if op_code == _MISMATCH:
             raise CollectiveError(_loads(result))
         if op_code != code:
@@ -197,12 +217,19 @@ class LiveGather:
                 failure = self.failure()
                 if failure is not None:
                     raise RuntimeError(f"PGC collective {seq} abandoned: {failure}") from failure
+                known = self._done.get(seq)
+                if known is not None:  # decided by a leader that is gone: everyone gets that result
+                    self._inbox.pop(seq, None)
+                    break
                 members = (self.members() - self.lost) | {self.rank}
                 if members <= set(got):
                     del self._inbox[seq]
                     break
                 self._cond.wait(self.poll_s)
             self.waiting()
+        if known is not None:
+            self._post(sorted(r for r in got if r != self.rank), seq, *known)
+            return known
         ops = {r: op for r, (op, _) in got.items()}
         if len(set(ops.values())) > 1:  # every rank gets the error (code _MISMATCH), not only the leader
             names = {r: _NAMES.get(op, str(op)) for r, op in sorted(ops.items())}
@@ -222,6 +249,12 @@ class LiveGather:
             failure = self.failure()
             if failure is not None:
                 raise RuntimeError(f"PGC collective {seq} abandoned: {failure}") from failure
+            if self.leader != leader and self._pending is not None:  # replaced while this one was in flight
+                leader = self.leader
+                _, code, mine = self._pending
+                if leader == self.rank:
+                    return self._collect(seq, code, mine)
+                self._post([leader], seq, code, mine)
             try:
                 item = self._results.get(timeout=self.poll_s)
             except queue.Empty:
@@ -230,11 +263,14 @@ class LiveGather:
                 continue
             if len(item) == 2:  # (peer, error): a leader's stream broke
                 peer, exc = item
-                if peer != leader:
-                    continue  # a leader that died before this collective (its successor answers)
+                if peer != leader or self.failover:
+                    continue  # a leader that died before this collective, or one being replaced now
                 raise RuntimeError(f"PGC rank {self.rank} lost the leader's stream (rank {peer}) during collective "
                                    f"{seq}: {exc!r}") from exc
-            got, op, payload = item
+            peer, got, op, payload = item
+            if peer != self.leader:
+                continue  # from a leader that froze and was replaced: void
+            leader = peer
             if got == seq:
                 return op, payload
             if got > seq:

@@ -265,7 +265,7 @@ class PGCRuntime:
             transport, rank, world_size, leader, self.heartbeat_interval, members=self._members,
             failure=self.failure, check_leader=self._check_leader,
             send=lambda channel, message, peers: self._send_all(channel, message, peers),
-            waiting=self._donate_between_steps))
+            waiting=self._donate_between_steps, failover=self.failover))
 
     @property
     def is_leader(self) -> bool:
