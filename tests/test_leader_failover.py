@@ -1,6 +1,7 @@
-"""Leader failover on in-process queues: when the leader's process dies, the lowest live rank takes over the
-control plane and shard 0, every live rank goes on with exact, identical aggregates, and collectives go through the
-new leader. A rank that missed the dead leader's last aggregate rejoins by state transfer: tests/test_dead_ranks.py,
+"""Leader failover on in-process queues: when the leader's process dies or freezes, the lowest live rank takes over
+the control plane and shard 0, every live rank goes on with exact, identical aggregates, collectives go through the
+new leader (one in flight completes with the same result everywhere), and a frozen leader that resumes steps down
+and rejoins. A rank that missed the dead leader's last aggregate rejoins by state transfer: tests/test_dead_ranks.py,
 ``test_a_rank_that_missed_the_dead_owners_last_shard_rejoins_by_state_transfer[leader_with_failover]``."""
 
 from __future__ import annotations
