@@ -158,11 +158,10 @@ class PGCStrategy(DDPStrategy):
         process_group_timeout: timeout of Lightning's default process group (as ``DDPStrategy(timeout=...)``).
         start_method: how Lightning launches the ranks, as for ``ddp``; with any of them a dead rank does not make
             the launcher kill the others (up to ``s`` dead workers are survived, see docs/guide.md).
-        failover: when rank 0 (the leader) dies or freezes, the lowest live rank takes over: the control plane,
-            shard 0, checkpoints, the loggers' runs and (``fork``/``spawn``) the fit's results; the job goes on as
-            with any other dead rank (the log says ``... takes over``), and a frozen leader that resumes rejoins as
-            a worker. If a healthy but busy leader is taken over from (a callback holding the GIL past the heartbeat
-            window), raise ``heartbeat_misses``. ``None`` (default): wherever it is available, i.e. not
+        failover: when rank 0 (the leader) dies, the lowest live rank takes over: the control plane, shard 0,
+            checkpoints, the loggers' runs and (``fork``/``spawn``) the fit's results; the job goes on as with any
+            other dead rank (the log says ``... takes over``). A frozen leader still fails every rank after a
+            heartbeat window. ``None`` (default): wherever it is available, i.e. not
             under ``scheme="bounded"`` (its table lives at the leader) and not when rank 0 is the launching process
             (``start_method="popen"`` outside SLURM or torchrun): there rank 0's death ends the job, fast. ``True``:
             required (refused where unavailable); ``False``: the job ends whenever rank 0 dies.

@@ -134,7 +134,8 @@ def test_a_frozen_leader_is_replaced_and_rejoins_as_a_worker_when_it_resumes(cap
     rejoins by state transfer; then all four go on with exact, identical aggregates, and nothing it sent on resuming
     is used."""
     scheme = make_scheme("pgc_cr", 4, 1)
-    rts = make_runtimes(scheme, shards=1, heartbeat=(0.05, 10), wrap={0: FrozenTransport}, failover=True)
+    rts = make_runtimes(scheme, shards=1, heartbeat=(0.05, 10), wrap={0: FrozenTransport}, failover=True,
+                        frozen_failover=True)
     live = [1, 2, 3]
     state = torch.arange(7, dtype=torch.uint8)
     try:

@@ -81,7 +81,7 @@ class _NoSend:
 
 
 def make_runtimes(scheme, timeout=5.0, max_lag=1000, shards=None, plain=0, numel=D, log=None, hold=None,
-                  ranks=None, heartbeat=(0.2, 15), wrap=None, failover=False):
+                  ranks=None, heartbeat=(0.2, 15), wrap=None, failover=False, frozen_failover=False):
     """Runtimes of ``scheme`` on in-process queues; ``ranks``: the ranks started (others never come up, as dead
     processes); ``wrap``: rank -> a transport wrapper."""
     hub = QueueHub(scheme.n)
@@ -96,7 +96,7 @@ def make_runtimes(scheme, timeout=5.0, max_lag=1000, shards=None, plain=0, numel
         runtimes.append(PGCRuntime(scheme, transport, rank=r, world_size=scheme.n, layout=layout,
                                    down_dtype=torch.float32, start_version=0, timeout=timeout, max_lag=max_lag,
                                    heartbeat_interval=heartbeat[0], heartbeat_misses=heartbeat[1],
-                                   failover=failover))
+                                   failover=failover, frozen_failover=frozen_failover))
     for rt in runtimes:
         rt.hub = hub
         rt.start()

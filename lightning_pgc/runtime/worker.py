@@ -159,6 +159,9 @@ class PGCRuntime:
             rank takes over the control plane and shard 0 (:meth:`_leader_gone`) instead of every rank failing; a
             frozen leader that resumes steps down and rejoins as a worker. Not under bounded staleness (the table
             lives at the leader).
+        frozen_failover: also replace a *frozen* leader (needs ``failover``). Off by default: in-process tests pass,
+            but one of three real-rank runs (4 ranks, SIGSTOP of rank 0) failed at a checkpoint after the resumed
+            leader stepped down, not yet explained; without it a frozen leader fails every worker after a window.
     """
 
     def __init__(
@@ -178,6 +181,7 @@ class PGCRuntime:
         heartbeat_interval: float = 0.2,
         heartbeat_misses: int = 15,
         failover: bool = False,
+        frozen_failover: bool = False,
     ) -> None:
         if heartbeat_interval <= 0 or heartbeat_misses < 1:
             raise ValueError(f"need heartbeat_interval > 0 and heartbeat_misses >= 1, got {heartbeat_interval}, "
@@ -208,6 +212,7 @@ class PGCRuntime:
             if rank == leader else None
         )
         self.failover = failover and not scheme.reuses_codes
+        self.frozen_failover = self.failover and frozen_failover
         self._failover_lock = threading.Lock()
         self._deposed: set[int] = set()  # leaders that died or froze and were replaced (this rank too, if it stepped
         # down): their streams carry nothing valid any more
@@ -534,7 +539,7 @@ class PGCRuntime:
             self._resumed_at = now
         self._last_check = now
         silent = now - max(self._leader_heard, self._resumed_at)
-        if not self.is_leader and silent > self.heartbeat_window and not self.failover:
+        if not self.is_leader and silent > self.heartbeat_window and not self.frozen_failover:
             raise PGCTimeoutError(
                 f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no heartbeat for {silent:.1f} s "
                 f"while {doing}; its process is gone or frozen"
@@ -1007,7 +1012,7 @@ class PGCRuntime:
                     self._say_agg_bye()
                     return
 
-            if self.leader is None and self.failover:
+            if self.leader is None and self.frozen_failover:
                 self._watch_leader(now)
             if leader is not None:
                 leader.on_beat(self.rank, self.progress, now)
