@@ -11,8 +11,10 @@ import functools
 import logging
 import os
 import pickle
+import sys
 import tempfile
 import time
+import traceback
 import warnings
 from typing import Any, Callable, Optional
 
@@ -276,10 +278,14 @@ def _run_rank(trainer: Optional["pl.Trainer"], function: Callable, *args: Any, *
     gets under ``popen`` (2.6.6: ``trainer.fit`` runs ``call._call_and_handle_interrupt`` only in the launching
     process; a forked rank's exception skips the on-exception hooks and the strategy's teardown). With it, a rank
     that fails or gets SIGTERM runs ``on_exception`` (e.g. ``ModelCheckpoint(save_on_exception=True)``) and stops
-    its PGC runtime cleanly."""
+    its PGC runtime cleanly. A rank's error is printed at once: torch only hands it to the launching process when
+    the rank is joined, which for a rank other than 0 may be never if the job hangs on it."""
     try:
         return function(*args, **kwargs)
     except BaseException as exc:
+        if isinstance(exc, Exception):
+            rank = f" {trainer.global_rank}" if trainer is not None else ""
+            print(f"lightning_pgc: rank{rank} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         if trainer is not None:
             _interrupt(trainer, exc)  # 2.6.6: TrainerStatus.INTERRUPTED, on_exception hooks, loggers finalized
             trainer._teardown()  # 2.6.6: strategy.teardown() and the loops'

@@ -186,16 +186,17 @@ class PGCDiagnostics(Callback):
             metrics["pgc/agg_sqnorm"] = aggregate_sq
 
         runtime = strategy.runtime
-        record = runtime.record(info.version) if runtime is not None else None
+        leader = runtime.leader if runtime is not None else None  # once: a frozen leader may step down meanwhile
+        record = runtime.record(info.version) if leader is not None else None
         max_age = 0
         if record is not None:
             measured = self._record_metrics(strategy, record)
             max_age = int(measured.get("pgc/max_age", 0))
             if info.version % self.log_every_n_steps == 0:
                 metrics.update(measured)
-                metrics["pgc/late_codes"] = float(runtime.leader.late_codes)
-                metrics["pgc/alive"] = float(len(runtime.leader.alive(now)))  # ranks with heartbeats, not finished
-                metrics.update(_rank_metrics(strategy.rank_stats(), runtime.leader.closed, self.per_rank))
+                metrics["pgc/late_codes"] = float(leader.late_codes)
+                metrics["pgc/alive"] = float(len(leader.alive(now)))  # ranks with heartbeats, not finished
+                metrics.update(_rank_metrics(strategy.rank_stats(), leader.closed, self.per_rank))
 
         if pending is not None:
             metrics.update(self._probe_metrics(pending, max_age, aggregate_sq))

@@ -645,10 +645,12 @@ class PGCStrategy(DDPStrategy):
             self.skipped_steps += 1
             runtime.skipped = self.skipped_steps
             aggregate = runtime.wait(version, donate=transfer.state_bytes)
-        recipient = runtime.donation(version)
+        recipients = runtime.donation(version)
         self._choices.record(version, runtime.table(version))
-        if recipient is not None:  # a rank rejoins at this version: it needs the state before this step applies
-            runtime.send_state(recipient, version, transfer.state_bytes())
+        if recipients:  # ranks rejoin at this version: they need the state before this step applies
+            state = transfer.state_bytes()
+            for recipient in recipients:
+                runtime.send_state(recipient, version, state)
         n_grad = self._grad_numel
         gradient, loss_value, buffers = aggregate[:n_grad], aggregate[n_grad], aggregate[n_grad + 1 :]
         self._apply(gradient)

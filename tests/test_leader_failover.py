@@ -127,6 +127,62 @@ def test_a_version_the_dead_leader_closed_but_never_published_is_decided_again_b
         _bury(rts, 0)
 
 
+class _ReachesOnlyRank3(FrozenTransport):
+    """A leader that dies while serving version 2: its aggregate of version >= 2 reaches rank 3, not ranks 1-2."""
+
+    def isend(self, channel, peer, message):
+        if channel == Channel.AGG and peer in (1, 2) and read_header(message).version >= 2:
+            return _NoSend()
+        return super().isend(channel, peer, message)
+
+
+def test_two_ranks_that_missed_the_dead_leaders_last_aggregate_rejoin_at_one_version_from_one_donor(caplog):
+    """pgc_cr, n = 4, s = 1, one shard. Rank 0 dies while sending version 2: rank 3 got it, ranks 1 (the successor)
+    and 2 did not. Both are detached and rejoin at version 3, which needs both their codes (three of four), so both
+    must be attached at version 3 and both get rank 3's state while it waits (found on 4 real ranks: the leader used
+    to attach one rank per version, and the second waited for a version that waited for it)."""
+    scheme = make_scheme("pgc_cr", 4, 1)
+    rts = make_runtimes(scheme, shards=1, heartbeat=(0.05, 40), wrap={0: _ReachesOnlyRank3}, failover=True)
+    live = [1, 2, 3]
+    state = torch.arange(9, dtype=torch.uint8)
+    try:
+        for v in range(2):
+            _step_all(rts, v)
+        for rt in rts:
+            submit(rt, 2, ages=(0, 0))
+        rts[3].release(rts[3].wait(2))
+        _die(rts, 0)
+        assert _eventually(lambda: rts[1].detached(2) and rts[2].detached(2))
+        got: dict = {}
+
+        def rejoin(rank):
+            u, received = rts[rank].rejoin(2)
+            assert u == 3 and torch.equal(received, state)
+            submit(rts[rank], 3, ages=(0, 0))
+            got[rank] = rts[rank].wait(3).clone()
+
+        submit(rts[3], 3, ages=(0, 0))
+        threads = [threading.Thread(target=rejoin, args=(r,)) for r in (1, 2)]
+        for t in threads:
+            t.start()
+        got[3] = rts[3].wait(3, donate=lambda: state).clone()
+        for t in threads:
+            t.join(10)
+        assert sorted(got) == live
+        torch.testing.assert_close(got[3], _cr_mean(live, 3))
+        assert all(torch.equal(got[r], got[3]) for r in live)
+        assert rts[3].donation(3) == []  # both donated from wait, once
+        stats = rts[1].rank_stats()
+        assert stats[1]["rejoined"] == 1 and stats[2]["rejoined"] == 1
+        assert "rejoined at version 3 with the state of rank 3" in caplog.text
+        for v in range(4, 6):
+            got_v = _step_all(rts, v, live)
+            torch.testing.assert_close(got_v[0], _cr_mean(live, v))
+            assert all(torch.equal(a, got_v[0]) for a in got_v)
+    finally:
+        _bury(rts, 0)
+
+
 def test_a_frozen_leader_is_replaced_and_rejoins_as_a_worker_when_it_resumes(caplog):
     """pgc_cr, n = 4, s = 1, one shard. Rank 0 freezes (SIGSTOP: its streams stay up, it sends nothing) after
     version 1. After a heartbeat window the others fence it off and rank 1 takes over; versions 2-3 close with ranks

@@ -355,11 +355,13 @@ def test_worker_fails_when_the_leader_stops_beating():
 
 
 def _donate(rt, version, state):
-    """What a donor's training thread does after waiting for ``version``: send the state if asked."""
-    recipient = rt.donation(version)
-    if recipient is not None:
+    """What a donor's training thread does after waiting for ``version``: send the state to each rank that asked
+    (returns the one, or None; the tests here rejoin one rank at a time)."""
+    recipients = rt.donation(version)
+    for recipient in recipients:
         rt.send_state(recipient, version, state)
-    return recipient
+    assert len(recipients) <= 1
+    return recipients[0] if recipients else None
 
 
 def test_a_rank_too_far_behind_is_detached_and_rejoins_by_state_transfer():

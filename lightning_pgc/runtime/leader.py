@@ -109,6 +109,7 @@ class Leader:
         self.dead: set[int] = set()  # streams broken: gone for good
         self.byes: set[int] = set()
         self.detached: dict[int, int] = {}  # rank -> first version it gets no aggregate for
+        self.rejoining: dict[int, int] = {}  # rank -> version it rejoins at (it has the state once that one applies)
         self._lock = threading.Lock()
         self._stats = [RankStats() for _ in range(world_size)]
         self.progress = {r: start_version for r in range(world_size)}  # version each training thread is at
@@ -198,17 +199,22 @@ class Leader:
     def on_rejoin(self, rank: int, leader_rank: int, leader_finished: bool = False) -> tuple[int, int]:
         """Detached ``rank`` is back: it gets aggregates again from the open version ``u`` on, and the training
         state at the start of ``u`` from a donor. Returns ``(u, donor)``. The donor is the leader (whose training
-        thread applies ``u`` or has finished), unless the leader is the one rejoining or is detached itself: then
-        the attached live rank furthest ahead."""
+        thread applies ``u`` or has finished), unless the leader is the one rejoining, is detached itself or rejoins
+        at ``u`` too (it has the state of ``u`` only once its own donor sent it): then the attached live rank
+        furthest ahead that does not rejoin at ``u``. Several ranks may rejoin at one version (two that missed a
+        dead leader's last shard, say)."""
         u = self.version
         self.detached.pop(rank, None)
         self.progress[rank] = u
+        self.rejoining = {r: v for r, v in self.rejoining.items() if v >= u}
+        self.rejoining[rank] = u
         self._stats[rank].rejoined += 1
-        if leader_finished or (rank != leader_rank and leader_rank not in self.detached):
+        if leader_finished or (rank != leader_rank and leader_rank not in self.detached
+                               and self.rejoining.get(leader_rank) != u):
             return u, leader_rank
         now = time.monotonic()
         candidates = [r for r in range(self.world_size) if r != rank and r not in self.detached
-                      and r not in self.byes and self.is_alive(r, now)]
+                      and self.rejoining.get(r) != u and r not in self.byes and self.is_alive(r, now)]
         if not candidates:
             raise CoordinatorError(f"rank {rank} asks to rejoin at version {u} but no live rank can donate the state")
         return u, max(candidates, key=lambda r: (self.progress[r], -r))

@@ -29,7 +29,7 @@ class Mailbox:
         self.dtype = dtype
         self.pin_memory = pin_memory
         self._items: dict[int, list] = {}  # version -> [buffer, set of the shards received]
-        self._notes: dict[int, tuple[int, int]] = {}  # version -> (rank that needs the state, donor)
+        self._notes: dict[int, int] = {}  # version -> how many ranks rejoin at it (each needs the state)
         self._tables: dict[int, tuple[int, ...]] = {}  # version -> table ages it closed with (bounded, "oldest")
         self._free: list[Tensor] = []
         self._cond = threading.Condition()
@@ -43,12 +43,12 @@ class Mailbox:
         self.allocated += 1
         return torch.zeros(self.num_shards * self.shard_numel, dtype=self.dtype, pin_memory=self.pin_memory)
 
-    def put_shard(self, version: int, shard: int, payload: Tensor, note: Optional[tuple[int, int]] = None,
+    def put_shard(self, version: int, shard: int, payload: Tensor, note: Optional[int] = None,
                   table: Optional[tuple[int, ...]] = None) -> None:
         """Copy ``payload`` into shard ``shard`` of version ``version``'s buffer (one copy, 1/num_shards of it).
 
-        ``note``: ``(rank, donor)`` when ``rank`` needs the training state at this version from ``donor``; it
-        arrives with the aggregate, so the donor learns of it before it applies this version. ``table``: the ages
+        ``note``: how many ranks rejoin at this version (each needs the training state from its donor); it arrives
+        with the aggregate, so a donor knows before it applies this version how many attachments to wait for. ``table``: the ages
         of the table entries the version closed with (bounded staleness, :meth:`pop_table`).
         """
         with self._cond:
@@ -111,8 +111,8 @@ class Mailbox:
                 del self._tables[stale]
             return self._items.pop(version)[0]
 
-    def pop_note(self, version: int) -> Optional[tuple[int, int]]:
-        """The ``(rank, donor)`` note that came with ``version``'s aggregate, if any (once)."""
+    def pop_note(self, version: int) -> Optional[int]:
+        """How many ranks rejoin at ``version``, as its aggregate said, if any (once)."""
         with self._cond:
             return self._notes.pop(version, None)
 

@@ -47,8 +47,8 @@ STAT_FIELDS = 6  # per rank in a STOP: admitted, late, skipped, mean lag, reject
 class Header:
     """Decoded header of a data message; ``ages`` are the ages (in versions) of the cache entries a code used.
 
-    In an aggregate's shard 0, ``valid`` is ``1 + rank`` of a rank that needs the state of this version (0: none)
-    and ``max_age`` the rank that donates it (see :class:`~lightning_pgc.runtime.worker.PGCRuntime`).
+    In an aggregate's shard 0, ``valid`` is how many ranks rejoin at this version (each needs the state from a
+    donor, named in the leader's ``ATTACH`` messages; see :class:`~lightning_pgc.runtime.worker.PGCRuntime`).
     Bounded staleness: a code's ``partition`` is the partition it carries (-1: the scheme's round robin); an
     aggregate's ``table`` is ``t - v_i`` of every partition's entry the version closed with (at most 16, clamped
     at 15), which workers read to pick their next partition (``choice="oldest"``).

@@ -155,13 +155,13 @@ class PGCRuntime:
             :class:`~lightning_pgc.runtime.bounded.BoundedLeader`).
         heartbeat_interval: seconds between heartbeats; heartbeat_misses: missed heartbeats after which a rank
             (or the leader, seen from a worker) counts as dead.
-        failover: when the leader dies (its streams break) or freezes (no heartbeat for a window), the lowest live
-            rank takes over the control plane and shard 0 (:meth:`_leader_gone`) instead of every rank failing; a
-            frozen leader that resumes steps down and rejoins as a worker. Not under bounded staleness (the table
+        failover: when the leader dies (its streams break), the lowest live rank takes over the control plane and
+            shard 0 (:meth:`_leader_gone`) instead of every rank failing. Not under bounded staleness (the table
             lives at the leader).
         frozen_failover: also replace a *frozen* leader (needs ``failover``). Off by default: in-process tests pass,
-            but one of three real-rank runs (4 ranks, SIGSTOP of rank 0) failed at a checkpoint after the resumed
-            leader stepped down, not yet explained; without it a frozen leader fails every worker after a window.
+            but on real ranks the resumed leader acts as Lightning's rank zero until it reads ``DEPOSE`` (it rewrote
+            the new leader's CSV log in two of 20 runs). Without it a frozen leader (no heartbeat for twice the window)
+            fails every worker; with it the others take over, and the leader steps down and rejoins when it resumes.
     """
 
     def __init__(
@@ -228,9 +228,12 @@ class PGCRuntime:
         self._leader_heard = time.monotonic()
         self._last_check = self._resumed_at = time.monotonic()  # see _check_leader
         self._watched = self._watch_grace = time.monotonic()  # see _watch_leader
-        self._notes: dict[int, tuple[int, int]] = {}  # leader: version -> (rank needing the state, donor)
-        self._donations: dict[int, int] = {}  # version -> rank this rank donates its state to, on reaching it
-        self._donated: set[int] = set()  # versions whose donation :meth:`wait` already made
+        self._notes: dict[int, list[tuple[int, int]]] = {}  # leader: version -> (rank rejoining at it, its donor)
+        # every rank: version -> the (rank, donor) ATTACH messages seen for it, and the ranks this one sent its state
+        # to at it (from wait(), or between steps)
+        self._attachments: dict[int, list[tuple[int, int]]] = {}
+        self._donated: dict[int, set[int]] = {}
+        self._attach_cond = threading.Condition()
         self._state_fn: Optional[Callable[[], Tensor]] = None  # the training state, as last given to :meth:`wait`
         self._final_requests: queue.Queue = queue.Queue()  # leader: (rank, version) to donate from stop()
         self._beats_done = threading.Event()
@@ -418,18 +421,54 @@ class PGCRuntime:
         with, from its aggregate's header (call after :meth:`wait` of ``version``, once); None if not carried."""
         return self.mailbox.pop_table(version)
 
-    def donation(self, version: int) -> Optional[int]:
-        """The rank this rank must send its training state to before applying ``version`` (call after
-        :meth:`wait`), or None (none, or :meth:`wait` sent it already)."""
-        note = self.mailbox.pop_note(version)
-        for v in [v for v in self._donations if v <= version]:
-            self._donations.pop(v, None)
-        if version in self._donated:
-            self._donated.discard(version)
-            return None
-        if note is not None and note[1] == self.rank:
-            return note[0]
-        return None
+    def donation(self, version: int) -> list[int]:
+        """The ranks this rank must send its training state to before applying ``version`` (call after
+        :meth:`wait`; empty if none, or if :meth:`wait` sent it already).
+
+        The aggregate of ``version`` says how many ranks rejoin at it; their donors are named in the leader's
+        ``ATTACH`` messages, which come on another stream: this waits until all of them arrived (or the leader
+        changed, whose successor answers rejoins afresh).
+
+        Raises:
+            PGCTimeoutError: the leader stopped beating (without failover).
+            RuntimeError: the runtime failed.
+        """
+        count = self.mailbox.pop_note(version) or 0
+        asked = self.leader_rank
+        with self._attach_cond:
+            while len(self._attachments.get(version, ())) < count and self.leader_rank == asked:
+                if not self._attach_cond.wait(self.heartbeat_interval):
+                    self._check_leader(f"waiting for the rejoins at version {version}")
+            recipients = self._recipients(version)
+            for v in [v for v in self._attachments if v <= version]:
+                del self._attachments[v]
+            for v in [v for v in self._donated if v <= version]:
+                del self._donated[v]
+        return recipients
+
+    def _note_attach(self, version: int, rank: int, donor: int) -> None:
+        """``rank`` rejoins at ``version`` with the state of ``donor`` (from the leader's ATTACH; any thread)."""
+        with self._attach_cond:
+            self._attachments.setdefault(version, []).append((rank, donor))
+            self._attach_cond.notify_all()
+
+    def _recipients(self, version: int) -> list[int]:
+        """The ranks that rejoin at ``version`` with this rank as donor and did not get its state yet."""
+        with self._attach_cond:
+            sent = self._donated.get(version, set())
+            return [r for r, d in self._attachments.get(version, ()) if d == self.rank and r != self.rank
+                    and r not in sent]
+
+    def _donate(self, version: int, state_fn: Callable[[], Tensor]) -> None:
+        """Send the state at the start of ``version`` to every rank that rejoins at it from this one, once."""
+        recipients = self._recipients(version)
+        if not recipients:
+            return
+        state = state_fn()
+        for rank in recipients:
+            self.send_state(rank, version, state)
+            with self._attach_cond:
+                self._donated.setdefault(version, set()).add(rank)
 
     def send_state(self, rank: int, version: int, state: Tensor) -> None:
         """Send ``state`` (a uint8 tensor, left unchanged until sent) to ``rank``, which rejoins at ``version``."""
@@ -503,10 +542,8 @@ class PGCRuntime:
         if donate is not None:
             self._state_fn = donate
         while True:
-            recipient = self._donations.pop(version, None) if donate is not None else None
-            if recipient is not None:
-                self.send_state(recipient, version, donate())
-                self._donated.add(version)
+            if donate is not None:
+                self._donate(version, donate)
             if self.detached(version) and not self.mailbox.has(version):
                 raise PGCDetached(f"PGC rank {self.rank} is detached at version {version}: rejoin first")
             try:
@@ -521,15 +558,14 @@ class PGCRuntime:
         the next version. If a rank rejoins at that version with this rank as donor, send it now; otherwise the
         donation would come only with that version, after the collective, which may be waiting for that very rank
         (it joins once it has the state)."""
-        version = self.progress + 1
-        recipient = self._donations.pop(version, None) if self._state_fn is not None else None
-        if recipient is not None:
-            self.send_state(recipient, version, self._state_fn())
-            self._donated.add(version)
+        if self._state_fn is not None:
+            self._donate(self.progress + 1, self._state_fn)
 
     def _check_leader(self, doing: str) -> None:
-        """Raise if the runtime failed, or (without failover) this worker has not heard from the leader for a
-        heartbeat window; with failover the service thread replaces a silent leader instead."""
+        """Raise if the runtime failed, or this worker has not heard from the leader for a heartbeat window (twice
+        that with ``failover``: a dead leader's streams break, and the service thread replaces it, but on a busy
+        machine that may come after its last heartbeats are a window old); with ``frozen_failover`` the service
+        thread replaces a silent leader instead."""
         if self.error is not None:
             raise RuntimeError(f"PGC rank {self.rank} runtime failed: {self.error}") from self.error
         now = time.monotonic()
@@ -539,7 +575,8 @@ class PGCRuntime:
             self._resumed_at = now
         self._last_check = now
         silent = now - max(self._leader_heard, self._resumed_at)
-        if not self.is_leader and silent > self.heartbeat_window and not self.frozen_failover:
+        window = self.heartbeat_window * (2 if self.failover else 1)
+        if not self.is_leader and silent > window and not self.frozen_failover:
             raise PGCTimeoutError(
                 f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no heartbeat for {silent:.1f} s "
                 f"while {doing}; its process is gone or frozen"
@@ -726,7 +763,7 @@ class PGCRuntime:
                 if header.valid == 1 and shards and not self._stopping.is_set() and peer not in self._fenced:
                     self._report_lost(peer, shards)  # an owner that left early (SIGTERM): its shards move
                 return
-            note = (header.valid - 1, header.max_age) if header.shard == 0 and header.valid > 0 else None
+            note = header.valid if header.shard == 0 and header.valid > 0 else None
             table = header.table if header.shard == 0 and header.table else None
             with self._fence_locks[peer]:
                 if header.version < self._fenced.get(peer, -1):
@@ -772,8 +809,8 @@ class PGCRuntime:
                 self._frontier = version
                 continue
             if kind in (Kind.DETACH, Kind.ATTACH):  # through the inbox: ordered with the decisions
-                if kind == Kind.ATTACH and b == self.rank and a != self.rank:
-                    self._donations[version] = a  # donated from wait(version), or else when its aggregate came
+                if kind == Kind.ATTACH:  # a donor sends from wait(version), or else when its aggregate came
+                    self._note_attach(version, a, b)
                 self._inbox.put((kind.name.lower(), version, a, b))
             elif kind == Kind.DECIDE:
                 self._inbox.put(("decide", version, read_decide(version, a, b, data)))
@@ -1029,11 +1066,13 @@ class PGCRuntime:
                     message = control(self.world_size, Kind.DECIDE, rec.version, a, b, data=words)
                     self._send_all(Channel.CTRL, message, sorted(owners))
                     decided[rec.version] = rec.plan()
-                if rejoins and leader.version not in self._notes:
+                while rejoins:
                     self._attach(leader, rejoins.pop(0))
                 if self._stopping.is_set():  # the leader's training is over: versions >= its own never close
-                    for v in [v for v, (_, d) in self._notes.items() if v >= leader.version and d == self.rank]:
-                        self._final_requests.put((self._notes.pop(v)[0], v))
+                    for v in [v for v in self._notes if v >= leader.version]:
+                        for rank in [r for r, d in self._notes[v] if d == self.rank]:
+                            self._final_requests.put((rank, v))
+                        self._notes[v] = [(r, d) for r, d in self._notes[v] if d != self.rank]
                 now_missing = set(leader.missing(now))
                 for r in sorted(now_missing - missing):
                     log.warning("PGC: rank %d is missing (no heartbeat for %.1f s, or its process is gone) at "
@@ -1257,9 +1296,8 @@ class PGCRuntime:
         if finished and donor == self.rank:
             self._final_requests.put((rank, u))
         else:
-            if donor == self.rank:
-                self._donations[u] = rank
-            self._notes[u] = (rank, donor)  # travels in shard 0 of u's aggregate, to the donor
+            self._note_attach(u, rank, donor)
+            self._notes.setdefault(u, []).append((rank, donor))  # their count travels in shard 0 of u's aggregate
 
     def _read_final_stats(self, words: Tensor) -> None:
         values = words[: STAT_FIELDS * self.world_size].view(torch.float64).tolist()
@@ -1341,13 +1379,13 @@ class PGCRuntime:
             for _, buf in codes:
                 tail.add_(buf[hn + ce : hn + pe].to(self.down_dtype), alpha=1.0 / len(codes))
         payload[pe:].zero_()
-        note = self._notes.pop(version, None) if shard == 0 and self.is_leader else None
+        notes = len(self._notes.pop(version, ())) if shard == 0 and self.is_leader else 0
         table = self._table(version, plan) if shard == 0 else ()
         write_header(message, Header(Kind.AGGREGATE, version, self.rank, shard,
-                                     valid=0 if note is None else note[0] + 1, max_age=0 if note is None else note[1],
+                                     valid=notes,
                                      table=table))
         if self._receives(self.rank, version):
-            self.mailbox.put_shard(version, shard, payload, note, table or None)
+            self.mailbox.put_shard(version, shard, payload, notes or None, table or None)
             self._shard_seen[shard] = max(self._shard_seen[shard], version)
         # The first peer served gets its aggregate first and starts its next step first: rotate the order with
         # the version, or the lowest ranks would be admitted systematically more often (a bias under pgc_cr).
