@@ -128,6 +128,15 @@ class _Withheld(FrozenTransport):
         return super().isend(channel, peer, message)
 
 
+class _DiesWhileDonating(FrozenTransport):
+    """A rank that dies while it sends a rejoining rank its training state: the header leaves, the rest never."""
+
+    def isend(self, channel, peer, message):
+        if channel == Channel.STATE and message.dtype == torch.uint8:
+            self.freeze()
+        return super().isend(channel, peer, message)
+
+
 def _die(rts, dead):
     """Rank ``dead`` (started on a :class:`FrozenTransport`) dies now: nothing more leaves it, and every stream
     from it breaks at the other ranks, as when its process is gone."""
@@ -394,6 +403,62 @@ def test_a_rank_that_missed_the_dead_owners_last_shard_rejoins_by_state_transfer
         assert all(rts[r].donation(3) == [] for r in live[:2])  # donated once, from wait
     finally:
         _bury(rts, dead)
+
+
+def test_a_donor_worker_that_dies_during_the_state_transfer_is_replaced_by_another(caplog):
+    """pgc_cr, n = 4, s = 1, one shard, ``max_lag`` 2. The leader's own training thread stalls: it is detached, and
+    rejoins with the state of the worker furthest ahead, rank 1, which dies after sending the header. The leader asks
+    again, naming rank 1 (dead from then on), and attaches itself at the next version with rank 2 as donor, which
+    sends its state while it waits for that version (it needs the leader's code). Ranks 0, 2, 3 go on exact and
+    identical."""
+    scheme = make_scheme("pgc_cr", 4, 1)
+    rts = make_runtimes(scheme, shards=1, max_lag=2, heartbeat=(0.05, 40), wrap={1: _DiesWhileDonating})
+    live = [0, 2, 3]
+    first, second = torch.full((9,), 7, dtype=torch.uint8), torch.arange(9, dtype=torch.uint8)
+    try:
+        for v in range(4):
+            _step_all(rts, v, [1, 2, 3])
+        behind = 0
+        with pytest.raises(PGCDetached):
+            while True:
+                rts[0].release(rts[0].wait(behind))
+                behind += 1
+        got: dict = {}
+        asker = threading.Thread(target=lambda: got.update(result=rts[0].rejoin(behind)))
+        asker.start()
+        assert _eventually(lambda: 0 in rts[0].leader.rejoining)
+        u = rts[0].leader.rejoining[0]
+        _step_all(rts, u, [1, 2, 3])
+        assert [rts[r].donation(u) for r in (1, 2, 3)] == [[0], [], []]
+        rts[1].send_state(0, u, first)  # the header leaves, then rank 1 dies
+        _die(rts, 1)
+        assert _eventually(lambda: rts[0].leader.rejoining[0] > u)
+        again = rts[0].leader.rejoining[0]
+        aggs: dict = {}
+
+        def donor(rank):
+            submit(rts[rank], again, ages=(0, 0))
+            aggs[rank] = rts[rank].wait(again, donate=lambda: second).clone()
+
+        donors = [threading.Thread(target=donor, args=(r,)) for r in (2, 3)]
+        for t in donors:
+            t.start()
+        asker.join(10)
+        assert got["result"][0] == again and torch.equal(got["result"][1], second)
+        submit(rts[0], again, ages=(0, 0))
+        aggs[0] = rts[0].wait(again).clone()
+        for t in donors:
+            t.join(10)
+        torch.testing.assert_close(aggs[0], _cr_mean(live, again))
+        assert all(torch.equal(aggs[r], aggs[0]) for r in live)
+        assert "PGC rank 0: rank 1 died while sending the training state for version" in caplog.text
+        assert "rank 1 died at version" in caplog.text
+        for v in range(again + 1, again + 3):
+            out = _step_all(rts, v, live)
+            torch.testing.assert_close(out[0], _cr_mean(live, v))
+            assert all(torch.equal(a, out[0]) for a in out)
+    finally:
+        _bury(rts, 1)
 
 
 def test_a_frozen_shard_owner_is_fenced_off_its_shard_moves_and_it_rejoins_when_it_resumes(caplog):

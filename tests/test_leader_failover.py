@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from lightning_pgc.codes import make_scheme
-from lightning_pgc.runtime import Channel
+from lightning_pgc.runtime import Channel, PGCDetached
 from lightning_pgc.runtime.messages import Kind, read_header
-from tests.test_dead_ranks import _bury, _cr_mean, _die, _resume_and_rejoin, _step_all, _together
+from tests.test_dead_ranks import _bury, _cr_mean, _die, _DiesWhileDonating, _resume_and_rejoin, _step_all, _together
 from tests.test_runtime import FrozenTransport, _eventually, _NoSend, _stop_all, make_runtimes, submit
 
 
@@ -179,6 +179,63 @@ def test_two_ranks_that_missed_the_dead_leaders_last_aggregate_rejoin_at_one_ver
             got_v = _step_all(rts, v, live)
             torch.testing.assert_close(got_v[0], _cr_mean(live, v))
             assert all(torch.equal(a, got_v[0]) for a in got_v)
+    finally:
+        _bury(rts, 0)
+
+
+def test_a_donor_that_dies_during_the_state_transfer_is_replaced_by_another(caplog):
+    """pgc_cr, n = 4, s = 1, one shard, ``max_lag`` 2. Rank 3 stalls and is detached. When it asks to rejoin, its
+    donor (the leader, rank 0) dies after sending the header of its state. Rank 3 asks again, naming the donor; rank
+    1 takes over, attaches it at its own open version and donates while it waits for that version, which needs rank
+    3's code. Rank 3 gets rank 1's state, and ranks 1-3 go on with exact, identical aggregates."""
+    scheme = make_scheme("pgc_cr", 4, 1)
+    rts = make_runtimes(scheme, shards=1, max_lag=2, heartbeat=(0.05, 40), wrap={0: _DiesWhileDonating},
+                        failover=True)
+    live = [1, 2, 3]
+    first, second = torch.full((9,), 7, dtype=torch.uint8), torch.arange(9, dtype=torch.uint8)
+    try:
+        for v in range(4):  # rank 3 stalls: versions close with ranks 0-2, and it is detached past max_lag
+            _step_all(rts, v, [0, 1, 2])
+        behind = 0
+        with pytest.raises(PGCDetached):
+            while True:
+                rts[3].release(rts[3].wait(behind))
+                behind += 1
+        got: dict = {}
+        asker = threading.Thread(target=lambda: got.update(result=rts[3].rejoin(behind)))
+        asker.start()
+        assert _eventually(lambda: 3 in rts[0].leader.rejoining)
+        u = rts[0].leader.rejoining[3]
+        _step_all(rts, u, [0, 1, 2])  # version u closes without rank 3; the leader donates with its aggregate
+        assert all(rts[r].donation(u) == [] for r in (1, 2))
+        assert rts[0].donation(u) == [3]
+        rts[0].send_state(3, u, first)  # the header leaves, then rank 0 dies
+        _die(rts, 0)
+        assert _eventually(lambda: rts[1].is_leader and 3 in rts[1].leader.rejoining)
+        again = rts[1].leader.rejoining[3]
+        assert again > u
+        aggs: dict = {}
+
+        def donor(rank):
+            submit(rts[rank], again, ages=(0, 0))
+            aggs[rank] = rts[rank].wait(again, donate=lambda: second).clone()
+
+        donors = [threading.Thread(target=donor, args=(r,)) for r in (1, 2)]
+        for t in donors:
+            t.start()
+        asker.join(10)
+        assert got["result"][0] == again and torch.equal(got["result"][1], second)
+        submit(rts[3], again, ages=(0, 0))
+        aggs[3] = rts[3].wait(again).clone()
+        for t in donors:
+            t.join(10)
+        torch.testing.assert_close(aggs[3], _cr_mean(live, again))
+        assert all(torch.equal(aggs[r], aggs[3]) for r in live)
+        assert "PGC rank 3: rank 0 died while sending the training state for version" in caplog.text
+        for v in range(again + 1, again + 3):
+            out = _step_all(rts, v, live)
+            torch.testing.assert_close(out[0], _cr_mean(live, v))
+            assert all(torch.equal(a, out[0]) for a in out)
     finally:
         _bury(rts, 0)
 

@@ -387,34 +387,46 @@ class PGCRuntime:
         state. Returns ``(u, state)``: aggregates come again from version ``u`` on, and ``state`` (uint8, as given
         to the donor's :meth:`send_state`) is the training state at the start of ``u``.
 
+        A donor that dies during the transfer (its stream breaks) is survived as a dead rank: this rank asks again,
+        naming it, and the leader attaches it at the open version with another donor.
+
         Raises:
             PGCTimeoutError: the leader stopped beating (without failover).
-            RuntimeError: the runtime failed or the donor's stream broke.
+            RuntimeError: the runtime failed.
         """
-        self._attached.clear()
-        asked = self.leader_rank
-        self._to_leader(Kind.REJOIN, version)
-        while not self._attached.wait(self.heartbeat_interval):
-            self._check_leader(f"rejoining at version {version}")
-            if self.leader_rank != asked:  # the leader died before answering: ask its successor
-                asked = self.leader_rank
-                self._to_leader(Kind.REJOIN, version)
-        assert self._attach_info is not None
-        u, donor = self._attach_info
-        header = torch.zeros(2, dtype=torch.int64)
-        try:
-            self.transport.recv(Channel.STATE, donor, header)
-            state = torch.empty(int(header[1]), dtype=torch.uint8)
-            if state.numel():
-                self.transport.recv(Channel.STATE, donor, state)
-        except Exception as exc:
-            raise RuntimeError(f"PGC rank {self.rank}: rank {donor}, which was sending the training state for "
-                               f"version {u}, is gone ({exc!r}); a donor that dies during a state transfer is not "
-                               "survived") from exc
+        failed = -1  # a donor whose stream broke during the transfer, named in the next request
+        while True:
+            u, donor = self._ask_to_rejoin(version, failed)
+            header = torch.zeros(2, dtype=torch.int64)
+            try:
+                self.transport.recv(Channel.STATE, donor, header)
+                state = torch.empty(int(header[1]), dtype=torch.uint8)
+                if state.numel():
+                    self.transport.recv(Channel.STATE, donor, state)
+                break
+            except Exception as exc:
+                log.warning("PGC rank %d: rank %d died while sending the training state for version %d (%r); asking "
+                            "again", self.rank, donor, u, exc)
+                self._broken.add(donor)
+                failed = donor
         self._count(received=16 + state.numel())
         log.warning("PGC rank %d: rejoined at version %d with the state of rank %d (%.1f MB), asked at version %d",
                     self.rank, u, donor, state.numel() / 1e6, version)
         return u, state
+
+    def _ask_to_rejoin(self, version: int, failed: int) -> tuple[int, int]:
+        """Send ``REJOIN`` (naming a ``failed`` donor, or -1) and wait for the leader's ``ATTACH``: ``(u, donor)``.
+        Asks the successor again if the leader dies before answering."""
+        self._attached.clear()
+        asked = self.leader_rank
+        self._to_leader(Kind.REJOIN, version, failed + 1)
+        while not self._attached.wait(self.heartbeat_interval):
+            self._check_leader(f"rejoining at version {version}")
+            if self.leader_rank != asked:  # the leader died before answering: ask its successor
+                asked = self.leader_rank
+                self._to_leader(Kind.REJOIN, version, failed + 1)
+        assert self._attach_info is not None
+        return self._attach_info
 
     def table(self, version: int) -> Optional[tuple[int, ...]]:
         """Bounded staleness with ``choice="oldest"``: ``t - v_i`` per partition of the entries ``version`` closed
@@ -681,7 +693,7 @@ class PGCRuntime:
         """A small message to the leader (its own inbox if this rank is the leader, or is taking over)."""
         if self.leader_rank == self.rank:
             self._inbox.put((kind.name.lower(), self.rank, version, a, b) if kind == Kind.LOST
-                            else (kind.name.lower(), self.rank, version, time.monotonic()))
+                            else (kind.name.lower(), self.rank, version, time.monotonic(), a))
         else:
             self._send_small(Channel.BEAT, control(self.world_size, kind, version, a, b), self.leader_rank)
 
@@ -699,7 +711,7 @@ class PGCRuntime:
             if kind == Kind.LOST:
                 self._inbox.put(("lost", peer, version, a, b))
                 continue
-            self._inbox.put((kind.name.lower(), peer, version, time.monotonic()))
+            self._inbox.put((kind.name.lower(), peer, version, time.monotonic(), a))
 
     def _reap(self, _: int) -> None:
         """Wait for sends in order and release their buffers (gloo reads them asynchronously)."""
@@ -999,6 +1011,9 @@ class PGCRuntime:
                     leader.on_reject(item[1], item[2], item[3])
                 elif tag == "rejoin" and leader is not None:
                     leader.on_beat(item[1], item[2], item[3])
+                    failed = item[4] - 1  # a donor whose stream broke while it sent this rank the state
+                    if failed >= 0 and failed != self.rank:
+                        self._on_dead(leader, failed, f"its state transfer to rank {item[1]} broke")
                     if item[1] not in rejoins:
                         rejoins.append(item[1])
                 elif tag in ("detach", "attach"):
