@@ -405,6 +405,33 @@ def test_a_rank_that_missed_the_dead_owners_last_shard_rejoins_by_state_transfer
         _bury(rts, dead)
 
 
+def _finish_rejoin(rts, rank, live, version, state, asker, got):
+    """The others of ``live`` submit ``version`` and wait for it, donating ``state``, while rank ``rank`` (whose
+    ``rejoin`` runs in thread ``asker``, its result into ``got``) is attached there; asserts it got ``state``, that
+    ``version`` and two more are exact and identical on every live rank."""
+    aggs: dict = {}
+
+    def donor(r):
+        submit(rts[r], version, ages=(0, 0))
+        aggs[r] = rts[r].wait(version, donate=lambda: state).clone()
+
+    donors = [threading.Thread(target=donor, args=(r,)) for r in live if r != rank]
+    for t in donors:
+        t.start()
+    asker.join(10)
+    assert got["result"][0] == version and torch.equal(got["result"][1], state)
+    submit(rts[rank], version, ages=(0, 0))
+    aggs[rank] = rts[rank].wait(version).clone()
+    for t in donors:
+        t.join(10)
+    torch.testing.assert_close(aggs[rank], _cr_mean(live, version))
+    assert all(torch.equal(aggs[r], aggs[rank]) for r in live)
+    for v in range(version + 1, version + 3):
+        out = _step_all(rts, v, live)
+        torch.testing.assert_close(out[0], _cr_mean(live, v))
+        assert all(torch.equal(a, out[0]) for a in out)
+
+
 def test_a_donor_worker_that_dies_during_the_state_transfer_is_replaced_by_another(caplog):
     """pgc_cr, n = 4, s = 1, one shard, ``max_lag`` 2. The leader's own training thread stalls: it is detached, and
     rejoins with the state of the worker furthest ahead, rank 1, which dies after sending the header. The leader asks
@@ -433,30 +460,9 @@ def test_a_donor_worker_that_dies_during_the_state_transfer_is_replaced_by_anoth
         rts[1].send_state(0, u, first)  # the header leaves, then rank 1 dies
         _die(rts, 1)
         assert _eventually(lambda: rts[0].leader.rejoining[0] > u)
-        again = rts[0].leader.rejoining[0]
-        aggs: dict = {}
-
-        def donor(rank):
-            submit(rts[rank], again, ages=(0, 0))
-            aggs[rank] = rts[rank].wait(again, donate=lambda: second).clone()
-
-        donors = [threading.Thread(target=donor, args=(r,)) for r in (2, 3)]
-        for t in donors:
-            t.start()
-        asker.join(10)
-        assert got["result"][0] == again and torch.equal(got["result"][1], second)
-        submit(rts[0], again, ages=(0, 0))
-        aggs[0] = rts[0].wait(again).clone()
-        for t in donors:
-            t.join(10)
-        torch.testing.assert_close(aggs[0], _cr_mean(live, again))
-        assert all(torch.equal(aggs[r], aggs[0]) for r in live)
+        _finish_rejoin(rts, 0, live, rts[0].leader.rejoining[0], second, asker, got)
         assert "PGC rank 0: rank 1 died while sending the training state for version" in caplog.text
         assert "rank 1 died at version" in caplog.text
-        for v in range(again + 1, again + 3):
-            out = _step_all(rts, v, live)
-            torch.testing.assert_close(out[0], _cr_mean(live, v))
-            assert all(torch.equal(a, out[0]) for a in out)
     finally:
         _bury(rts, 1)
 

@@ -14,7 +14,7 @@ import torch
 from lightning_pgc.codes import make_scheme
 from lightning_pgc.runtime import Channel, PGCDetached
 from lightning_pgc.runtime.messages import Kind, read_header
-from tests.test_dead_ranks import _bury, _cr_mean, _die, _DiesWhileDonating, _resume_and_rejoin, _step_all, _together
+from tests.test_dead_ranks import _bury, _cr_mean, _die, _DiesWhileDonating, _finish_rejoin, _resume_and_rejoin, _step_all, _together
 from tests.test_runtime import FrozenTransport, _eventually, _NoSend, _stop_all, make_runtimes, submit
 
 
@@ -212,30 +212,9 @@ def test_a_donor_that_dies_during_the_state_transfer_is_replaced_by_another(capl
         rts[0].send_state(3, u, first)  # the header leaves, then rank 0 dies
         _die(rts, 0)
         assert _eventually(lambda: rts[1].is_leader and 3 in rts[1].leader.rejoining)
-        again = rts[1].leader.rejoining[3]
-        assert again > u
-        aggs: dict = {}
-
-        def donor(rank):
-            submit(rts[rank], again, ages=(0, 0))
-            aggs[rank] = rts[rank].wait(again, donate=lambda: second).clone()
-
-        donors = [threading.Thread(target=donor, args=(r,)) for r in (1, 2)]
-        for t in donors:
-            t.start()
-        asker.join(10)
-        assert got["result"][0] == again and torch.equal(got["result"][1], second)
-        submit(rts[3], again, ages=(0, 0))
-        aggs[3] = rts[3].wait(again).clone()
-        for t in donors:
-            t.join(10)
-        torch.testing.assert_close(aggs[3], _cr_mean(live, again))
-        assert all(torch.equal(aggs[r], aggs[3]) for r in live)
+        assert rts[1].leader.rejoining[3] > u
+        _finish_rejoin(rts, 3, live, rts[1].leader.rejoining[3], second, asker, got)
         assert "PGC rank 3: rank 0 died while sending the training state for version" in caplog.text
-        for v in range(again + 1, again + 3):
-            out = _step_all(rts, v, live)
-            torch.testing.assert_close(out[0], _cr_mean(live, v))
-            assert all(torch.equal(a, out[0]) for a in out)
     finally:
         _bury(rts, 0)
 
