@@ -374,6 +374,27 @@ def pin_loggers(loggers: list[Any], ids: list[Optional[str]]) -> None:
             lg._version = int(ident) if ident.isdigit() else ident
 
 
+_LOGGER_WRITES = ("log_metrics", "log_hyperparams", "log_graph", "save", "finalize", "after_save_checkpoint")
+
+
+def guard_loggers(loggers: list[Any], before: Callable[[], None]) -> None:
+    """Call ``before`` ahead of every write of these loggers (2.6.6: ``Logger`` writes through these methods, each
+    ``rank_zero_only``, which reads ``rank_zero_only.rank`` at call time; the guard is an instance attribute, so
+    it runs first). Idempotent."""
+    for lg in loggers:
+        for name in _LOGGER_WRITES:
+            method = getattr(lg, name, None)
+            if method is None or getattr(method, "_pgc_guarded", False):
+                continue
+
+            def guarded(*args: Any, _method: Callable = method, **kwargs: Any) -> Any:
+                before()
+                return _method(*args, **kwargs)
+
+            guarded._pgc_guarded = True  # type: ignore[attr-defined]
+            setattr(lg, name, guarded)
+
+
 def continue_loggers(loggers: list[Any]) -> None:
     """A successor, now rank zero: open rank 0's runs and append to them (2.6.6: creating the CSV writer deletes
     an existing ``metrics.csv``, so it is kept aside meanwhile and its columns are carried over)."""

@@ -12,7 +12,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from lightning_pgc._lightning import continue_loggers, launches_in_rank_zero, logger_ids, make_rank_zero, pin_loggers
+from lightning_pgc._lightning import (
+    continue_loggers,
+    guard_loggers,
+    launches_in_rank_zero,
+    logger_ids,
+    make_rank_zero,
+    pin_loggers,
+)
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -46,18 +53,24 @@ class Leadership:
 
     def pin_loggers(self, trainer: "pl.Trainer") -> None:
         """Every rank learns rank 0's logger runs, so that a successor continues them instead of starting new ones
-        (one broadcast among the live ranks, at the start of fit)."""
+        (one broadcast among the live ranks, at the start of fit). Every logger write first settles the seat (see
+        :meth:`follow`): a leader that resumes from a freeze must not write into the run its successor continues."""
         st = self.strategy
         if not self.enabled() or not trainer.loggers:
             return
         ids = st.broadcast(logger_ids(trainer.loggers) if st.global_rank == 0 else None, src=0)
         if st.global_rank != 0:
             pin_loggers(trainer.loggers, ids)
+        guard_loggers(trainer.loggers, self.follow)
 
     def follow(self) -> None:
-        """Move the rank-zero seat to where the runtime's leader is now, taking it if that is this rank."""
+        """Move the rank-zero seat to where the runtime's leader is now, taking it if that is this rank. A leader
+        whose process stopped for a heartbeat window first waits to learn whether it was replaced
+        (:meth:`~lightning_pgc.runtime.worker.PGCRuntime.settle_seat`)."""
         st = self.strategy
         runtime = st.runtime
+        if runtime is not None and runtime.seat_in_doubt():
+            runtime.settle_seat()
         if runtime is None or runtime.leader_rank == self.rank or st.lightning_module is None:
             return
         trainer = st.lightning_module.trainer

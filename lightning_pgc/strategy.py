@@ -142,8 +142,9 @@ class PGCStrategy(DDPStrategy):
             transfers after short hiccups (each one costs a copy of the model and optimizer state).
         heartbeat_interval: seconds between heartbeats (every rank to the leader and back).
         heartbeat_misses: heartbeats a rank may miss before it counts as dead (a shard owner that misses them
-            has its shards moved and rejoins by state transfer). Raise it if healthy ranks are reported missing or
-            ``PGC: rank k owns shards ... (frozen)`` appears under heavy load (e.g. long GIL-holding callbacks).
+            has its shards moved and rejoins by state transfer). Raise it if healthy ranks are reported missing,
+            or ``PGC: rank k owns shards ... (frozen)`` or ``the leader (rank 0) is frozen`` appears under heavy
+            load (e.g. long GIL-holding callbacks, or checkpoints of a large model written in one go).
         nonfinite: what to do with a gradient that contains NaN or inf: ``"skip"`` drops it (the rank is a
             straggler for that step, its cache entry is evicted, ``pgc/rejected/rank{k}`` counts it);
             ``"raise"`` stops training with an error on that rank.
@@ -160,8 +161,9 @@ class PGCStrategy(DDPStrategy):
             the launcher kill the others (up to ``s`` dead workers are survived, see docs/guide.md).
         failover: when rank 0 (the leader) dies, the lowest live rank takes over: the control plane, shard 0,
             checkpoints, the loggers' runs and (``fork``/``spawn``) the fit's results; the job goes on as with any
-            other dead rank (the log says ``... takes over``). A frozen leader still fails every rank after a
-            heartbeat window. ``None`` (default): wherever it is available, i.e. not
+            other dead rank (the log says ``... takes over``). A frozen leader (no heartbeat for a window) is
+            replaced the same way; when it resumes it steps down and rejoins by state transfer, and writes nothing
+            meanwhile. ``None`` (default): wherever it is available, i.e. not
             under ``scheme="bounded"`` (its table lives at the leader) and not when rank 0 is the launching process
             (``start_method="popen"`` outside SLURM or torchrun): there rank 0's death ends the job, fast. ``True``:
             required (refused where unavailable); ``False``: the job ends whenever rank 0 dies.
@@ -433,6 +435,7 @@ class PGCStrategy(DDPStrategy):
             heartbeat_interval=self.heartbeat_interval,
             heartbeat_misses=self.heartbeat_misses,
             failover=self._leadership.enabled(),
+            frozen_failover=self._leadership.enabled(),
         )
         self.runtime.start()
         self._live.route_metric_syncs()
@@ -493,7 +496,9 @@ class PGCStrategy(DDPStrategy):
     @override
     def is_global_zero(self) -> bool:
         """Whether this rank does Lightning's rank-zero work (checkpoints, loggers, results): rank 0, or the rank that
-        took over when it died (``failover``)."""
+        took over when it died or froze (``failover``). Read before any rank-zero write, so it follows the seat
+        first (a leader that resumes from a freeze learns here whether it was replaced)."""
+        self._leadership.follow()
         return self.global_rank == self._leadership.rank
 
     # ------------------------------------------------------------------------------------------ checkpoints

@@ -7,6 +7,7 @@ and rejoins. A rank that missed the dead leader's last aggregate rejoins by stat
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
@@ -240,8 +241,11 @@ def test_a_frozen_leader_is_replaced_and_rejoins_as_a_worker_when_it_resumes(cap
             assert all(torch.equal(a, got[0]) for a in got)
         assert [rts[r].leader_rank for r in live] == [1, 1, 1] and rts[1].is_leader
         assert "the leader (rank 0) is frozen" in caplog.text
+        rts[0]._doubt_since = time.monotonic()  # what its service loop finds on resuming (here it never stopped)
+        assert rts[0].seat_in_doubt()
         rts[0].transport.frozen.clear()  # SIGCONT
-        assert _eventually(lambda: not rts[0].is_leader and rts[0].leader_rank == 1)
+        assert rts[0].settle_seat() is False  # it learns it was replaced before any rank-zero write
+        assert not rts[0].is_leader and rts[0].leader_rank == 1 and not rts[0].seat_in_doubt()
         # (on resuming it may close and apply version 2 itself from codes in its sockets: void, as it is detached
         # from version 2 and rejoins)
         u, _ = _resume_and_rejoin(rts, 0, 1, live, state, first=2)
@@ -255,6 +259,24 @@ def test_a_frozen_leader_is_replaced_and_rejoins_as_a_worker_when_it_resumes(cap
     finally:
         _stop_all(rts, timeout=1.0)
     assert not [t.name for t in threading.enumerate() if t.name.startswith("pgc-")]
+
+
+def test_a_leader_that_stopped_but_was_not_replaced_keeps_leading(caplog):
+    """The whole machine paused (every process stopped, nobody took over): the leader, in doubt on resuming, waits a
+    heartbeat window for a DEPOSE that does not come, says so, and goes on leading."""
+    scheme = make_scheme("pgc_cr", 4, 1)
+    rts = make_runtimes(scheme, shards=1, heartbeat=(0.05, 10), failover=True, frozen_failover=True)
+    try:
+        _step_all(rts, 0)
+        rts[0]._doubt_since = time.monotonic()  # as its service loop finds after a stop of more than a window
+        assert rts[0].seat_in_doubt() and not rts[1].seat_in_doubt()
+        assert rts[0].settle_seat() is True
+        assert not rts[0].seat_in_doubt() and rts[0].is_leader
+        assert "no rank took over; it goes on leading" in caplog.text
+        got = _step_all(rts, 1)
+        assert all(torch.equal(a, got[0]) for a in got)
+    finally:
+        _stop_all(rts, timeout=1.0)
 
 
 class _ResultToRank2Only(FrozenTransport):

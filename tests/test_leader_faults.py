@@ -1,4 +1,4 @@
-"""A dead leader on 4 real CPU ranks (gloo, fork): rank 1 takes over the control plane, shard 0, checkpoints, the
+"""A dead or frozen leader on 4 real CPU ranks (gloo, fork): rank 1 takes over the control plane, shard 0, checkpoints, the
 loggers' runs and the fit's results, and the job finishes (tests/test_leader_failover.py has the protocol on
 in-process queues). A file of its own so that pytest-xdist runs it beside the other fault tests."""
 
@@ -49,6 +49,35 @@ def test_a_killed_leader_is_replaced_by_rank_1_and_the_job_finishes(tmp_path, sh
     steps = {int(row["step"]) for row in rows if row.get("step")}
     assert max(steps) >= 15, sorted(steps)  # (rows rank 0 had not flushed yet died with it)
     assert any(row.get("pgc/alive") == "3.0" for row in rows)
+
+
+def test_a_frozen_leader_is_replaced_and_rejoins_as_a_worker_when_it_resumes(tmp_path):
+    """SIGSTOP of rank 0 (the leader) for 3 s at step 3: after a heartbeat window (1 s) rank 1 takes over and the
+    others go on. After SIGCONT rank 0 waits to learn whether it was replaced before any rank-zero write, steps
+    down, gives up Lightning's rank-zero seat and rejoins by state transfer. All four finish with identical
+    replicas; checkpoints, validation, the CSV run and the results come from rank 1 (one ``metrics.csv``, readable,
+    rows up to the last step)."""
+    job = run_job(
+        tmp_path, "freeze0", strategy="pgc", devices=4, max_steps=40, val_check_interval=20,
+        check_val_every_n_epoch=None, limit_val_batches=2, checkpoint_every_n_steps=20, compute_s_per_eval=0.02,
+        strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0},
+        faults=[{"kind": "Freeze", "rank": 0, "step": 3, "seconds": 3.0}],
+    )
+    log = job["stderr"]
+    ranks = job["ranks"]
+    assert len({r["checksum"] for r in ranks}) == 1 and {r["global_step"] for r in ranks} == {40}
+    assert re.search(r"the leader \(rank 0\) is frozen at version \d+ .*; rank 1 takes over", log), log[-3000:]
+    assert "PGC rank 0: rank 1 took over as leader while this rank was frozen" in log
+    assert "rank 0: rejoined at version" in log
+    assert ranks[1]["rank_stats"][0]["rejoined"] >= 1
+    assert math.isfinite(job["summary"]["metrics"]["val_loss"])
+    folder = tmp_path / "freeze0" / "checkpoints"
+    assert sorted(int(re.search(r"step=(\d+)", p.name).group(1)) for p in folder.glob("epoch*.ckpt")) == [20, 40]
+    runs = list((tmp_path / "freeze0" / "logs").glob("version_*"))
+    assert [p.name for p in runs] == ["version_0"]
+    with open(runs[0] / "metrics.csv", newline="") as fh:
+        steps = {int(row["step"]) for row in csv.DictReader(fh) if row.get("step")}
+    assert max(steps) >= 39, sorted(steps)
 
 
 def test_a_successor_appends_to_rank_0s_csv_run_keeping_its_rows_and_columns(tmp_path):

@@ -158,10 +158,10 @@ class PGCRuntime:
         failover: when the leader dies (its streams break), the lowest live rank takes over the control plane and
             shard 0 (:meth:`_leader_gone`) instead of every rank failing. Not under bounded staleness (the table
             lives at the leader).
-        frozen_failover: also replace a *frozen* leader (needs ``failover``). Off by default: in-process tests pass,
-            but on real ranks the resumed leader acts as Lightning's rank zero until it reads ``DEPOSE`` (it rewrote
-            the new leader's CSV log in two of 20 runs). Without it a frozen leader (no heartbeat for twice the window)
-            fails every worker; with it the others take over, and the leader steps down and rejoins when it resumes.
+        frozen_failover: also replace a *frozen* leader (needs ``failover``; the strategy turns both on). Without
+            it a frozen leader (no heartbeat for twice the window) fails every worker; with it the others take
+            over, and the leader steps down and rejoins when it resumes. A resumed leader must not do rank-zero
+            work before it knows whether it was replaced: :meth:`seat_in_doubt`, :meth:`settle_seat`.
     """
 
     def __init__(
@@ -228,6 +228,8 @@ class PGCRuntime:
         self._leader_heard = time.monotonic()
         self._last_check = self._resumed_at = time.monotonic()  # see _check_leader
         self._watched = self._watch_grace = time.monotonic()  # see _watch_leader
+        self._service_tick = time.monotonic()  # the service loop's last turn (see seat_in_doubt)
+        self._doubt_since: Optional[float] = None  # a leader whose process stopped for a window (see seat_in_doubt)
         self._notes: dict[int, list[tuple[int, int]]] = {}  # leader: version -> (rank rejoining at it, its donor)
         # every rank: version -> the (rank, donor) ATTACH messages seen for it, and the ranks this one sent its state
         # to at it (from wait(), or between steps)
@@ -593,6 +595,27 @@ class PGCRuntime:
                 f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no heartbeat for {silent:.1f} s "
                 f"while {doing}; its process is gone or frozen"
             )
+
+    def seat_in_doubt(self) -> bool:
+        """Whether this rank leads but may have been replaced: with ``frozen_failover``, its process stopped (or was
+        starved) for a heartbeat window, long enough for the others to take over. Until :meth:`settle_seat` it must
+        not do rank-zero work (write checkpoints or logs the successor writes too). Any thread."""
+        if not (self.frozen_failover and self.is_leader):
+            return False
+        return self._doubt_since is not None or time.monotonic() - self._service_tick > self.heartbeat_window
+
+    def settle_seat(self) -> bool:
+        """Call when :meth:`seat_in_doubt`: wait up to a heartbeat window for a successor's ``DEPOSE`` (sent while
+        this process was stopped, so it is among the first things read after) and return whether this rank still
+        leads (it steps down meanwhile if deposed)."""
+        start = time.monotonic()
+        while self.is_leader and time.monotonic() - start < self.heartbeat_window:
+            time.sleep(self.heartbeat_interval / 4)
+        if self.is_leader:
+            log.warning("PGC rank %d: this leader's process stopped for more than a heartbeat window, but no rank took "
+                        "over; it goes on leading", self.rank)
+            self._doubt_since = None
+        return self.is_leader
 
     def release(self, aggregate: Tensor) -> None:
         """Return an aggregate from :meth:`wait` to the pool once nothing (e.g. ``param.grad``) views it."""
@@ -988,6 +1011,9 @@ class PGCRuntime:
                 except queue.Empty:
                     break
             now = time.monotonic()
+            if self.frozen_failover and self.is_leader and now - self._service_tick > self.heartbeat_window:
+                self._doubt_since = now  # this process stopped for a window: the others may have replaced it
+            self._service_tick = now
             for item in batch:
                 tag = item[0]
                 leader = self.leader  # a successor becomes the leader between two items
