@@ -395,6 +395,14 @@ def guard_loggers(loggers: list[Any], before: Callable[[], None]) -> None:
             setattr(lg, name, guarded)
 
 
+def unguard_loggers(loggers: list[Any]) -> None:
+    """Undo :func:`guard_loggers` (the guards hold the strategy; a logger outlives the fit)."""
+    for lg in loggers:
+        for name in _LOGGER_WRITES:
+            if getattr(vars(lg).get(name), "_pgc_guarded", False):
+                delattr(lg, name)
+
+
 def continue_loggers(loggers: list[Any]) -> None:
     """A successor, now rank zero: open rank 0's runs and append to them (2.6.6: creating the CSV writer deletes
     an existing ``metrics.csv``, so it is kept aside meanwhile and its columns are carried over)."""

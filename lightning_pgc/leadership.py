@@ -19,6 +19,7 @@ from lightning_pgc._lightning import (
     logger_ids,
     make_rank_zero,
     pin_loggers,
+    unguard_loggers,
 )
 
 if TYPE_CHECKING:
@@ -34,7 +35,7 @@ class Leadership:
 
     Call order: :meth:`enabled` when the runtime is built; :meth:`pin_loggers` on every rank once the runtime runs
     (every rank alive); :meth:`follow` on the training thread after every exchange, before every collective and
-    checkpoint, and when the runtime stops; :attr:`rank` at any time.
+    checkpoint, and when the runtime stops; :meth:`release_loggers` after that; :attr:`rank` at any time.
     """
 
     def __init__(self, strategy: "PGCStrategy") -> None:
@@ -62,6 +63,10 @@ class Leadership:
         if st.global_rank != 0:
             pin_loggers(trainer.loggers, ids)
         guard_loggers(trainer.loggers, self.follow)
+
+    def release_loggers(self, trainer: "pl.Trainer") -> None:
+        """At the end of fit: the loggers write unguarded again (see :meth:`pin_loggers`)."""
+        unguard_loggers(trainer.loggers)
 
     def follow(self) -> None:
         """Move the rank-zero seat to where the runtime's leader is now, taking it if that is this rank. A leader

@@ -465,6 +465,8 @@ class PGCStrategy(DDPStrategy):
                             self.global_rank, trainer.global_step)
             self.runtime.stop(donate=self._transfer.state_bytes, leave=leave)
             self._leadership.follow()  # the leader may have died while this rank finished
+            if trainer is not None:
+                self._leadership.release_loggers(trainer)
             self.buffer_stats = self.runtime.buffer_stats()
             self._rank_stats = self.runtime.rank_stats()
             if self.cache is not None:

@@ -102,6 +102,28 @@ def test_a_successor_appends_to_rank_0s_csv_run_keeping_its_rows_and_columns(tmp
     assert [(r["step"], r["train_loss"], r["pgc/alive"]) for r in rows] == [("1", "1.0", ""), ("5", "0.5", "3.0")]
 
 
+def test_every_logger_write_follows_the_seat_first_while_guarded(tmp_path):
+    """The fence of a resumed leader on the logger side: while guarded, each write of a logger first calls the seat
+    check (a leader in doubt waits there to learn whether it was replaced); after the fit the logger is plain."""
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lightning_pgc._lightning import guard_loggers, unguard_loggers
+
+    logger = CSVLogger(tmp_path, name="logs")
+    checks = []
+    guard_loggers([logger], lambda: checks.append(1))
+    guard_loggers([logger], lambda: checks.append(2))  # idempotent: one guard
+    logger.log_metrics({"train_loss": 1.0}, step=0)
+    logger.save()
+    assert checks == [1, 1]
+    unguard_loggers([logger])
+    logger.log_metrics({"train_loss": 0.5}, step=1)
+    logger.save()
+    assert checks == [1, 1] and "log_metrics" not in vars(logger)
+    with open(tmp_path / "logs" / "version_0" / "metrics.csv", newline="") as fh:
+        assert [row["train_loss"] for row in csv.DictReader(fh)] == ["1.0", "0.5"]
+
+
 def test_other_ranks_pin_rank_0s_wandb_run_id(tmp_path):
     """The W&B run a successor continues: rank 0's, by id, resumed (``wandb.init(id=..., resume="allow")``)."""
     from lightning.pytorch.loggers import WandbLogger

@@ -602,7 +602,10 @@ class PGCRuntime:
         not do rank-zero work (write checkpoints or logs the successor writes too). Any thread."""
         if not (self.frozen_failover and self.is_leader):
             return False
-        return self._doubt_since is not None or time.monotonic() - self._service_tick > self.heartbeat_window
+        if self._doubt_since is not None:
+            return True
+        turning = self._service is not None and self._service.is_alive() and not self._stopping.is_set()
+        return turning and time.monotonic() - self._service_tick > self.heartbeat_window
 
     def settle_seat(self) -> bool:
         """Call when :meth:`seat_in_doubt`: wait up to a heartbeat window for a successor's ``DEPOSE`` (sent while
