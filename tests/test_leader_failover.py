@@ -265,7 +265,7 @@ def test_a_leader_that_stopped_but_was_not_replaced_keeps_leading(caplog):
     """The whole machine paused (every process stopped, nobody took over): the leader, in doubt on resuming, waits a
     heartbeat window for a DEPOSE that does not come, says so, and goes on leading."""
     scheme = make_scheme("pgc_cr", 4, 1)
-    rts = make_runtimes(scheme, shards=1, heartbeat=(0.05, 10), failover=True, frozen_failover=True)
+    rts = make_runtimes(scheme, shards=1, heartbeat=(0.05, 40), failover=True, frozen_failover=True)
     try:
         _step_all(rts, 0)
         rts[0]._doubt_since = time.monotonic()  # as its service loop finds after a stop of more than a window
