@@ -164,6 +164,14 @@ def _step_all(rts, version, ranks=None):
     return out
 
 
+def _go_on_exact(rts, versions, live):
+    """The ``live`` ranks step through ``versions``: every aggregate is pgc_cr's over ``live``, identical on each."""
+    for v in versions:
+        out = _step_all(rts, v, live)
+        torch.testing.assert_close(out[0], _cr_mean(live, v))
+        assert all(torch.equal(a, out[0]) for a in out)
+
+
 def _cr_mean(ranks, version):
     """pgc_cr's aggregate of these test codes (ages (0, 0)): ``mu / n = 1 / (|R| c)`` times their sum."""
     return sum(code(k, version) for k in ranks) / len(ranks) / 2
@@ -333,11 +341,10 @@ def _rejoin_while_others_wait(rts, rank, others, asked, state):
     return got
 
 
-def _resume_and_rejoin(rts, rank, leader, live, state, first):
-    """Rank ``rank`` resumed: it applies what it still gets from version ``first`` on (the state transfer replaces
-    it) until it finds itself detached, then asks to rejoin; the ``live`` ranks submit and wait for the version it
-    is attached at, donating ``state`` while waiting or with the aggregate, as the strategy does. Asserts it got
-    that state and every rank the same aggregate; returns (that version, the version it asked at)."""
+def _ask_after_detach(rts, rank, leader, first=0):
+    """Rank ``rank`` applies what it still gets from version ``first`` on until it finds itself detached, then asks
+    to rejoin from a thread, which stores ``rejoin``'s result in ``got["result"]``. Returns (that thread, ``got``,
+    the version it asked at) once leader ``leader`` attached it (``rts[leader].leader.rejoining[rank]``)."""
     behind = first
     with pytest.raises(PGCDetached):
         while True:
@@ -346,8 +353,17 @@ def _resume_and_rejoin(rts, rank, leader, live, state, first):
     got: dict = {}
     asker = threading.Thread(target=lambda: got.update(result=rts[rank].rejoin(behind)))
     asker.start()
-    assert _eventually(lambda: rank not in rts[leader].leader.detached)
-    u = rts[leader].leader.version  # open, and nobody sent a code for it yet
+    assert _eventually(lambda: rank in rts[leader].leader.rejoining)
+    return asker, got, behind
+
+
+def _resume_and_rejoin(rts, rank, leader, live, state, first):
+    """Rank ``rank`` resumed: it applies what it still gets from version ``first`` on (the state transfer replaces
+    it) until it finds itself detached, then asks to rejoin; the ``live`` ranks submit and wait for the version it
+    is attached at, donating ``state`` while waiting or with the aggregate, as the strategy does. Asserts it got
+    that state and every rank the same aggregate; returns (that version, the version it asked at)."""
+    asker, got, behind = _ask_after_detach(rts, rank, leader, first)
+    u = rts[leader].leader.rejoining[rank]  # the open version, and nobody sent a code for it yet
 
     def donor(rt):
         agg = rt.wait(u, donate=lambda: state)
@@ -426,10 +442,7 @@ def _finish_rejoin(rts, rank, live, version, state, asker, got):
         t.join(10)
     torch.testing.assert_close(aggs[rank], _cr_mean(live, version))
     assert all(torch.equal(aggs[r], aggs[rank]) for r in live)
-    for v in range(version + 1, version + 3):
-        out = _step_all(rts, v, live)
-        torch.testing.assert_close(out[0], _cr_mean(live, v))
-        assert all(torch.equal(a, out[0]) for a in out)
+    _go_on_exact(rts, range(version + 1, version + 3), live)
 
 
 def test_a_donor_worker_that_dies_during_the_state_transfer_is_replaced_by_another(caplog):
@@ -445,15 +458,7 @@ def test_a_donor_worker_that_dies_during_the_state_transfer_is_replaced_by_anoth
     try:
         for v in range(4):
             _step_all(rts, v, [1, 2, 3])
-        behind = 0
-        with pytest.raises(PGCDetached):
-            while True:
-                rts[0].release(rts[0].wait(behind))
-                behind += 1
-        got: dict = {}
-        asker = threading.Thread(target=lambda: got.update(result=rts[0].rejoin(behind)))
-        asker.start()
-        assert _eventually(lambda: 0 in rts[0].leader.rejoining)
+        asker, got, _ = _ask_after_detach(rts, 0, 0)
         u = rts[0].leader.rejoining[0]
         _step_all(rts, u, [1, 2, 3])
         assert [rts[r].donation(u) for r in (1, 2, 3)] == [[0], [], []]

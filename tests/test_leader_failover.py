@@ -13,9 +13,20 @@ import pytest
 import torch
 
 from lightning_pgc.codes import make_scheme
-from lightning_pgc.runtime import Channel, PGCDetached
+from lightning_pgc.runtime import Channel
 from lightning_pgc.runtime.messages import Kind, read_header
-from tests.test_dead_ranks import _bury, _cr_mean, _die, _DiesWhileDonating, _finish_rejoin, _resume_and_rejoin, _step_all, _together
+from tests.test_dead_ranks import (
+    _ask_after_detach,
+    _bury,
+    _cr_mean,
+    _die,
+    _DiesWhileDonating,
+    _finish_rejoin,
+    _go_on_exact,
+    _resume_and_rejoin,
+    _step_all,
+    _together,
+)
 from tests.test_runtime import FrozenTransport, _eventually, _NoSend, _stop_all, make_runtimes, submit
 
 
@@ -176,10 +187,7 @@ def test_two_ranks_that_missed_the_dead_leaders_last_aggregate_rejoin_at_one_ver
         stats = rts[1].rank_stats()
         assert stats[1]["rejoined"] == 1 and stats[2]["rejoined"] == 1
         assert "rejoined at version 3 with the state of rank 3" in caplog.text
-        for v in range(4, 6):
-            got_v = _step_all(rts, v, live)
-            torch.testing.assert_close(got_v[0], _cr_mean(live, v))
-            assert all(torch.equal(a, got_v[0]) for a in got_v)
+        _go_on_exact(rts, range(4, 6), live)
     finally:
         _bury(rts, 0)
 
@@ -197,15 +205,7 @@ def test_a_donor_that_dies_during_the_state_transfer_is_replaced_by_another(capl
     try:
         for v in range(4):  # rank 3 stalls: versions close with ranks 0-2, and it is detached past max_lag
             _step_all(rts, v, [0, 1, 2])
-        behind = 0
-        with pytest.raises(PGCDetached):
-            while True:
-                rts[3].release(rts[3].wait(behind))
-                behind += 1
-        got: dict = {}
-        asker = threading.Thread(target=lambda: got.update(result=rts[3].rejoin(behind)))
-        asker.start()
-        assert _eventually(lambda: 3 in rts[0].leader.rejoining)
+        asker, got, _ = _ask_after_detach(rts, 3, 0)
         u = rts[0].leader.rejoining[3]
         _step_all(rts, u, [0, 1, 2])  # version u closes without rank 3; the leader donates with its aggregate
         assert all(rts[r].donation(u) == [] for r in (1, 2))
