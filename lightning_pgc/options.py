@@ -77,9 +77,6 @@ def check_options(
         raise ValueError(f"shard_bytes must be >= 1, got {shard_bytes}")
     if diagnostics_every < 1:
         raise ValueError(f"diagnostics_every must be >= 1, got {diagnostics_every}")
-    if failover and scheme == "bounded":
-        raise ValueError("failover=True is not available under scheme='bounded': the table of every partition's "
-                         "entries lives at the leader, so rank 0's death ends the job (leave failover unset)")
 
 
 def _check_type(name: str, value: Any, types: Union[type, tuple[type, ...]]) -> None:

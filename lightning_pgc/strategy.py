@@ -163,10 +163,10 @@ class PGCStrategy(DDPStrategy):
             checkpoints, the loggers' runs and (``fork``/``spawn``) the fit's results; the job goes on as with any
             other dead rank (the log says ``... takes over``). A frozen leader (no heartbeat for a window) is
             replaced the same way; when it resumes it steps down and rejoins by state transfer, and writes nothing
-            meanwhile. ``None`` (default): wherever it is available, i.e. not
-            under ``scheme="bounded"`` (its table lives at the leader) and not when rank 0 is the launching process
-            (``start_method="popen"`` outside SLURM or torchrun): there rank 0's death ends the job, fast. ``True``:
-            required (refused where unavailable); ``False``: the job ends whenever rank 0 dies.
+            meanwhile. Under ``scheme="bounded"`` the successor rebuilds the table from the codes every rank keeps
+            (its last ``staleness`` ones). ``None`` (default): wherever it is available, i.e. not when rank 0 is the
+            launching process (``start_method="popen"`` outside SLURM or torchrun): there rank 0's death ends the
+            job, fast. ``True``: required (refused where unavailable); ``False``: the job ends whenever rank 0 dies.
     """
 
     strategy_name = "pgc"
@@ -288,7 +288,7 @@ class PGCStrategy(DDPStrategy):
             self._make_scheme(self.num_nodes * len(self.parallel_devices))
         super()._configure_launcher()
         # Lightning's launchers kill every rank when one dies; PGC survives up to s dead ranks.
-        failover = self.failover is not False and self.scheme_name != "bounded"
+        failover = self.failover is not False
         wrap_launcher(self, lambda launcher: surviving_launcher(launcher, self._live.reap_grace_s(), failover))
         mark_launching_rank(self._launcher)
         if self.failover and launches_in_rank_zero(self):

@@ -14,17 +14,19 @@ import torch
 from tests.jobs import run_job
 
 
-@pytest.mark.parametrize("shard_bytes", [None, 64], ids=["one_shard", "every_rank_owns_one"])
-def test_a_killed_leader_is_replaced_by_rank_1_and_the_job_finishes(tmp_path, shard_bytes):
+@pytest.mark.parametrize("strategy,shard_bytes", [("pgc", None), ("pgc", 64), ("bounded_staleness", None)],
+                         ids=["one_shard", "every_rank_owns_one", "bounded"])
+def test_a_killed_leader_is_replaced_by_rank_1_and_the_job_finishes(tmp_path, strategy, shard_bytes):
     """SIGKILL of rank 0 (the leader, and Lightning's rank zero) at step 3: rank 1 takes over. Ranks 1-3 finish fit
     with identical replicas; validation and checkpoints go on (written by rank 1, in the same folder); the CSV
     logger's run continues (rows from before and after the failover in one ``metrics.csv``, ``pgc/alive`` 3); the
-    summary comes from rank 1 and the launching process exits 0, warning that rank 0 died."""
+    summary comes from rank 1 and the launching process exits 0, warning that rank 0 died. Under bounded staleness
+    rank 1 rebuilds the table from the codes the live ranks keep and send it again."""
     kwargs = {"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0}
     if shard_bytes is not None:
         kwargs["shard_bytes"] = shard_bytes
     job = run_job(
-        tmp_path, "kill0", strategy="pgc", devices=4, max_steps=16, val_check_interval=8,
+        tmp_path, "kill0", strategy=strategy, devices=4, max_steps=16, val_check_interval=8,
         check_val_every_n_epoch=None, limit_val_batches=2, checkpoint_every_n_steps=8, strategy_kwargs=kwargs,
         faults=[{"kind": "Kill", "rank": 0, "step": 3}],
     )
@@ -38,6 +40,8 @@ def test_a_killed_leader_is_replaced_by_rank_1_and_the_job_finishes(tmp_path, sh
     assert "rank 0 (the first PGC leader) exited with status -9" in log
     alive = [row["pgc/alive"] for row in job["summary"]["diagnostics"] if "pgc/alive" in row]
     assert alive and alive[-1] == 3.0
+    windows = [row["pgc/bounded/window"] for row in job["summary"]["diagnostics"] if "pgc/bounded/window" in row]
+    assert bool(windows) == (strategy == "bounded_staleness")  # (the diagnostics rank 1 logged after the failover)
     assert math.isfinite(job["summary"]["metrics"]["val_loss"])
     folder = tmp_path / "kill0" / "checkpoints"
     assert torch.load(folder / "last.ckpt", weights_only=False)["global_step"] == 16
@@ -51,14 +55,15 @@ def test_a_killed_leader_is_replaced_by_rank_1_and_the_job_finishes(tmp_path, sh
     assert any(row.get("pgc/alive") == "3.0" for row in rows)
 
 
-def test_a_frozen_leader_is_replaced_and_rejoins_as_a_worker_when_it_resumes(tmp_path):
+@pytest.mark.parametrize("strategy", ["pgc", "bounded_staleness"])
+def test_a_frozen_leader_is_replaced_and_rejoins_as_a_worker_when_it_resumes(tmp_path, strategy):
     """SIGSTOP of rank 0 (the leader) for 3 s at step 3: after a heartbeat window (1 s) rank 1 takes over and the
     others go on. After SIGCONT rank 0 waits to learn whether it was replaced before any rank-zero write, steps
     down, gives up Lightning's rank-zero seat and rejoins by state transfer. All four finish with identical
     replicas; checkpoints, validation, the CSV run and the results come from rank 1 (one ``metrics.csv``, readable,
     rows up to the last step)."""
     job = run_job(
-        tmp_path, "freeze0", strategy="pgc", devices=4, max_steps=40, val_check_interval=20,
+        tmp_path, "freeze0", strategy=strategy, devices=4, max_steps=40, val_check_interval=20,
         check_val_every_n_epoch=None, limit_val_batches=2, checkpoint_every_n_steps=20, compute_s_per_eval=0.02,
         strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0},
         faults=[{"kind": "Freeze", "rank": 0, "step": 3, "seconds": 3.0}],

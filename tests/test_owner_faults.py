@@ -7,18 +7,21 @@ from __future__ import annotations
 import math
 import re
 
+import pytest
 import torch
 
 from tests.jobs import run_job
 from tests.test_faults import soak
 
 
-def test_a_killed_shard_owner_is_survived_its_shard_moves_to_a_live_rank(tmp_path):
+@pytest.mark.parametrize("strategy", ["pgc", "bounded_staleness"])
+def test_a_killed_shard_owner_is_survived_its_shard_moves_to_a_live_rank(tmp_path, strategy):
     """SIGKILL of rank 2 at step 3 with 4 shards (``shard_bytes`` below the payload: every rank owns one, as for
     any real model): its shard moves to a live rank, and the other three finish fit with validation and
-    checkpoints, identical replicas and ``pgc/alive`` 3; the launching process exits 0."""
+    checkpoints, identical replicas and ``pgc/alive`` 3; the launching process exits 0. Under bounded staleness the
+    live ranks send the new owner their kept codes and the leader forgets rank 2's entries."""
     job = run_job(
-        tmp_path, "kill_owner", strategy="pgc", devices=4, max_steps=16, val_check_interval=8,
+        tmp_path, "kill_owner", strategy=strategy, devices=4, max_steps=16, val_check_interval=8,
         check_val_every_n_epoch=None, limit_val_batches=2, checkpoint_every_n_steps=8,
         strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0, "shard_bytes": 64},
         faults=[{"kind": "Kill", "rank": 2, "step": 3}],
@@ -32,6 +35,8 @@ def test_a_killed_shard_owner_is_survived_its_shard_moves_to_a_live_rank(tmp_pat
     assert re.search(r"shard 2 to rank [013]", job["stderr"]), job["stderr"][-3000:]
     alive = [row["pgc/alive"] for row in job["summary"]["diagnostics"] if "pgc/alive" in row]
     assert alive and alive[-1] == 3.0
+    windows = [row for row in job["summary"]["diagnostics"] if "pgc/bounded/window" in row]
+    assert bool(windows) == (strategy == "bounded_staleness")
     assert math.isfinite(job["summary"]["metrics"]["val_loss"])
     ckpt = torch.load(tmp_path / "kill_owner" / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 16

@@ -7,11 +7,17 @@ arrived and every partition has an entry with ``t - v_i < c``; its DECIDE names,
 version of the code to use, so every shard owner sums the same entries and replicas stay identical. Owners keep
 every code from the oldest entry in use on (``scheme.reuses_codes``). Coverage failure waits (counted, logged)
 and, with ``widen_after``, widens ``c`` by one per ``widen_after`` seconds of waiting, up to ``max_window``.
+
+Faults: every rank also keeps its own codes of its last ``c`` versions, so a dead shard owner's or leader's codes
+can be sent again to the new owner. A dead owner's entries are forgotten (:meth:`BoundedLeader.forget`: its own
+shard of its code died with it), and a version it closed but never published is planned again from live codes
+(:meth:`BoundedLeader.replan`); a successor leader rebuilds the table from the codes sent again to it.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -67,7 +73,9 @@ class BoundedLeader(Leader):
         self.coverage_waits = 0  # versions that waited for coverage
         self.displaced = 0  # table entries replaced by a newer version
         self.duplicates = 0  # codes carrying a partition another code of the same version already carried
-        self._carried: dict[int, set[int]] = {}  # version -> partitions its codes carried (recent versions only)
+        self._carried: dict[int, dict[int, list[int]]] = {}  # version -> partition -> ranks whose codes carried it
+        # (recent versions only: what :meth:`forget` and :meth:`replan` fall back on)
+        self._counts_from: dict[int, float] = {}  # forgotten rank -> first version whose codes count again
         self._covered_since: Optional[float] = None
         self._uncoverable_since: Optional[float] = None
 
@@ -88,14 +96,71 @@ class BoundedLeader(Leader):
         if partition not in self.bounded.partitions(header.sender):
             raise CoordinatorError(f"rank {header.sender}'s code of version {header.version} carries partition "
                                    f"{partition}, which it does not hold")
-        carried = self._carried.setdefault(header.version, set())
+        if header.version < self._counts_from.get(header.sender, -1):
+            return  # a code of a forgotten rank (sent before it froze, say), from before it rejoined
+        carried = self._carried.setdefault(header.version, {})
+        if header.sender in carried.get(partition, ()):
+            return  # the same code sent again (to a new owner of shard 0)
         self.duplicates += partition in carried
-        carried.add(partition)
+        carried.setdefault(partition, []).append(header.sender)
         for v in [v for v in self._carried if v < self.version - 16]:
             del self._carried[v]
         old = self.table.entries[partition]
         if self.table.offer(partition, header.sender, header.version) and old is not None:
             self.displaced += 1
+
+    def forget(self, rank: int, floor: int) -> None:
+        """``rank`` died (or froze): its codes lost the rows it kept for its own shards (and one may not have reached
+        every owner), so none of them enters an aggregate again. Each partition whose entry was its code falls back
+        on the newest other code of that partition seen lately of a version from ``floor`` on (owners keep those),
+        or on none: the partition waits for coverage. Its codes count again from the version it rejoins at."""
+        self._counts_from[rank] = math.inf
+        for carried in self._carried.values():
+            for ranks in carried.values():
+                if rank in ranks:
+                    ranks.remove(rank)
+        for i, e in enumerate(self.table.entries):
+            if e is not None and e.rank == rank:
+                self.table.entries[i] = self._newest(i, floor=floor - 1)
+
+    def _newest(self, partition: int, floor: int, below: Optional[int] = None,
+                gone: frozenset[int] = frozenset()) -> Optional[Entry]:
+        """The newest code of ``partition`` seen lately, of a version in ``(floor, below]`` and not from ``gone``."""
+        for v in sorted(self._carried, reverse=True):
+            if (below is not None and v > below) or v <= floor:
+                continue
+            ranks = [r for r in self._carried[v].get(partition, ()) if r not in gone]
+            if ranks:
+                return Entry(ranks[0], v)
+        return None
+
+    def on_rejoin(self, rank: int, leader_rank: int, leader_finished: bool = False) -> tuple[int, int]:
+        """As :meth:`Leader.on_rejoin`; a forgotten rank's codes count again from the version it rejoins at."""
+        u, donor = super().on_rejoin(rank, leader_rank, leader_finished)
+        if rank in self._counts_from:
+            self._counts_from[rank] = u
+        return u, donor
+
+    def replan(self, version: int, gone: set[int], kept: int) -> Optional[list[tuple[int, int, int]]]:
+        """The plan to decode closed ``version`` again after a shard owner died before publishing it: its entries,
+        each one whose rank is ``gone`` or forgotten (or older than the ``kept`` versions ranks keep their codes for)
+        replaced by the newest live code of that partition within the window (``version - v < c``), so that its new
+        owner gets every code again. None while some partition has no such code (a late one may still come).
+        """
+        rec = self.record(version)
+        if not isinstance(rec, BoundedRecord):
+            return None
+        gone = set(gone) | {r for r, v in self._counts_from.items() if v > version}
+        floor = version - min(rec.window, kept)
+        plan = []
+        for i, e in enumerate(rec.entries):
+            if e.rank in gone or e.version <= floor:
+                sub = self._newest(i, floor, below=version, gone=frozenset(gone))
+                if sub is None:
+                    return None
+                e = sub
+            plan.append((i, e.rank, e.version))
+        return plan
 
     def try_close(self, now: float) -> Optional[StepRecord]:
         """Close the open version if enough fresh codes arrived and every partition is covered (no rank is waited

@@ -196,6 +196,11 @@ class Leader:
             for d in (self._arrivals, self._valid, self._ages):
                 d.pop(rank, None)
 
+    def forget(self, rank: int, floor: int) -> None:
+        """``rank`` died or froze: no code of it enters a later aggregate (``floor``: the oldest version whose codes
+        every owner still keeps). Nothing to do here (a code serves only its own version); bounded staleness's table
+        overrides this."""
+
     def on_rejoin(self, rank: int, leader_rank: int, leader_finished: bool = False) -> tuple[int, int]:
         """Detached ``rank`` is back: it gets aggregates again from the open version ``u`` on, and the training
         state at the start of ``u`` from a donor. Returns ``(u, donor)``. The donor is the leader (whose training

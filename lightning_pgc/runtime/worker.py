@@ -23,7 +23,9 @@ A shard owner that dies (or freezes: then every rank first stops accepting its s
 ranks (:meth:`PGCRuntime._recover`): every rank tells the leader the last version of each lost shard it got;
 ranks that missed versions another rank got rejoin by state transfer; the version nobody could complete (at most
 one) has the lost shards decoded again by their new owners from the live ranks' kept codes, and every rank
-replaces what it had of them, so replicas stay identical.
+replaces what it had of them, so replicas stay identical. Under bounded staleness (a code may serve later
+versions) every rank keeps its own codes of its last ``c`` versions for such re-sends, and the leader plans that
+version again from live codes (:meth:`~lightning_pgc.runtime.bounded.BoundedLeader.replan`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import torch
 from torch import Tensor
 
 from lightning_pgc.codes import Scheme
+from lightning_pgc.runtime.bounded import BoundedLeader
 from lightning_pgc.runtime.collectives import LiveCollectives, LiveGather
 from lightning_pgc.runtime.leader import STAT_NAMES, CoordinatorError, Leader, StepRecord
 from lightning_pgc.runtime.mailbox import Mailbox, PGCTimeoutError
@@ -156,8 +159,8 @@ class PGCRuntime:
         heartbeat_interval: seconds between heartbeats; heartbeat_misses: missed heartbeats after which a rank
             (or the leader, seen from a worker) counts as dead.
         failover: when the leader dies (its streams break), the lowest live rank takes over the control plane and
-            shard 0 (:meth:`_leader_gone`) instead of every rank failing. Not under bounded staleness (the table
-            lives at the leader).
+            shard 0 (:meth:`_leader_gone`) instead of every rank failing. Under bounded staleness the successor
+            rebuilds the table from the codes the live ranks keep and send it again.
         frozen_failover: also replace a *frozen* leader (needs ``failover``; the strategy turns both on). Without
             it a frozen leader (no heartbeat for twice the window) fails every worker; with it the others take
             over, and the leader steps down and rejoins when it resumes. A resumed leader must not do rank-zero
@@ -211,7 +214,10 @@ class PGCRuntime:
             self._make_leader(scheme, world_size, start_version, timeout, max_lag, self.heartbeat_window)
             if rank == leader else None
         )
-        self.failover = failover and not scheme.reuses_codes
+        self.failover = failover
+        # Under bounded staleness a code may serve the next ``c - 1`` versions: every rank keeps its own codes of its
+        # last ``c`` versions, to send them again to a new owner when an owner or the leader dies.
+        self.kept_versions = scheme.window if scheme.reuses_codes else 1
         self.frozen_failover = self.failover and frozen_failover
         self._failover_lock = threading.Lock()
         self._deposed: set[int] = set()  # leaders that died or froze and were replaced (this rank too, if it stepped
@@ -310,11 +316,11 @@ class PGCRuntime:
         return. On the leader, ``donate`` gives the final training state (a uint8 tensor) to ranks that rejoin
         after the leader finished. With ``leave`` (a worker that stops alone, e.g. on SIGTERM) it says BYE on every
         stream and returns at once: the others go on without it, and its shards move to live ranks as a dead
-        owner's do (under bounded staleness an owner serves its shards until the others finish instead).
+        owner's do.
         """
         if self._stopped:
             return
-        if leave and not self.is_leader and not (self.scheme.reuses_codes and self.owners.shards_of(self.rank, LATEST)):
+        if leave and not self.is_leader:
             self._leave()
             return
         self._stopped = True
@@ -499,10 +505,11 @@ class PGCRuntime:
 
     def new_code(self, version: int) -> CodeMessage:
         """A message to encode this rank's code for ``version`` into (reused once its sends completed and its
-        version closed; payload padding is zero)."""
+        version closed, or under bounded staleness once ``c`` versions old; payload padding is zero)."""
         with self._send_lock:
             for msg in self._codes:
-                if 0 <= msg.version < version and msg.sends_pending == 0 and self._unused_here(msg.version):
+                if (0 <= msg.version <= version - self.kept_versions and msg.sends_pending == 0
+                        and self._unused_here(msg.version)):
                     break
             else:
                 msg = CodeMessage(self.layout, self.up_dtype, self.pin_memory)
@@ -535,10 +542,19 @@ class PGCRuntime:
         if owner == self.rank:
             self._inbox.put(("code", read_header(row), row, time.monotonic(), True))
             return
+        if owner in self._broken:  # its process is gone: the code stays kept and goes to the shard's new owner
+            return
+        try:
+            handle = self.transport.isend(Channel.CODE, owner, row)
+        except Exception as exc:  # (gloo may refuse at once) as above; the owner's streams report its death
+            self._broken.add(owner)
+            log.warning("PGC rank %d: sending shard %d of its code for version %d to rank %d failed: %r", self.rank,
+                        shard, code.version, owner, exc)
+            return
         with code._lock:
             code.sends_pending += 1
         self._count(sent=row.numel() * row.element_size())
-        self._reaper_q.put(([self.transport.isend(Channel.CODE, owner, row)], code._sent))
+        self._reaper_q.put(([handle], code._sent))
 
     def wait(self, version: int, donate: Optional[Callable[[], Tensor]] = None) -> Tensor:
         """The aggregate of ``version`` as a flat view of ``layout.numel`` elements (``down_dtype``).
@@ -789,8 +805,6 @@ class PGCRuntime:
                 if not self._stopping.is_set() and shards and peer not in self._fenced:
                     if peer == self.leader_rank and not leader_lost:
                         self.mailbox.abort(f"lost the PGC leader (rank {peer}, owner of shard 0): {exc!r}")
-                    elif self.scheme.reuses_codes:
-                        self.mailbox.abort(f"{_dead_owner(peer, self.progress, shards)} ({exc!r})")
                     else:
                         self._report_lost(peer, shards)
                 return
@@ -954,7 +968,9 @@ class PGCRuntime:
                     "once every live rank reported what it got", self.rank, dead, "froze" if frozen else "died")
 
     def _apply_assign(self, shard: int, owner: int, from_version: int) -> None:
-        """Take a reassignment into account and re-send kept codes that went to the old owner."""
+        """Take a reassignment into account and re-send kept codes that went to the old owner: those of versions
+        from ``from_version`` on that this rank has not completed, and under bounded staleness every code it kept
+        (its last ``c`` versions: a later version's entry may name it)."""
         if owner in self._fenced:  # a frozen owner that came back owns a shard again: its new shards count
             with self._fence_locks[owner]:
                 self._fenced[owner] = min(self._fenced[owner], from_version)
@@ -962,7 +978,13 @@ class PGCRuntime:
             old = self.owners.owner(shard, from_version)
             self.owners.reassign(shard, owner, from_version)
             for code in self._codes:
-                if code.version >= from_version and old != owner and not self.mailbox.has(code.version):
+                if old == owner or code.version < 0:
+                    continue
+                if self.scheme.reuses_codes:
+                    resend = code.version > from_version - self.kept_versions
+                else:
+                    resend = code.version >= from_version and not self.mailbox.has(code.version)
+                if resend:
                     self._send_code_shard(code, shard, owner)
 
     # ------------------------------------------------------------------------------------------- service loop
@@ -1149,17 +1171,13 @@ class PGCRuntime:
 
     def _on_dead(self, leader: Leader, rank: int, why: str) -> None:
         """Leader: ``rank``'s code stream broke (its process is gone). Up to ``s`` dead ranks are survived; the
-        shards a dead rank owned move to live ranks (:meth:`_recover`), except under bounded staleness.
-
-        Raises:
-            CoordinatorError: the dead rank owned a shard and the scheme keeps codes at their owners (bounded).
-        """
+        shards a dead rank owned move to live ranks (:meth:`_recover`). Under bounded staleness none of its codes
+        enters an aggregate again (one may not have reached every owner)."""
         if rank in leader.byes or rank in leader.dead:
             return
         leader.on_dead(rank)
+        leader.forget(rank, leader.version - self.kept_versions)
         shards = self.owners.shards_of(rank, LATEST)
-        if shards and self.scheme.reuses_codes:
-            raise CoordinatorError(_dead_owner(rank, leader.version, shards))
         now = time.monotonic()
         if shards:
             self._lose(rank, shards, now)
@@ -1172,13 +1190,7 @@ class PGCRuntime:
     def _check_owners(self, leader: Leader, now: float) -> None:
         """Leader: a shard owner that missed its heartbeats for a window (frozen: its streams stay up) holds up every
         rank. Its shards move as a dead owner's do, after every rank fenced it off (:meth:`_fence`); it is detached,
-        so if it resumes it rejoins by state transfer. Under bounded staleness (codes kept at their owners) the job
-        fails instead once it has been silent for the window plus ``timeout``.
-
-        Raises:
-            CoordinatorError: bounded staleness, naming the frozen owner (or the missing ranks, if too few are
-                alive).
-        """
+        so if it resumes it rejoins by state transfer."""
         if now - self._owners_checked > 3 * self.heartbeat_interval:
             self._owners_grace = now + self.heartbeat_window  # this loop did not run for a while (busy process):
             # the owners' heartbeats may still be in the sockets, so give them a window from now
@@ -1188,16 +1200,6 @@ class PGCRuntime:
         for r in sorted(self.owners.owners(LATEST) - {self.rank}):
             if r in leader.dead or r in leader.byes or self._fenced.get(r) == LATEST or leader.is_alive(r, now):
                 continue
-            if self.scheme.reuses_codes:
-                if not leader.gone(r, now):
-                    continue
-                if len(leader.alive(now)) < self.scheme.wait_for:
-                    raise leader.missing_error(now)
-                raise CoordinatorError(
-                    f"rank {r} owns shard(s) {self.owners.shards_of(r, LATEST)} of the data plane and has sent no "
-                    f"heartbeat for over {self.heartbeat_window + self.timeout:g} s (heartbeat window plus `timeout`): "
-                    "under bounded staleness a frozen shard owner is not survived. Raise `timeout` if ranks pause "
-                    "this long and come back, or raise `shard_bytes` above this model's payload to keep one shard")
             shards = self.owners.shards_of(r, LATEST)
             log.warning("PGC: rank %d owns shards %s and sent no heartbeat for %.1f s (frozen) at version %d: its "
                         "shards move to live ranks; it is detached and rejoins by state transfer if it resumes",
@@ -1214,7 +1216,10 @@ class PGCRuntime:
             self._lose(r, shards, now)
 
     def _lose(self, owner: int, shards: list[int], now: float) -> None:
-        """Leader: ``owner``'s ``shards`` are to move (:meth:`_recover`); the reports about them get a window."""
+        """Leader: ``owner``'s ``shards`` are to move (:meth:`_recover`); the reports about them get a window. Under
+        bounded staleness none of its codes enters an aggregate again (its own shard of each died with it)."""
+        if self.leader is not None:
+            self.leader.forget(owner, self.leader.version - self.kept_versions)
         if self._recovery is None:
             self._recovery = _Recovery(since=now)
         self._recovery.lost.extend(k for k in ((owner, j) for j in shards) if k not in self._recovery.lost)
@@ -1292,29 +1297,61 @@ class PGCRuntime:
         assert version is not None
         record = leader.record(version)
         gone = leader.dead | self._broken | set(leader.detached)
+        if self.scheme.reuses_codes:  # bounded staleness: the same entries, the lost ranks' replaced by live codes
+            self._replan(leader, rec, now, decided, leader.dead | self._broken)  # (a detached rank re-sends its own)
+            return
         arrived = [] if record is None else record.admitted + sorted(record.late, key=record.late.__getitem__)
         order = [r for r in arrived if r not in gone]
         if order and self.scheme.admits(order):
-            plan = [(k, k, version) for k in order]
-            a, b, words = decide_words(version, plan)
-            message = control(self.world_size, Kind.DECIDE, version, a, b, data=words)
             log.warning("PGC: version %d (closed with ranks %s) is decoded again for shards %s from ranks %s",
                         version, [] if record is None else record.admitted, rec.shards(), order)
-            self._send_all(Channel.CTRL, message, sorted(self.owners.owners(version) - {self.rank}))
-            decided[version] = plan
-            self._recovery = None
+            self._decide_again(version, [(k, k, version) for k in order], decided)
             return
         could = set(order) | {r for r in leader.alive(now) if r not in gone}
         if could and self.scheme.admits(sorted(could)):
             rec.short_since = None
             return
-        if rec.short_since is None:
-            rec.short_since = now
-        if now - rec.short_since > self.timeout:
+        if self._short_too_long(rec, now):
             raise CoordinatorError(
                 f"version {version} was closed with lost owner(s) {rec.dead()}, which owned shards {rec.shards()}, and "
                 f"cannot be decoded again: live codes for it came from ranks {order}, live ranks that may still "
                 f"send one: {sorted(could - set(order))}; scheme '{self.scheme.name}' needs {self.scheme.wait_for}")
+
+    def _replan(self, leader: Leader, rec: "_Recovery", now: float, decided: dict, gone: set[int]) -> None:
+        """Leader, bounded staleness: decide version ``rec.rebuild`` again for the shards nobody published, with the
+        entries it closed with; an entry of a lost rank (whose own shard of the code died with it) is replaced by the
+        newest live code of that partition within the window (:meth:`BoundedLeader.replan`). Every rank applies the
+        same aggregate; the lost shards' entries may differ from the other shards' for this one version."""
+        version = rec.rebuild
+        assert version is not None
+        if not isinstance(leader, BoundedLeader):
+            raise CoordinatorError(f"scheme '{self.scheme.name}' reuses codes across versions and needs a BoundedLeader, "
+                                   f"got {type(leader).__name__}")
+        plan = leader.replan(version, gone, self.kept_versions)
+        if plan is not None:
+            log.warning("PGC: version %d is decoded again for shards %s of lost owner(s) %s with entries %s",
+                        version, rec.shards(), rec.dead(), plan)
+            self._decide_again(version, plan, decided)
+            return
+        if self._short_too_long(rec, now):
+            raise CoordinatorError(
+                f"version {version} was closed with lost owner(s) {rec.dead()}, which owned shards {rec.shards()}, and "
+                f"cannot be decoded again: some partition has no live code younger than the window c="
+                f"{self.scheme.window}. Raise `replication` or `staleness`")
+
+    def _decide_again(self, version: int, plan: list[tuple[int, int, int]], decided: dict) -> None:
+        """Leader: send every other owner the new plan of ``version`` (each publishes only the shards it has not)."""
+        a, b, words = decide_words(version, plan)
+        message = control(self.world_size, Kind.DECIDE, version, a, b, data=words)
+        self._send_all(Channel.CTRL, message, sorted(self.owners.owners(version) - {self.rank}))
+        decided[version] = plan
+        self._recovery = None
+
+    def _short_too_long(self, rec: "_Recovery", now: float) -> bool:
+        """Leader: whether the version to decode again has lacked the codes it needs for over ``timeout``."""
+        if rec.short_since is None:
+            rec.short_since = now
+        return now - rec.short_since > self.timeout
 
     def _members(self) -> set[int]:
         """Leader: the ranks a collective waits for (not finished, not dead, not silent past window + timeout)."""
@@ -1371,7 +1408,9 @@ class PGCRuntime:
                 served.add(j)
             del decided[version]
             done_below = max(done_below, version + 1)
-            reused = min((v for _, _, v in plan), default=done_below) if self.scheme.reuses_codes else done_below
+            # (bounded staleness: the oldest entry in use, and no later than the codes ranks keep for re-sends)
+            reused = (min([v for _, _, v in plan] + [version + 1 - self.kept_versions]) if self.scheme.reuses_codes
+                      else done_below)
             self._keep_from = max(self._keep_from, reused)
             self._served_floor = max(self._served_floor, done_below - SERVED_KEPT)
             for v in [v for v in self._served if v < self._served_floor]:
@@ -1435,14 +1474,6 @@ class PGCRuntime:
         # the version, or the lowest ranks would be admitted systematically more often (a bias under pgc_cr).
         peers = [p for p in _rotated(self.peers, version) if self._receives(p, version) and p not in self._finished]
         self._send_all(Channel.AGG, message, peers, done=lambda: self._agg_pool.put(message))
-
-
-def _dead_owner(rank: int, version: int, shards: list[int]) -> str:
-    """The error for a dead shard owner (the leader's, or a rank's that lost the owner's aggregate stream)."""
-    return (f"rank {rank} died at version {version} and it owns shard(s) {shards} of the data plane; under bounded "
-            "staleness the owners keep the table's codes, so a dead owner is not survived. Payloads above "
-            "`shard_bytes` are split over every rank: raise PGCStrategy(shard_bytes=...) above this model's payload "
-            "to keep one shard, on rank 0")
 
 
 @dataclass
