@@ -272,6 +272,7 @@ class PGCDiagnostics(Callback):
             "pgc/bounded/widened": float(leader.widened),
             "pgc/bounded/displaced": float(leader.displaced),
             "pgc/bounded/duplicates": float(leader.duplicates),
+            "pgc/bounded/uncovered": float(leader.uncovered),
         }
         for a, count in sorted(self._delay_counts.items()):
             out[f"pgc/bounded/delay_count/{a}"] = float(count)
@@ -285,7 +286,8 @@ class PGCDiagnostics(Callback):
                                record: BoundedRecord, info: Any, metrics: Mapping[str, float]) -> dict[str, float]:
         """The card's decomposition of this aggregate's error on the probe batch (``grad F`` := probe gradient)."""
         version, params, gradient = pending
-        versions = [e.version for e in record.entries]
+        present = [(i, e) for i, e in enumerate(record.entries) if e is not None]  # (a partition may be left out)
+        versions = [e.version for _, e in present]
         snapshots = dict(self._snapshots)
         if params is None or any(v not in snapshots for v in versions):
             return {"pgc/bounded/missing_snapshot": 1.0}
@@ -294,7 +296,8 @@ class PGCDiagnostics(Callback):
         for v in sorted(set(versions) - {version}):
             with _swapped_params(live, snapshots[v]):
                 grad_at[v] = self._probe_gradient(pl_module)
-        weights = pl_module.trainer.strategy.scheme.partition_weights  # a BoundedRecord comes from a BoundedScheme
+        scheme = pl_module.trainer.strategy.scheme  # a BoundedRecord comes from a BoundedScheme
+        weights = list(scheme.decoding_weights([i for i, _ in present]).values())
         parts = error_decomposition(gradient, grad_at, versions, weights, info.aggregate, params, snapshots)
         out = {f"pgc/bounded/err_{k}": v for k, v in parts.items() if not k.startswith("cos") and k != "displacement"}
         out["pgc/bounded/displacement"] = parts["displacement"]

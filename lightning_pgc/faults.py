@@ -8,7 +8,9 @@ They work under any strategy (``ddp`` included) and from YAML, like :class:`~lig
           init_args: {rank: 2, step: 10, seconds: 20}
 
 Each fires once, at the start of training step ``step`` (``trainer.global_step``) on global rank ``rank``, and
-records what it did in :attr:`Fault.fired_at` (the monotonic time, or None).
+records what it did in :attr:`Fault.fired_at` (the monotonic time, or None). With ``during="validation"`` it fires
+at the first validation batch from step ``step`` on instead, and with ``during="sanity_check"`` at the first batch
+of fit's sanity check.
 """
 
 from __future__ import annotations
@@ -24,7 +26,10 @@ from typing import Any, Optional
 from lightning.pytorch import Callback, LightningModule, Trainer
 from typing_extensions import override
 
-__all__ = ["Fault", "Freeze", "Kill", "NaNGradient", "Stall", "Terminate"]
+__all__ = ["PHASES", "Fault", "Freeze", "Kill", "NaNGradient", "Stall", "Terminate"]
+
+#: When a fault may fire (``Fault(during=...)``).
+PHASES: tuple[str, ...] = ("train", "validation", "sanity_check")
 
 
 class Fault(Callback):
@@ -33,18 +38,39 @@ class Fault(Callback):
     Args:
         rank: the global rank hit by the fault.
         step: the optimizer step (``trainer.global_step``) at which it fires.
+        during: ``"train"`` (at the start of that training step), ``"validation"`` (at the first validation batch
+            from that step on) or ``"sanity_check"`` (at the first batch of fit's sanity check; ``step`` must be 0).
+
+    Raises:
+        ValueError: a negative or non-integer ``rank``/``step``, an unknown ``during``, or a sanity-check fault at
+            a step other than 0.
     """
 
-    def __init__(self, rank: int, step: int) -> None:
+    def __init__(self, rank: int, step: int, during: str = "train") -> None:
         for name, value in (("rank", rank), ("step", step)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{type(self).__name__}: {name} must be a non-negative integer, got {value!r}")
+        if during not in PHASES:
+            raise ValueError(f"{type(self).__name__}: during must be one of {PHASES}, got {during!r}")
+        if during == "sanity_check" and step != 0:
+            raise ValueError(f"{type(self).__name__}: the sanity check runs before step 0; got step={step}")
         self.rank = rank
         self.step = step
+        self.during = during
         self.fired_at: Optional[float] = None
 
     @override
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if self.during == "train":
+            self._maybe_fire(trainer, pl_module)
+
+    @override
+    def on_validation_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int,
+                                  dataloader_idx: int = 0) -> None:
+        if self.during == ("sanity_check" if trainer.sanity_checking else "validation"):
+            self._maybe_fire(trainer, pl_module)
+
+    def _maybe_fire(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if self.fired_at is None and trainer.global_rank == self.rank and trainer.global_step >= self.step:
             self.fired_at = time.monotonic()
             self.fire(trainer, pl_module)
@@ -54,7 +80,10 @@ class Fault(Callback):
         raise NotImplementedError
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(rank={self.rank}, step={self.step})"
+        return f"{type(self).__name__}(rank={self.rank}, step={self.step}{self._during_repr()})"
+
+    def _during_repr(self) -> str:
+        return "" if self.during == "train" else f", during={self.during!r}"
 
 
 def _check_seconds(owner: str, seconds: float) -> float:
@@ -89,12 +118,12 @@ class _LastingFault(Fault):
         seconds: how long it lasts.
     """
 
-    def __init__(self, rank: int, step: int, seconds: float) -> None:
-        super().__init__(rank, step)
+    def __init__(self, rank: int, step: int, seconds: float, during: str = "train") -> None:
+        super().__init__(rank, step, during)
         self.seconds = _check_seconds(type(self).__name__, seconds)
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(rank={self.rank}, step={self.step}, seconds={self.seconds})"
+        return f"{type(self).__name__}(rank={self.rank}, step={self.step}, seconds={self.seconds}{self._during_repr()})"
 
 
 class Freeze(_LastingFault):
@@ -120,7 +149,8 @@ class Stall(_LastingFault):
 
 
 class NaNGradient(Fault):
-    """Make the hit rank's gradient NaN at step ``step`` (every parameter's gradient, after the backward pass)."""
+    """Make the hit rank's gradient NaN at step ``step`` (every parameter's gradient, after the backward pass;
+    training only: validation computes no gradient)."""
 
     def __init__(self, rank: int, step: int) -> None:
         super().__init__(rank, step)

@@ -381,9 +381,22 @@ class PGCStrategy(DDPStrategy):
 
     # ---------------------------------------------------------------------------------------------- runtime
     @override
+    def on_validation_start(self) -> None:
+        super().on_validation_start()
+        trainer = self.lightning_module.trainer
+        if trainer.sanity_checking and self.runtime is None:
+            # Fit's sanity check: the runtime runs from here on, so that its collectives (validation `sync_dist`,
+            # metric syncs) go among the live ranks and a rank that dies now does not end the job.
+            self._start_runtime(trainer)
+
+    @override
     def on_train_start(self) -> None:
         super().on_train_start()
-        trainer = self.lightning_module.trainer
+        if self.runtime is None:  # (started at the sanity check otherwise)
+            self._start_runtime(self.lightning_module.trainer)
+
+    def _start_runtime(self, trainer: "pl.Trainer") -> None:
+        """Build and start the runtime for this fit (at its sanity check, or at the start of training)."""
         # Every parameter, frozen ones included: finetuning callbacks flip `requires_grad` mid-fit, and a layout fixed
         # at the start keeps the payload (and the stale cache) valid on every rank. A frozen parameter sends zeros
         # and gets no gradient (`_apply`).

@@ -183,8 +183,17 @@ def test_decode_is_the_weighted_mean_over_partitions_float64_reference():
         for order in itertools.islice(itertools.permutations(range(n)), 0, 24, 7):
             got = scheme.decode({i: grads[i] for i in order})
             np.testing.assert_allclose(got.numpy(), ref, rtol=1e-13, atol=1e-14)
+        for k in range(1, n):  # a version closed without some partitions averages the others
+            for parts in itertools.combinations(range(n), k):
+                if sum(w[i] for i in parts) == 0:
+                    with pytest.raises(ValueError, match="their weight is 0"):
+                        scheme.decode({i: grads[i] for i in parts})
+                    continue
+                part = sum(w[i] * grads[i].numpy() for i in parts) / sum(w[i] for i in parts)
+                np.testing.assert_allclose(scheme.decode({i: grads[i] for i in parts}).numpy(), part, rtol=1e-13,
+                                           atol=1e-14)
         with pytest.raises(ValueError, match="cannot decode"):
-            scheme.decode({i: grads[i] for i in range(n - 1)})
+            scheme.decode({})
 
 
 def test_encode_carries_exactly_one_held_gradient_uncoded():

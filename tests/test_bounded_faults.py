@@ -11,13 +11,14 @@ import itertools
 import threading
 import time
 
+import pytest
 import torch
 
 from lightning_pgc.codes import BoundedScheme, Entry
 from lightning_pgc.runtime.bounded import BoundedLeader
 from lightning_pgc.runtime.messages import Header, Kind
 from tests.test_bounded import D, make_runtimes, payload, submit
-from tests.test_dead_ranks import _bury, _collect, _die, _resume_and_rejoin, _step_all
+from tests.test_dead_ranks import _bury, _collect, _die, _kill, _resume_and_rejoin, _step_all
 from tests.test_leader_failover import _ReachesOnlyRank3, _two_miss_the_last_aggregate_and_rejoin, _Unpublished
 from tests.test_runtime import FrozenTransport, _eventually, _release_receivers, _stop_all
 
@@ -98,6 +99,49 @@ def test_forget_falls_back_on_the_newest_other_code_the_owners_still_keep():
     assert leader.table.entries == [Entry(0, 2), Entry(0, 3), None, Entry(2, 3)]
 
 
+def test_a_partition_no_live_code_can_cover_is_left_out_instead_of_waiting_for_ever():
+    """n = 4, r = 2, round robin, every c in 1..3 and every rank dead from version 0: no rank computes version t + 1
+    before t closes, so a partition without an entry younger than c whose live holders' codes of t carry other
+    partitions can never be covered at t. Every version closes anyway; exactly those partitions (by hand: no live
+    rank evaluated them within the window) are left out, counted in ``uncovered``, and the others' weights are
+    renormalised."""
+    for c in (1, 2, 3):
+        for dead in range(4):
+            scheme = BoundedScheme(4, 2, c)
+            leader = BoundedLeader(scheme, 4, 0, timeout=5.0, max_lag=100, now=0.0)
+            leader.on_dead(dead)
+            live = [r for r in range(4) if r != dead]
+            out = 0
+            for t in range(6):
+                for r in live:
+                    leader.on_code(Header(Kind.CODE, t, r, 0, 1, 0, (0,), 0, -1), 0.1 * t)
+                rec = leader.try_close(0.1 * t)
+                assert rec is not None and rec.version == t, (c, dead, t)
+                want = [i for i in range(4) if not any(scheme.evaluated(q, v) == i for q in live
+                                                       for v in range(max(0, t - c + 1), t + 1))]
+                assert [i for i, e in enumerate(rec.entries) if e is None] == want, (c, dead, t, rec.entries)
+                for r, w in rec.weights.items():  # 1/4 per partition, or 1/(4 - left out)
+                    assert w == pytest.approx(sum(e is not None and e.rank == r for e in rec.entries) / (4 - len(want)))
+                out += len(want)
+            assert out >= 1 and leader.uncovered == out  # (version 0 at least: the dead rank's own partition)
+
+
+def test_a_live_holder_whose_code_has_not_arrived_is_waited_for():
+    """n = 4, r = 2, c = 1, fresh = 2, rank 3 dead. Version 0 has codes of ranks 0 and 1 (partitions 0, 1): partition
+    2's live holder rank 2 has not reported, so the version waits; once rank 2's code covers partition 2, partition
+    3 (holders 2 and the dead 3) cannot be covered, and the version closes without it."""
+    scheme = BoundedScheme(4, 2, 1, fresh=2)
+    leader = BoundedLeader(scheme, 4, 0, timeout=5.0, max_lag=100, now=0.0)
+    leader.on_dead(3)
+    for r in (0, 1):
+        leader.on_code(Header(Kind.CODE, 0, r, 0, 1, 0, (0,), 0, -1), 0.1)
+    assert leader.try_close(0.1) is None and leader.uncovered == 0
+    leader.on_code(Header(Kind.CODE, 0, 2, 0, 1, 0, (0,), 0, -1), 0.2)
+    rec = leader.try_close(0.2)
+    assert rec.entries == (Entry(0, 0), Entry(1, 0), Entry(2, 0), None) and leader.uncovered == 1
+    assert rec.plan() == [(0, 0, 0), (1, 1, 0), (2, 2, 0), (3, -1, 0)]
+
+
 # ---------------------------------------------------------------------------------------------- the runtime
 def _go_on(scheme, rts, versions, live, leader, lost):
     """The ``live`` ranks step through ``versions``: every entry of the ``leader``'s records is younger than c and
@@ -122,6 +166,33 @@ def _check(scheme, aggs, entries):
     """Every live rank got the same aggregate, the weighted sum of ``entries``."""
     assert all(torch.equal(a, aggs[0]) for a in aggs)
     torch.testing.assert_close(aggs[0].double(), _weighted(scheme, entries), rtol=1e-6, atol=1e-5)
+
+
+def test_a_rank_dead_from_the_start_leaves_its_partition_out_of_the_first_version_only(caplog):
+    """r = 2, c = 2, 2 shards (owners 0 and 1); rank 3's process never comes up. Version 0 cannot cover partition
+    3 (rank 2, its other holder, evaluates partition 2 at even versions), so it closes without it: both owners
+    decode the mean of partitions 0-2, identical on every live rank. From version 1 on rank 2's code of version 1
+    covers partition 3 for two versions at a time and nothing is left out (found on 4 real ranks, where a rank
+    killed in the sanity check left version 0 waiting for ever)."""
+    scheme = BoundedScheme(4, 2, 2)
+    live = [0, 1, 2]
+    rts = make_runtimes(scheme, shards=2, ranks=live, heartbeat=(0.05, 40))
+    try:
+        _kill(rts, 3)
+        aggs = _step(rts, 0, live)
+        assert all(torch.equal(a, aggs[0]) for a in aggs)
+        torch.testing.assert_close(aggs[0].double(), sum(payload(k, 0).double() for k in live) / 3, rtol=1e-6,
+                                   atol=1e-5)
+        assert rts[0].record(0).entries[3] is None and rts[0].leader.uncovered == 1
+        assert "version 0 closes without partitions [3]" in caplog.text
+        for v in range(1, 6):
+            aggs = _step(rts, v, live)
+            rec = rts[0].record(v)
+            assert None not in rec.entries
+            _check(scheme, aggs, _entries(rec))
+        assert rts[0].leader.uncovered == 1
+    finally:
+        _stop_all(rts, timeout=0.5)
 
 
 def test_a_dead_shard_owner_hands_its_shard_to_a_live_rank_and_its_entries_are_forgotten(caplog):

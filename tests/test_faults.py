@@ -117,6 +117,28 @@ def test_fault_callbacks_validate_their_arguments_and_fire_once():
     other.on_train_batch_start(T, None, None, 0)
     assert fired == [2] and other.fired_at is None
     assert repr(NaNGradient(rank=1, step=3)) == "NaNGradient(rank=1, step=3)"
+    with pytest.raises(ValueError, match="during must be one of"):
+        Kill(rank=0, step=0, during="test")
+    with pytest.raises(ValueError, match="the sanity check runs before step 0"):
+        Kill(rank=0, step=3, during="sanity_check")
+
+    class V(T):
+        sanity_checking = False
+
+    fired.clear()
+    in_validation = Probe(rank=1, step=2, seconds=0, during="validation")
+    in_sanity_check = Probe(rank=1, step=0, seconds=0, during="sanity_check")
+    assert repr(in_validation) == "Probe(rank=1, step=2, seconds=0.0, during='validation')"
+    V.global_step, V.sanity_checking = 0, True
+    for fault in (in_validation, in_sanity_check):
+        fault.on_train_batch_start(V, None, None, 0)  # never at a training batch
+        fault.on_validation_batch_start(V, None, None, 0)
+    V.sanity_checking = False
+    for step in range(4):
+        V.global_step = step
+        in_validation.on_validation_batch_start(V, None, None, 0)
+        in_sanity_check.on_validation_batch_start(V, None, None, 0)
+    assert fired == [0, 2]  # the sanity check's first batch, then the first validation batch from step 2
 
 
 def test_more_than_s_frozen_ranks_fail_every_survivor_fast_naming_them(tmp_path):
@@ -157,22 +179,26 @@ def _descendants(pid: int) -> set[int]:
     return out
 
 
-def test_a_killed_worker_is_survived_validation_and_checkpoints_included(tmp_path):
-    """SIGKILL of rank 3 at step 3 (4 CPU ranks, s = 1, one shard on rank 0): the launcher kills nobody, the other
-    three finish fit with validation (``sync_dist`` reduce, torchmetrics accuracy) and checkpoints (barriers,
-    broadcasts) among the live ranks; their replicas are identical; the leader names the dead rank and the version;
-    ``pgc/alive`` drops to 3; the launching process exits 0."""
+@pytest.mark.parametrize("during,step,strategy", [("train", 3, "pgc"), ("validation", 8, "pgc"),
+                                                 ("sanity_check", 0, "pgc"), ("sanity_check", 0, "bounded_staleness")])
+def test_a_killed_worker_is_survived_validation_and_checkpoints_included(tmp_path, during, step, strategy):
+    """SIGKILL of rank 3 (4 CPU ranks, s = 1, one shard on rank 0) at step 3, in the validation after step 8, or in
+    fit's sanity check (2 batches; the runtime starts there): the launcher kills nobody, the other three finish fit
+    with validation (``sync_dist`` reduce, torchmetrics accuracy) and checkpoints (barriers, broadcasts) among the
+    live ranks; their replicas are identical; the leader names the dead rank and the version; ``pgc/alive`` drops
+    to 3; the launching process exits 0. Under bounded staleness version 0 closes without the dead rank's partition
+    (nobody else evaluates it at version 0)."""
     job = run_job(
-        tmp_path, "kill", strategy="pgc", devices=4, max_steps=16, val_check_interval=8, check_val_every_n_epoch=None,
-        limit_val_batches=2, checkpoint_every_n_steps=8,
+        tmp_path, "kill", strategy=strategy, devices=4, max_steps=16, val_check_interval=8, check_val_every_n_epoch=None,
+        limit_val_batches=2, checkpoint_every_n_steps=8, num_sanity_val_steps=2 if during == "sanity_check" else 0,
         strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0},
-        faults=[{"kind": "Kill", "rank": 3, "step": 3}],
+        faults=[{"kind": "Kill", "rank": 3, "step": step, "during": during}],
     )
     ranks = job["ranks"]
     assert ranks[3] is None
     assert len({r["checksum"] for r in ranks[:3]}) == 1 and {r["global_step"] for r in ranks[:3]} == {16}
     died = re.search(r"rank 3 died at version (\d+) .*3 of 4 ranks alive", job["stderr"])
-    assert died is not None and int(died.group(1)) >= 3, job["stderr"][-3000:]
+    assert died is not None and int(died.group(1)) >= step, job["stderr"][-3000:]
     alive = [row["pgc/alive"] for row in job["summary"]["diagnostics"] if "pgc/alive" in row]
     assert alive and alive[-1] == 3.0
     assert math.isfinite(job["summary"]["metrics"]["val_loss"]) and "val_acc" in job["summary"]["metrics"]

@@ -178,6 +178,22 @@ class BoundedScheme(Scheme):
         """Whether the *partitions* ``received`` cover every partition."""
         return set(self._check_received(set(received))) == set(range(self.n))
 
+    def decoding_weights(self, received: Sequence[int]) -> dict[int, float]:
+        """``w_i`` of every received partition. Without some partitions (a version the leader closed although one
+        could not be covered, :class:`~lightning_pgc.runtime.bounded.BoundedLeader`) the others are averaged:
+        ``w_i / sum_j w_j`` over the received ``j``.
+
+        Raises:
+            ValueError: no partition (or only partitions of weight 0), or one twice.
+        """
+        parts = self._check_received(received)
+        if set(parts) == set(range(self.n)):
+            return self._weights(parts)
+        total = math.fsum(self.partition_weights[i] for i in parts)
+        if total <= 0:
+            raise ValueError(f"bounded: cannot decode from partitions {sorted(parts)}: their weight is 0")
+        return {i: self.partition_weights[i] / total for i in parts}
+
     def _weights(self, ranks: list[int]) -> dict[int, float]:
         return {i: self.partition_weights[i] for i in ranks}
 

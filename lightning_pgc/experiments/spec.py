@@ -14,7 +14,8 @@ Spec keys (all optional; :data:`DEFAULTS` has the values):
   ``fork``: fork them from the launching process after its imports, which saves each rank the seconds of
   importing Lightning; the test suite uses it). ``ddp`` becomes ``ddp_fork``;
 - ``devices``, ``accelerator``, ``max_steps``, ``max_epochs``, ``val_check_interval``,
-  ``check_val_every_n_epoch``, ``limit_val_batches``: the ``trainer`` arguments of the same names;
+  ``check_val_every_n_epoch``, ``limit_val_batches``, ``num_sanity_val_steps`` (default 0): the ``trainer``
+  arguments of the same names;
 - ``seed``: ``seed_everything`` and the data module's ``seed`` (its train/validation split);
 - ``lr`` (``model.init_args.lr``), ``batch_size`` (``data.init_args.batch_size``), ``model`` and ``data`` (dicts
   merged into ``model.init_args`` / ``data.init_args``); ``None`` keeps the recipe's value;
@@ -70,6 +71,7 @@ DEFAULTS: dict[str, Any] = {
     "val_check_interval": None,
     "check_val_every_n_epoch": 1,
     "limit_val_batches": 1.0,
+    "num_sanity_val_steps": 0,
     "ckpt_path": None,
     "save_checkpoint": None,
     "checkpoint_every_n_steps": None,
@@ -210,7 +212,7 @@ def job_config(spec: dict[str, Any]) -> dict[str, Any]:
         "enable_progress_bar": False,
         "enable_model_summary": False,
         "enable_checkpointing": bool(spec["checkpoint_every_n_steps"]),
-        "num_sanity_val_steps": 0,
+        "num_sanity_val_steps": spec["num_sanity_val_steps"],
         "deterministic": False,
     }
     model = dict(spec["model"])

@@ -6,7 +6,11 @@ sees shard 0 of every code, late ones included, and keeps the newest ``(rank, ve
 arrived and every partition has an entry with ``t - v_i < c``; its DECIDE names, per partition, the rank and
 version of the code to use, so every shard owner sums the same entries and replicas stay identical. Owners keep
 every code from the oldest entry in use on (``scheme.reuses_codes``). Coverage failure waits (counted, logged)
-and, with ``widen_after``, widens ``c`` by one per ``widen_after`` seconds of waiting, up to ``max_window``.
+and, with ``widen_after``, widens ``c`` by one per ``widen_after`` seconds of waiting, up to ``max_window``. A
+partition that cannot be covered at the open version (no entry younger than ``c``, and every live holder's code of
+it carries another partition: e.g. the first version after a holder died at the start of fit, under round robin)
+would wait for ever, since no rank computes version ``t + 1`` before ``t`` closes: the version closes without it,
+the other partitions averaged (counted in ``uncovered``, logged).
 
 Faults: every rank also keeps its own codes of its last ``c`` versions, so a dead shard owner's or leader's codes
 can be sent again to the new owner. A dead owner's entries are forgotten (:meth:`BoundedLeader.forget`: its own
@@ -34,17 +38,18 @@ __all__ = ["BoundedLeader", "BoundedRecord"]
 class BoundedRecord(StepRecord):
     """A closed version under bounded staleness: the entry of every partition and the window it closed with."""
 
-    entries: tuple[Entry, ...] = ()
+    entries: tuple[Optional[Entry], ...] = ()  # per partition; None: not covered, left out of this aggregate
     window: int = 0  # c in effect (configured window + leader widening)
     coverage_wait_s: float = 0.0  # seconds the version waited for coverage after enough fresh codes arrived
     fresh: int = 0  # codes of this version that had arrived at the close
 
     def plan(self) -> list[tuple[int, int, int]]:
-        return [(i, e.rank, e.version) for i, e in enumerate(self.entries)]
+        """``(partition, rank, version)`` per partition; rank -1 for one left out (see :class:`BoundedLeader`)."""
+        return [(i, -1, self.version) if e is None else (i, e.rank, e.version) for i, e in enumerate(self.entries)]
 
     def delays(self) -> list[int]:
-        """``t - s(t, i)`` per partition."""
-        return [self.version - e.version for e in self.entries]
+        """``t - s(t, i)`` per partition in the aggregate."""
+        return [self.version - e.version for e in self.entries if e is not None]
 
 
 class BoundedLeader(Leader):
@@ -73,6 +78,7 @@ class BoundedLeader(Leader):
         self.coverage_waits = 0  # versions that waited for coverage
         self.displaced = 0  # table entries replaced by a newer version
         self.duplicates = 0  # codes carrying a partition another code of the same version already carried
+        self.uncovered = 0  # partitions left out of an aggregate because no live holder could cover them
         self._carried: dict[int, dict[int, list[int]]] = {}  # version -> partition -> ranks whose codes carried it
         # (recent versions only: what :meth:`forget` and :meth:`replan` fall back on)
         self._counts_from: dict[int, float] = {}  # forgotten rank -> first version whose codes count again
@@ -154,6 +160,9 @@ class BoundedLeader(Leader):
         floor = version - min(rec.window, kept)
         plan = []
         for i, e in enumerate(rec.entries):
+            if e is None:  # left out of the aggregate: left out again
+                plan.append((i, -1, version))
+                continue
             if e.rank in gone or e.version <= floor:
                 sub = self._newest(i, floor, below=version, gone=frozenset(gone))
                 if sub is None:
@@ -179,15 +188,24 @@ class BoundedLeader(Leader):
                 self.widened += 1
                 log.warning("bounded staleness: widening c to %d at version %d (partitions %s had no entry "
                             "within %.3g s)", self.window, t, missing, now - self._covered_since)
-            if self.table.missing(t, self.window):
+            missing = self.table.missing(t, self.window)
+            dropped = self._uncoverable(t, missing, now)
+            if len(dropped) < len(missing):
                 return None
-        entries = self.table.decision(t, self.window)
+            self.uncovered += len(dropped)
+            log.warning("bounded staleness: version %d closes without partitions %s: no entry younger than c=%d and "
+                        "no live holder's code of version %d carries them (the others are averaged)", t, dropped,
+                        self.window, t)
+        entries = tuple(None if e is None or t - e.version >= self.window else e for e in self.table.entries)
         waited = 0.0 if self._covered_since is None else now - self._covered_since
         self._covered_since = None
         weights: dict[int, float] = {}
         ages: dict[int, tuple[int, ...]] = {}
+        partition_weights = self.bounded.decoding_weights([i for i, e in enumerate(entries) if e is not None])
         for i, e in enumerate(entries):
-            weights[e.rank] = weights.get(e.rank, 0.0) + self.bounded.partition_weights[i]
+            if e is None:
+                continue
+            weights[e.rank] = weights.get(e.rank, 0.0) + partition_weights[i]
             ages[e.rank] = ages.get(e.rank, ()) + (t - e.version,)
         used = sorted(weights)
         for r in used:
@@ -199,6 +217,18 @@ class BoundedLeader(Leader):
                             coverage_wait_s=waited, fresh=len(self._order))
         self._close(rec, now)
         return rec
+
+    def _uncoverable(self, t: int, missing: list[int], now: float) -> list[int]:
+        """The partitions of ``missing`` no code can cover at ``t``: each has a live attached holder, and every such
+        holder's code of ``t`` arrived carrying another partition. (A partition without a live holder is waited for,
+        and fails after ``timeout``: see :meth:`check`.)"""
+        out = []
+        for i in missing:
+            live = [h for h in self.bounded.holders(i)
+                    if self.is_alive(h, now) and h not in self.byes and h not in self.detached]
+            if live and all(h in self._arrivals for h in live) and i not in self._carried.get(t, {}):
+                out.append(i)
+        return out
 
     def check(self, now: float) -> None:
         """Raise as :meth:`Leader.check` (too few live ranks), or once some partition has had no live holder for

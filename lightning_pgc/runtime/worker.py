@@ -1399,11 +1399,12 @@ class PGCRuntime:
             plan = decided[version]
             served = self._served.setdefault(version, set())
             shards = [j for j in self.owners.shards_of(self.rank, version) if j not in served]
-            if any(k not in pending.get(v, {}).get(j, {}) for j in shards for _, k, v in plan):
+            used = [(key, k, v) for key, k, v in plan if k >= 0]  # (bounded: rank -1 marks a partition left out)
+            if any(k not in pending.get(v, {}).get(j, {}) for j in shards for _, k, v in used):
                 break  # an admitted code's shard is still on its way
             ordered = sorted(plan)  # summed in decode-key order, not arrival order: the same set gives the same bits
             for j in shards:
-                codes = [(key, pending[v][j][k][0]) for key, k, v in ordered]
+                codes = [(key, pending[v][j][k][0]) for key, k, v in ordered if k >= 0]
                 self._publish_shard(version, j, codes, ordered)
                 served.add(j)
             del decided[version]
@@ -1435,10 +1436,11 @@ class PGCRuntime:
 
     def _table(self, version: int, plan: list[tuple[int, int, int]]) -> tuple[int, ...]:
         """What an aggregate's header carries of the table: the age of every partition's entry (``plan`` in
-        partition order) under ``choice="oldest"`` (workers pick their next partition from it), else nothing."""
+        partition order) under ``choice="oldest"`` (workers pick their next partition from it), else nothing. A
+        partition left out of the aggregate gets age ``c``: older than any entry in use, so its holders pick it."""
         if getattr(self.scheme, "choice", None) != "oldest":
             return ()
-        return tuple(version - v for _, _, v in plan)
+        return tuple(version - v if k >= 0 else self.scheme.window for _, k, v in plan)
 
     def _publish_shard(self, version: int, shard: int, codes: list[tuple[int, Tensor]],
                        plan: list[tuple[int, int, int]]) -> None:
