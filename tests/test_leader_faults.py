@@ -14,21 +14,24 @@ import torch
 from tests.jobs import run_job
 
 
-@pytest.mark.parametrize("strategy,shard_bytes", [("pgc", None), ("pgc", 64), ("bounded_staleness", None)],
-                         ids=["one_shard", "every_rank_owns_one", "bounded"])
-def test_a_killed_leader_is_replaced_by_rank_1_and_the_job_finishes(tmp_path, strategy, shard_bytes):
+@pytest.mark.parametrize("strategy,shard_bytes,during", [
+    ("pgc", None, "train"), ("pgc", 64, "train"), ("bounded_staleness", None, "train"),
+    ("bounded_staleness", None, "sanity_check")], ids=["one_shard", "every_rank_owns_one", "bounded", "bounded_sanity"])
+def test_a_killed_leader_is_replaced_by_rank_1_and_the_job_finishes(tmp_path, strategy, shard_bytes, during):
     """SIGKILL of rank 0 (the leader, and Lightning's rank zero) at step 3: rank 1 takes over. Ranks 1-3 finish fit
     with identical replicas; validation and checkpoints go on (written by rank 1, in the same folder); the CSV
     logger's run continues (rows from before and after the failover in one ``metrics.csv``, ``pgc/alive`` 3); the
     summary comes from rank 1 and the launching process exits 0, warning that rank 0 died. Under bounded staleness
-    rank 1 rebuilds the table from the codes the live ranks keep and send it again."""
+    rank 1 rebuilds the table from the codes the live ranks keep and send it again. Killed in the sanity check
+    instead (``bounded_sanity``), before any version closed, version 0 closes without rank 0's partition."""
     kwargs = {"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0}
     if shard_bytes is not None:
         kwargs["shard_bytes"] = shard_bytes
     job = run_job(
         tmp_path, "kill0", strategy=strategy, devices=4, max_steps=16, val_check_interval=8,
         check_val_every_n_epoch=None, limit_val_batches=2, checkpoint_every_n_steps=8, strategy_kwargs=kwargs,
-        faults=[{"kind": "Kill", "rank": 0, "step": 3}],
+        num_sanity_val_steps=2 if during == "sanity_check" else 0,
+        faults=[{"kind": "Kill", "rank": 0, "step": 3 if during == "train" else 0, "during": during}],
     )
     log = job["stderr"]
     ranks = job["ranks"]

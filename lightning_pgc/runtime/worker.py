@@ -977,7 +977,9 @@ class PGCRuntime:
         with self._send_lock:
             old = self.owners.owner(shard, from_version)
             self.owners.reassign(shard, owner, from_version)
-            for code in self._codes:
+            # Oldest first: a stream is ordered, so once a rank's code of a version arrived, its older ones have too
+            # (the bounded leader relies on it to tell a partition no code can cover any more).
+            for code in sorted(self._codes, key=lambda c: c.version):
                 if old == owner or code.version < 0:
                     continue
                 if self.scheme.reuses_codes:
@@ -1132,7 +1134,10 @@ class PGCRuntime:
                     message = control(self.world_size, Kind.DECIDE, rec.version, a, b, data=words)
                     self._send_all(Channel.CTRL, message, sorted(owners))
                     decided[rec.version] = rec.plan()
-                while rejoins:
+                # A successor attaches nobody before every rank reported and it reopened the right version (it
+                # starts from what reached it, which may be a version behind).
+                settling = self._recovery is not None and self._recovery.failover
+                while rejoins and not settling:
                     self._attach(leader, rejoins.pop(0))
                 if self._stopping.is_set():  # the leader's training is over: versions >= its own never close
                     for v in [v for v in self._notes if v >= leader.version]:
@@ -1295,11 +1300,11 @@ class PGCRuntime:
         aggregate is whole, identical on every rank and, for exact schemes, the same gradient up to rounding."""
         version = rec.rebuild
         assert version is not None
-        record = leader.record(version)
-        gone = leader.dead | self._broken | set(leader.detached)
         if self.scheme.reuses_codes:  # bounded staleness: the same entries, the lost ranks' replaced by live codes
             self._replan(leader, rec, now, decided, leader.dead | self._broken)  # (a detached rank re-sends its own)
             return
+        record = leader.record(version)
+        gone = leader.dead | self._broken | set(leader.detached)
         arrived = [] if record is None else record.admitted + sorted(record.late, key=record.late.__getitem__)
         order = [r for r in arrived if r not in gone]
         if order and self.scheme.admits(order):
