@@ -114,7 +114,8 @@ class PGCStrategy(DDPStrategy):
             ``pgc/bounded/coverage_waits`` grow because both holders of a partition are slow at once.
         staleness: ``bounded`` only (default 2): the window ``c``; a version uses per partition the newest
             gradient with age ``< c``. Raise it if coverage waits dominate ``pgc/bounded/coverage_wait_s``; lower it
-            if ``pgc/bounded/stale_fresh_cos`` drops or the loss rises against ``dgd``.
+            if ``pgc/bounded/stale_fresh_cos`` drops or the loss rises against ``dgd``. Every rank keeps its last ``c``
+            gradients (``c`` payloads of memory) to send them again to a new shard owner or leader.
         fresh: ``bounded`` only: codes of the open version the leader waits for before closing it (default
             ``n - r + 1``). Lower it to step on the fastest ranks' gradients (more staleness), raise it for fresher ones.
         widen_after: ``bounded`` only: seconds of coverage wait after which the leader widens ``c`` by one (logged,
