@@ -1,11 +1,12 @@
 """The benchmark grid's plan, its raw per-run store, and the crossover map: pure (no Lightning, no processes).
 
 The grid is cells (straggler model x cost of a gradient evaluation) times arms (a scheme with its ``c``, at its
-own learning rate) times seeds. :func:`plan_sweep` lists the short learning-rate sweep, :func:`choose_lr` picks
-each arm's rate by a rule fixed before any result (lowest mean final validation loss over the sweep's seeds;
-ties: the smaller rate), :func:`plan_main` lists the main runs at those rates. Every finished job is one small
-JSON file in a :class:`Store` (``docs/grid_runs/``), keyed by the job's name and checked against its spec, so the
-grid runs incrementally across sessions and the report re-renders from whatever is finished.
+own learning rate and momentum) times seeds. :func:`plan_sweep` lists the short sweep over rates and momenta,
+:func:`choose_setting` picks each arm's setting by a rule fixed before any result (lowest mean final validation
+loss over the sweep's seeds; ties: the smaller rate), :func:`plan_main` lists the main runs at those settings.
+Every finished job is one small JSON file in a :class:`Store` (``docs/grid_runs/``), keyed by the job's name and
+checked against its spec, so the grid runs incrementally across sessions and the report re-renders from whatever
+is finished.
 :func:`summarize_cell` turns a cell's records into per-arm statistics (paired t intervals against ``dgd`` and
 ``ddp`` from :mod:`lightning_pgc.experiments.stats`) and the cell's winner with its margin, or marks the cell
 incomplete. ``benchmarks/grid.py`` runs the jobs and writes the report.
@@ -137,33 +138,61 @@ class Cell:
         return DELAYS[self.delay].format(last=n - 1)
 
 
+#: the recipe's SGD momentum (``DigitsModule``); the sweep's rates are given at it
+RECIPE_MOMENTUM = 0.9
+
+#: an arm's optimizer setting: (learning rate, SGD momentum)
+Setting = tuple[float, float]
+
+
 @dataclass(frozen=True)
 class Job:
-    """One run: a phase (``sweep`` or ``main``), a cell, an arm, a learning rate and a seed."""
+    """One run: a phase (``sweep`` or ``main``), a cell, an arm, a learning rate, a seed and the SGD momentum."""
 
     phase: str
     cell: Cell
     arm: Arm
     lr: float
     seed: int
+    momentum: float = RECIPE_MOMENTUM
 
     @property
     def name(self) -> str:
-        return f"{self.phase}__{self.cell.key}__{self.arm.key}__lr{self.lr:g}__seed{self.seed}"
+        # the recipe's momentum is not named, so the records made before momentum was swept keep their names
+        m = "" if self.momentum == RECIPE_MOMENTUM else f"__m{self.momentum:g}"
+        return f"{self.phase}__{self.cell.key}__{self.arm.key}__lr{self.lr:g}{m}__seed{self.seed}"
+
+    @property
+    def setting(self) -> Setting:
+        return (self.lr, self.momentum)
+
+
+def sweep_settings(lrs: Sequence[float], momenta: Sequence[float]) -> list[Setting]:
+    """Every (rate, momentum) the sweep tries. ``lrs`` are rates at :data:`RECIPE_MOMENTUM`; at momentum ``m`` the
+    sweep tries the same effective rates ``lr / (1 - m)`` (SGD's step size once momentum has built up), so that
+    e.g. momentum 0 is not handicapped by rates ten times too small."""
+    out = []
+    for m in momenta:
+        if not 0.0 <= m < 1.0:
+            raise ValueError(f"a momentum must be in [0, 1), got {m}")
+        out += [(round(lr * (1.0 - m) / (1.0 - RECIPE_MOMENTUM), 10), m) for lr in lrs]
+    return out
 
 
 def plan_sweep(cells: Sequence[Cell], arms: Sequence[Arm], lrs: Sequence[float], seeds: Sequence[int],
-               sweep_delay: str) -> list[Job]:
-    """The sweep: every arm at every rate, per evaluation cost, under one straggler model (``sweep_delay``)."""
+               sweep_delay: str, momenta: Sequence[float] = (RECIPE_MOMENTUM,)) -> list[Job]:
+    """The sweep: every arm at every setting of :func:`sweep_settings`, per evaluation cost, under one straggler
+    model (``sweep_delay``)."""
     costs = list(dict.fromkeys(cell.cost for cell in cells))
-    return [Job("sweep", Cell(sweep_delay, cost), arm, lr, seed)
-            for cost in costs for arm in arms for lr in lrs for seed in seeds]
+    return [Job("sweep", Cell(sweep_delay, cost), arm, lr, seed, m)
+            for cost in costs for arm in arms for lr, m in sweep_settings(lrs, momenta) for seed in seeds]
 
 
-def choose_lr(finals: Mapping[float, Sequence[Optional[float]]], runs: int) -> Optional[float]:
-    """The rule, fixed before any result: the rate with the lowest mean final validation loss over the sweep's
-    seeds; a failed or diverged run (``None``, NaN, inf) counts as +inf; ties go to the smaller rate. ``None``
-    while any rate has fewer than ``runs`` finished runs (the sweep is incomplete)."""
+def choose_setting(finals: Mapping[Any, Sequence[Optional[float]]], runs: int) -> Any:
+    """The rule, fixed before any result: the setting (a rate, or a :data:`Setting`) with the lowest mean final
+    validation loss over the sweep's seeds; a failed or diverged run (``None``, NaN, inf) counts as +inf; ties go
+    to the smaller rate (then the smaller momentum). ``None`` while any setting has fewer than ``runs`` finished
+    runs (the sweep is incomplete)."""
     if not finals or any(len(v) < runs for v in finals.values()):
         return None
 
@@ -171,24 +200,25 @@ def choose_lr(finals: Mapping[float, Sequence[Optional[float]]], runs: int) -> O
         clean = [v if v is not None and math.isfinite(v) else math.inf for v in values]
         return math.inf if math.inf in clean else statistics.fmean(clean)
 
-    return min(sorted(finals), key=lambda lr: (score(finals[lr]), lr))
+    return min(sorted(finals), key=lambda setting: (score(finals[setting]), setting))
 
 
 def plan_main(cells: Sequence[Cell], arms: Sequence[Arm], seeds: Sequence[int],
-              lr_of: Mapping[tuple[str, str], Optional[float]]) -> tuple[list[Job], list[tuple[Cell, Arm]]]:
-    """The main runs at each arm's chosen rate (``lr_of[(cost, arm key)]``), and the (cell, arm) pairs that have
-    no rate yet (their sweep is unfinished). Within a cell the order is seed, then arm: the runs a paired interval
-    compares (same cell and seed) run back to back, so slow drift of a shared machine hits both sides alike."""
+              setting_of: Mapping[tuple[str, str], Optional[Setting]]) -> tuple[list[Job], list[tuple[Cell, Arm]]]:
+    """The main runs at each arm's chosen setting (``setting_of[(cost, arm key)]``), and the (cell, arm) pairs that
+    have none yet (their sweep is unfinished). Within a cell the order is seed, then arm: the runs a paired
+    interval compares (same cell and seed) run back to back, so slow drift of a shared machine hits both sides
+    alike."""
     jobs, waiting = [], []
     for cell in cells:
         ready = []
         for arm in arms:
-            lr = lr_of.get((cell.cost, arm.key))
-            if lr is None:
+            setting = setting_of.get((cell.cost, arm.key))
+            if setting is None:
                 waiting.append((cell, arm))
             else:
-                ready.append((arm, lr))
-        jobs += [Job("main", cell, arm, lr, seed) for seed in seeds for arm, lr in ready]
+                ready.append((arm, setting))
+        jobs += [Job("main", cell, arm, lr, seed, m) for seed in seeds for arm, (lr, m) in ready]
     return jobs, waiting
 
 
@@ -247,6 +277,7 @@ class ArmSummary:
     arm: str
     label: str
     lr: Optional[float]
+    momentum: Optional[float]
     runs: int
     ok: int
     reached: int
@@ -255,11 +286,18 @@ class ArmSummary:
     vs_ddp: Optional[PairedInterval]
     acc_at_equal_wall: float
     means: dict[str, float] = field(default_factory=dict)  # per-run columns averaged over the finished seeds
+    #: ``vs_dgd`` split into why: the ratio of steps to the target (what staleness or dropped partitions cost)
+    #: times the ratio of seconds per step up to it (what not waiting for stragglers, or extra work, buys or
+    #: costs). Per seed the two multiply to the time ratio, so their estimates multiply to ``vs_dgd``'s.
+    steps_vs_dgd: Optional[PairedInterval] = None
+    step_time_vs_dgd: Optional[PairedInterval] = None
 
     def as_dict(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.__dict__.items() if k not in ("vs_dgd", "vs_ddp")}
-        out["vs_dgd"] = self.vs_dgd.as_dict() if self.vs_dgd else None
-        out["vs_ddp"] = self.vs_ddp.as_dict() if self.vs_ddp else None
+        intervals = ("vs_dgd", "vs_ddp", "steps_vs_dgd", "step_time_vs_dgd")
+        out = {k: v for k, v in self.__dict__.items() if k not in intervals}
+        for k in intervals:
+            iv = getattr(self, k)
+            out[k] = iv.as_dict() if iv else None
         return out
 
 
@@ -268,9 +306,16 @@ MEAN_COLUMNS = ("grad_evals_to_target", "gflop_to_target", "grad_evals_per_step"
                 "mean_age", "fit_wall_s", "final_val_loss", "final_val_acc", "staleness_ratio")
 
 
-def _ttt(record: Mapping[str, Any], target: float) -> Optional[float]:
+def _ttt(record: Mapping[str, Any], target: float, axis: int = 0) -> Optional[float]:
+    """Time (``axis`` 0, the wall column of ``val``) or optimizer steps (``axis`` 1) to the target validation loss,
+    linear between two evaluations; ``None`` for a failed run or one that never reached it."""
     val = record.get("val") or []
-    return time_to_target([p[0] for p in val], [p[2] for p in val], target) if record.get("ok") else None
+    return time_to_target([p[axis] for p in val], [p[2] for p in val], target) if record.get("ok") else None
+
+
+def _per_step(times: Sequence[Optional[float]], steps: Sequence[Optional[float]]) -> list[Optional[float]]:
+    """Seconds per optimizer step up to the target, per seed (``None`` where either is missing or zero)."""
+    return [t / k if t is not None and k else None for t, k in zip(times, steps)]
 
 
 def _paired(x: Sequence[Optional[float]], y: Sequence[Optional[float]]) -> Optional[PairedInterval]:
@@ -281,7 +326,7 @@ def _paired(x: Sequence[Optional[float]], y: Sequence[Optional[float]]) -> Optio
 
 
 def summarize_cell(records: Mapping[str, Mapping[int, Mapping[str, Any]]], arms: Sequence[Arm],
-                   seeds: Sequence[int], target: float, lrs: Mapping[str, Optional[float]]) -> dict[str, Any]:
+                   seeds: Sequence[int], target: float, settings: Mapping[str, Optional[Setting]]) -> dict[str, Any]:
     """A cell's statistics from its main-run records (``records[arm key][seed]``).
 
     Complete when every arm has a finished record for every seed; otherwise ``status`` is ``"incomplete"`` with
@@ -289,8 +334,10 @@ def summarize_cell(records: Mapping[str, Mapping[int, Mapping[str, Any]]], arms:
     validation loss among the arms that reached it on every seed; its margin is the paired ratio (t interval)
     of its time over the runner-up's (below 1: faster). An arm that missed the target on a seed can neither win
     nor get a ratio interval (its ``reached`` says so); nor can one whose first evaluation is already at the
-    target (time 0: set the target below every arm's initial validation loss). ``means`` averages the per-run
-    columns of :data:`MEAN_COLUMNS` and, per term, the error decomposition the scheme logged.
+    target (time 0: set the target below every arm's initial validation loss). ``steps_vs_dgd`` and
+    ``step_time_vs_dgd`` split the ratio against ``dgd`` into steps to the target and seconds per step (see
+    :class:`ArmSummary`). ``means`` averages the per-run columns of :data:`MEAN_COLUMNS` and, per term, the
+    error decomposition the scheme logged.
     """
     expected = len(arms) * len(seeds)
     finished = sum(1 for arm in arms for s in seeds if s in records.get(arm.key, {}))
@@ -302,6 +349,8 @@ def summarize_cell(records: Mapping[str, Mapping[int, Mapping[str, Any]]], arms:
             if rec and rec.get("ok") and rec.get("val"):
                 ends[s] = equal_wall_time([ends.get(s, math.inf), rec["val"][-1][0]])
     times = {arm.key: [_ttt(records.get(arm.key, {}).get(s, {}), target) for s in seeds] for arm in arms}
+    steps = {arm.key: [_ttt(records.get(arm.key, {}).get(s, {}), target, axis=1) for s in seeds] for arm in arms}
+    step_times = {key: _per_step(times[key], steps[key]) for key in times}
     summaries: list[ArmSummary] = []
     for arm in arms:
         mine = [records.get(arm.key, {}).get(s) for s in seeds]
@@ -324,12 +373,15 @@ def summarize_cell(records: Mapping[str, Mapping[int, Mapping[str, Any]]], arms:
             for k, v in (r["row"].get("error_decomposition") or {}).items():
                 terms.setdefault(k, []).append(v)
         means["error_decomposition"] = {k: statistics.fmean(v) for k, v in sorted(terms.items())}  # type: ignore
+        lr, momentum = settings.get(arm.key) or (None, None)
         summaries.append(ArmSummary(
-            arm.key, arm.label, lrs.get(arm.key), len(done), len(good), len(reached),
+            arm.key, arm.label, lr, momentum, len(done), len(good), len(reached),
             math.exp(statistics.fmean(math.log(t) for t in reached)) if reached and min(reached) > 0 else math.nan,
             _paired(times[arm.key], times.get("dgd", [])) if arm.key != "dgd" else None,
             _paired(times[arm.key], times.get("ddp", [])) if arm.key != "ddp" else None,
-            statistics.fmean(accs) if accs else math.nan, means))
+            statistics.fmean(accs) if accs else math.nan, means,
+            _paired(steps[arm.key], steps.get("dgd", [])) if arm.key != "dgd" else None,
+            _paired(step_times[arm.key], step_times.get("dgd", [])) if arm.key != "dgd" else None))
     cell: dict[str, Any] = {"runs_expected": expected, "runs_finished": finished, "runs_ok": ok_runs,
                             "arms": [a.as_dict() for a in summaries], "winner": None, "runner_up": None,
                             "margin": None}
@@ -387,14 +439,17 @@ def separated(margin: Optional[Mapping[str, Any]]) -> bool:
 
 
 def cell_table(cell: Mapping[str, Any]) -> str:
-    """One cell's arms: rate, reach, time to target, paired ratios against dgd and ddp, and the work columns."""
-    lines = ["| arm | lr | reached | time to target (s) | vs dgd | vs ddp | val acc at equal wall | "
-             "grad evals to target | utilization | max age |",
-             "|---|---:|---:|---:|---|---|---:|---:|---:|---:|"]
+    """One cell's arms: setting, reach, time to target, paired ratios against dgd (with its split into steps and
+    seconds per step) and ddp, and the work columns."""
+    lines = ["| arm | lr | momentum | reached | time to target (s) | vs dgd | = steps vs dgd | x s/step vs dgd | "
+             "vs ddp | val acc at equal wall | grad evals to target | utilization | max age |",
+             "|---|---:|---:|---:|---:|---|---|---|---|---:|---:|---:|---:|"]
     for a in cell["arms"]:
         m = a["means"]
-        lines.append(f"| {a['label']} | {_num(a['lr'], 'g')} | {a['reached']}/{a['runs']} | "
+        lines.append(f"| {a['label']} | {_num(a['lr'], 'g')} | {_num(a.get('momentum'), 'g')} | "
+                     f"{a['reached']}/{a['runs']} | "
                      f"{_num(a['time_to_target_s'], '.2f')} | {_interval(a['vs_dgd'])} | "
+                     f"{_interval(a.get('steps_vs_dgd'))} | {_interval(a.get('step_time_vs_dgd'))} | "
                      f"{_interval(a['vs_ddp'])} | {_num(a['acc_at_equal_wall'], '.3f')} | "
                      f"{_num(m['grad_evals_to_target'], '.0f')} | {_num(m['utilization_mean'], '.2f')} | "
                      f"{_num(m['max_age'], '.0f')} |")
@@ -412,14 +467,19 @@ def render_markdown(result: Mapping[str, Any]) -> str:
              "[grid_map.json](grid_map.json).", "",
              f"- **Complete cells: {len(complete)} of {len(cells)}**"
              + (f" ({', '.join(complete)})." if complete else ". No cell is complete: no winner is named yet."),
-             f"- Learning-rate sweep: {result['sweep_runs_finished']} of {result['sweep_runs_expected']} runs "
-             f"finished; rates {s['lrs']}, seeds {s['sweep_seeds']}, {s['sweep_steps']} steps, under "
-             f"`{s['sweep_delay']}`.",
+             f"- Sweep: {result['sweep_runs_finished']} of {result['sweep_runs_expected']} runs finished; rates "
+             f"{s['lrs']} at momentum {RECIPE_MOMENTUM}"
+             + "".join(f", the same effective rates (lr / (1 - m)) at momentum {m:g}"
+                       for m in s.get('momenta', [RECIPE_MOMENTUM]) if m != RECIPE_MOMENTUM)
+             + f"; seeds {s['sweep_seeds']}, {s['sweep_steps']} steps, under `{s['sweep_delay']}`.",
              f"- Main runs: n = {s['devices']} CPU ranks, {s['steps']} steps, seeds {s['seeds']}, target validation "
              f"loss {s['target']}, validation every {s['val_every']} steps.",
              "- Winner: lowest geometric-mean time to the target validation loss among arms that reached it on "
              "every seed; margin: the paired ratio of its time over the runner-up's with a 95 % t interval "
-             "over the seeds (below 1: faster).", "",
+             "over the seeds (below 1: faster).",
+             "- Why, per arm: `vs dgd` = `steps vs dgd` x `s/step vs dgd` (paired over the seeds, up to the "
+             "target): steps to the target measure what staleness or dropped partitions cost, seconds per step "
+             "what not waiting for stragglers (or extra work per step) buys or costs.", "",
              "| straggler model | " + " | ".join(result["cost_labels"][c] for c in result["costs"]) + " |",
              "|---|" + "---|" * len(result["costs"])]
     for delay in result["delays"]:

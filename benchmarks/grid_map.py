@@ -1,10 +1,11 @@
-"""The map grid: schemes x straggler models x evaluation costs x seeds, each scheme at its own learning rate.
+"""The map grid: schemes x straggler models x evaluation costs x seeds, each scheme at its own rate and momentum.
 
     WANDB_MODE=offline python benchmarks/grid.py [--max-jobs 40] [--only-cells stalls-sleep] [--render-only]
 
-Plans (:mod:`crossover`) a learning-rate sweep (``--lrs`` on ``--sweep-seeds``, ``--sweep-steps`` steps, under
-``--sweep-delay``, per evaluation cost) and the main runs (``--seeds``, ``--steps``) of every arm in every cell
-(``--delays`` x ``--costs``) at the rate the sweep chose, runs the jobs that have no record yet (at most
+Plans (:mod:`crossover`) a sweep (``--lrs`` at the recipe's momentum and the same effective rates at each of
+``--momenta``, on ``--sweep-seeds``, ``--sweep-steps`` steps, under ``--sweep-delay``, per evaluation cost) and the
+main runs (``--seeds``, ``--steps``) of every arm in every cell (``--delays`` x ``--costs``) at the setting the
+sweep chose, runs the jobs that have no record yet (at most
 ``--max-jobs`` of them this invocation; sweep first), one at a time through
 :func:`lightning_pgc.experiments.launch`, and stores each finished job as one JSON file in ``--runs``
 (``docs/grid_runs/``; reused while its spec is unchanged). Then renders, from every record there: the crossover
@@ -46,12 +47,15 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--val-every", type=int, default=20)
     p.add_argument("--target", type=float, default=0.3, help="target validation loss")
-    p.add_argument("--lrs", type=float, nargs="+", default=[0.02, 0.05, 0.1], help="the sweep's rates")
+    p.add_argument("--lrs", type=float, nargs="+", default=[0.02, 0.05, 0.1],
+                   help=f"the sweep's rates at the recipe's momentum {cx.RECIPE_MOMENTUM}")
+    p.add_argument("--momenta", type=float, nargs="+", default=[cx.RECIPE_MOMENTUM, 0.0],
+                   help="the sweep's SGD momenta; at each, the same effective rates lr / (1 - momentum)")
     p.add_argument("--sweep-seeds", type=int, nargs="+", default=[0])
     p.add_argument("--sweep-steps", type=int, default=100)
     p.add_argument("--sweep-delay", default="lognormal + stalls", choices=list(cx.DELAYS))
     p.add_argument("--no-sweep", action="store_true", help="every arm at --lr, no sweep")
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--lr", type=float, default=0.05, help="with --no-sweep: every arm's rate (recipe momentum)")
     p.add_argument("--max-jobs", type=int, default=None, help="run at most this many new jobs now")
     p.add_argument("--only-cells", nargs="+", default=None, help="run jobs of these cells only (e.g. stalls-sleep)")
     p.add_argument("--render-only", action="store_true")
@@ -78,7 +82,10 @@ def job_spec(job: cx.Job, args: argparse.Namespace, steps: int) -> dict[str, Any
         "strategy": strategy, "strategy_kwargs": kwargs, "devices": args.devices,
         "delay": job.cell.delay_model(args.devices), "delay_seed": job.seed,
         "compute_s_per_eval": cost.compute_s_per_eval, "seed": job.seed, "max_steps": steps,
-        "batch_size": cost.batch_size, "lr": job.lr, "model": {"sync_train_loss": False, **dict(cost.model)},
+        "batch_size": cost.batch_size, "lr": job.lr,
+        # the recipe's momentum is left out, so the records made before momentum was swept stay valid
+        "model": {"sync_train_loss": False, **dict(cost.model),
+                  **({"momentum": job.momentum} if job.momentum != cx.RECIPE_MOMENTUM else {})},
         "check_val_every_n_epoch": 100_000, "val_every_n_steps": args.val_every, "sync_loss": False,
         "measure": True, "valve": valve, "start_method": args.start_method,
         "out": str(Path(args.out).resolve() / job.name),
@@ -161,21 +168,23 @@ def wait_while_paused(pause_file: Optional[str]) -> None:
         time.sleep(2.0)
 
 
-def chosen_lrs(sweep: list[cx.Job], store: cx.Store, args: argparse.Namespace) -> dict[tuple[str, str], Any]:
-    """Each (cost, arm)'s rate by :func:`crossover.choose_lr` from its sweep records (None: unfinished)."""
-    finals: dict[tuple[str, str], dict[float, list[Optional[float]]]] = {}
+def chosen_settings(sweep: list[cx.Job], store: cx.Store, args: argparse.Namespace) -> dict[tuple[str, str], Any]:
+    """Each (cost, arm)'s (rate, momentum) by :func:`crossover.choose_setting` from its sweep records (None:
+    unfinished)."""
+    finals: dict[tuple[str, str], dict[cx.Setting, list[Optional[float]]]] = {}
     for job in sweep:
         rec = store.load(job, job_spec(job, args, args.sweep_steps))
-        bucket = finals.setdefault((job.cell.cost, job.arm.key), {}).setdefault(job.lr, [])
+        bucket = finals.setdefault((job.cell.cost, job.arm.key), {}).setdefault(job.setting, [])
         if rec is not None:
             bucket.append(rec["row"].get("final_val_loss") if rec["ok"] else None)
-    return {key: cx.choose_lr(by_lr, len(args.sweep_seeds)) for key, by_lr in finals.items()}
+    return {key: cx.choose_setting(by_setting, len(args.sweep_seeds)) for key, by_setting in finals.items()}
 
 
 def render(args: argparse.Namespace, arms: list[cx.Arm], skipped: list[str], cells: list[cx.Cell],
-           sweep: list[cx.Job], store: cx.Store, lr_of: dict[tuple[str, str], Any], argv: list[str]) -> dict[str, Any]:
+           sweep: list[cx.Job], store: cx.Store, setting_of: dict[tuple[str, str], Any],
+           argv: list[str]) -> dict[str, Any]:
     """grid_map.json, grid_map.png and the gridmap block of benchmarks.md from the records in the store."""
-    main_jobs, _ = cx.plan_main(cells, arms, args.seeds, lr_of)
+    main_jobs, _ = cx.plan_main(cells, arms, args.seeds, setting_of)
     records: dict[str, dict[str, dict[int, Any]]] = {}
     count = 0
     for job in main_jobs:
@@ -185,8 +194,8 @@ def render(args: argparse.Namespace, arms: list[cx.Arm], skipped: list[str], cel
             count += 1
     summaries = {}
     for cell in cells:
-        lrs = {arm.key: lr_of.get((cell.cost, arm.key)) for arm in arms}
-        summaries[cell.key] = cx.summarize_cell(records.get(cell.key, {}), arms, args.seeds, args.target, lrs)
+        settings = {arm.key: setting_of.get((cell.cost, arm.key)) for arm in arms}
+        summaries[cell.key] = cx.summarize_cell(records.get(cell.key, {}), arms, args.seeds, args.target, settings)
     sweep_done = sum(1 for job in sweep if store.load(job, job_spec(job, args, args.sweep_steps)) is not None)
     runs_folder = Path(args.runs).resolve()
     result = {
@@ -198,6 +207,7 @@ def render(args: argparse.Namespace, arms: list[cx.Arm], skipped: list[str], cel
         "settings": {"devices": args.devices, "c": args.c, "seeds": args.seeds, "steps": args.steps,
                      "val_every": args.val_every, "target": args.target,
                      "lrs": [args.lr] if args.no_sweep else args.lrs,
+                     "momenta": [cx.RECIPE_MOMENTUM] if args.no_sweep else args.momenta,
                      "sweep_seeds": [] if args.no_sweep else args.sweep_seeds,
                      "sweep_steps": 0 if args.no_sweep else args.sweep_steps, "sweep_delay": args.sweep_delay,
                      "valve": cx.VALVE, "delay_models": {d: cx.DELAYS[d] for d in args.delays},
@@ -209,7 +219,8 @@ def render(args: argparse.Namespace, arms: list[cx.Arm], skipped: list[str], cel
         "skipped": skipped,
         "sweep_runs_expected": len(sweep),
         "sweep_runs_finished": sweep_done,
-        "chosen_lr": {f"{cost}/{arm}": lr for (cost, arm), lr in sorted(lr_of.items())},
+        "chosen_setting": {f"{cost}/{arm}": None if setting is None else {"lr": setting[0], "momentum": setting[1]}
+                           for (cost, arm), setting in sorted(setting_of.items())},
         "cells": summaries,
     }
     docs = Path(args.docs)
@@ -236,7 +247,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     cells = [cx.Cell(d, c) for c in sorted(args.costs, key=CHEAPEST_FIRST.index) for d in args.delays]
     store = cx.Store(Path(args.runs))
     steps_of = {"sweep": args.sweep_steps, "main": args.steps}
-    sweep = [] if args.no_sweep else cx.plan_sweep(cells, arms, args.lrs, args.sweep_seeds, args.sweep_delay)
+    sweep = [] if args.no_sweep else cx.plan_sweep(cells, arms, args.lrs, args.sweep_seeds, args.sweep_delay,
+                                                   args.momenta)
     budget = [args.max_jobs if args.max_jobs is not None else 10**9]
     if args.render_only:
         budget = [0]
@@ -244,12 +256,13 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
           f"(+ {len(sweep)} sweep runs) on n = {args.devices}; records in {store.folder}", flush=True)
     run_jobs(sweep, store, args, steps_of, budget)
     if args.no_sweep:
-        lr_of: dict[tuple[str, str], Any] = {(cell.cost, arm.key): args.lr for cell in cells for arm in arms}
+        setting_of: dict[tuple[str, str], Any] = {(cell.cost, arm.key): (args.lr, cx.RECIPE_MOMENTUM)
+                                                  for cell in cells for arm in arms}
     else:
-        lr_of = chosen_lrs(sweep, store, args)
-    main_jobs, waiting = cx.plan_main(cells, arms, args.seeds, lr_of)
+        setting_of = chosen_settings(sweep, store, args)
+    main_jobs, waiting = cx.plan_main(cells, arms, args.seeds, setting_of)
     run_jobs(main_jobs, store, args, steps_of, budget)
-    result = render(args, arms, skipped, cells, sweep, store, lr_of, argv)
+    result = render(args, arms, skipped, cells, sweep, store, setting_of, argv)
     complete = [k for k, c in result["cells"].items() if c["status"] != "incomplete"]
     print(f"sweep {result['sweep_runs_finished']}/{len(sweep)} runs; {len(waiting)} (cell, arm) pairs wait for "
           f"their sweep; complete cells: {len(complete)}/{len(cells)} {complete}")

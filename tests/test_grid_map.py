@@ -20,13 +20,33 @@ import grid_map  # noqa: E402
 T_975_DF2 = 4.302652729911275  # Student t, two-sided 95 %, 2 degrees of freedom (tables)
 
 
-def test_choose_lr_lowest_mean_final_loss_ties_to_the_smaller_rate():
-    assert cx.choose_lr({0.1: [0.5, 0.7], 0.05: [0.4, 0.9], 0.02: [0.8, 0.8]}, runs=2) == 0.1  # 0.6 < 0.65 < 0.8
-    assert cx.choose_lr({0.1: [0.5], 0.05: [0.5]}, runs=1) == 0.05  # tie: the smaller rate
-    assert cx.choose_lr({0.1: [0.1, float("nan")], 0.05: [0.9, 0.9]}, runs=2) == 0.05  # a diverged seed is +inf
-    assert cx.choose_lr({0.1: [None], 0.05: [2.0]}, runs=1) == 0.05  # a failed run is +inf
-    assert cx.choose_lr({0.1: [0.1], 0.05: []}, runs=1) is None  # unfinished sweep: no rate yet
-    assert cx.choose_lr({0.1: [math.inf], 0.05: [math.inf]}, runs=1) == 0.05
+def test_choose_setting_lowest_mean_final_loss_ties_to_the_smaller_rate():
+    assert cx.choose_setting({0.1: [0.5, 0.7], 0.05: [0.4, 0.9], 0.02: [0.8, 0.8]}, runs=2) == 0.1  # 0.6 < 0.65
+    assert cx.choose_setting({0.1: [0.5], 0.05: [0.5]}, runs=1) == 0.05  # tie: the smaller rate
+    assert cx.choose_setting({0.1: [0.1, float("nan")], 0.05: [0.9, 0.9]}, runs=2) == 0.05  # diverged seed: +inf
+    assert cx.choose_setting({0.1: [None], 0.05: [2.0]}, runs=1) == 0.05  # a failed run is +inf
+    assert cx.choose_setting({0.1: [0.1], 0.05: []}, runs=1) is None  # unfinished sweep: no rate yet
+    assert cx.choose_setting({0.1: [math.inf], 0.05: [math.inf]}, runs=1) == 0.05
+    # (rate, momentum) settings: ties go to the smaller rate, then the smaller momentum
+    assert cx.choose_setting({(0.1, 0.9): [0.3], (0.5, 0.0): [0.2], (1.0, 0.0): [0.2]}, runs=1) == (0.5, 0.0)
+    assert cx.choose_setting({(0.5, 0.9): [0.2], (0.5, 0.0): [0.2]}, runs=1) == (0.5, 0.0)
+
+
+def test_sweep_settings_keep_the_effective_rate_across_momenta_and_old_names_stay_valid():
+    settings = cx.sweep_settings([0.02, 0.05, 0.1], [0.9, 0.0, 0.5])
+    assert settings == [(0.02, 0.9), (0.05, 0.9), (0.1, 0.9), (0.2, 0.0), (0.5, 0.0), (1.0, 0.0),
+                        (0.1, 0.5), (0.25, 0.5), (0.5, 0.5)]  # lr / (1 - m) in {0.2, 0.5, 1.0} at every momentum
+    with pytest.raises(ValueError, match="momentum must be in"):
+        cx.sweep_settings([0.1], [1.0])
+    cell, arm = cx.Cell("exponential", "sleep"), cx.Arm("pgc_cr", 2)
+    # the recipe's momentum is not named: records made before momentum was swept keep their names and specs
+    assert cx.Job("main", cell, arm, 0.05, 3).name == "main__exp-sleep__pgc_cr_c2__lr0.05__seed3"
+    assert cx.Job("main", cell, arm, 0.5, 3, 0.0).name == "main__exp-sleep__pgc_cr_c2__lr0.5__m0__seed3"
+    args = grid_map.parse_args(ARGV)
+    assert "momentum" not in grid_map.job_spec(cx.Job("main", cell, arm, 0.05, 3), args, 10)["model"]
+    assert grid_map.job_spec(cx.Job("main", cell, arm, 0.5, 3, 0.0), args, 10)["model"]["momentum"] == 0.0
+    sweep = cx.plan_sweep([cell], [arm], [0.05, 0.1], [0], "lognormal + stalls", momenta=[0.9, 0.0])
+    assert [j.setting for j in sweep] == [(0.05, 0.9), (0.1, 0.9), (0.5, 0.0), (1.0, 0.0)]
 
 
 def _record(time_to_target: float, final_acc: float = 0.9, reach: bool = True) -> dict:
@@ -43,7 +63,7 @@ def _cell(times: dict[str, list[float]], reach: dict[str, list[bool]] | None = N
     arms = [cx.Arm("ddp"), cx.Arm("dgd"), cx.Arm("pgc_cr", 2)]
     records = {a.key: {seed: _record(t, reach=(reach or {}).get(a.key, [True] * 3)[i])
                        for i, (seed, t) in enumerate(zip([0, 1, 2], times[a.key]))} for a in arms}
-    return cx.summarize_cell(records, arms, [0, 1, 2], 0.5, {a.key: 0.05 for a in arms})
+    return cx.summarize_cell(records, arms, [0, 1, 2], 0.5, {a.key: (0.05, 0.9) for a in arms})
 
 
 def test_cell_winner_margin_and_paired_intervals_by_hand():
@@ -73,6 +93,40 @@ def test_cell_winner_margin_and_paired_intervals_by_hand():
     assert text.startswith("**pgc_cr_c2** over dgd: 0.58x [") and text.endswith("(not separated)")  # [0.24, 1.37]
     steady = _cell({"ddp": [4.0, 6.0, 8.0], "dgd": [5.0, 5.0, 5.0], "pgc_cr_c2": [2.0, 2.1, 1.9]})
     assert steady["margin"]["high"] < 1 and not cx.map_cell_text(steady).endswith("(not separated)")
+
+
+def test_the_ratio_against_dgd_splits_into_steps_and_seconds_per_step_by_hand():
+    """An arm whose steps are cheaper but that needs more of them (what PGC does here): the two paired ratios
+    are computed on the same seeds and multiply to the time ratio."""
+    def rec(wall_end: float, steps_end: float) -> dict:  # loss 1 -> 0 linearly: target 0.5 is crossed half way
+        return {"ok": True, "error": "", "row": {}, "val": [[0.0, 0, 1.0, 0.1], [wall_end, steps_end, 0.0, 0.9]]}
+    arms = [cx.Arm("ddp"), cx.Arm("dgd"), cx.Arm("pgc_cr", 2)]
+    records = {"ddp": {s: rec(10.0, 100) for s in (0, 1, 2)},
+               "dgd": {0: rec(10.0, 100), 1: rec(12.0, 100), 2: rec(8.0, 100)},  # 50 steps, 0.1 0.12 0.08 s each
+               "pgc_cr_c2": {0: rec(12.0, 200), 1: rec(12.0, 160), 2: rec(12.0, 240)}}  # 100 80 120 steps, 6 s
+    cell = cx.summarize_cell(records, arms, [0, 1, 2], 0.5, {})
+    assert [a["momentum"] for a in cell["arms"]] == [None] * 3  # no setting given
+    pgc = next(a for a in cell["arms"] if a["arm"] == "pgc_cr_c2")
+    steps = [math.log(100 / 50), math.log(80 / 50), math.log(120 / 50)]
+    per_step = [math.log(0.06 / 0.1), math.log(0.075 / 0.12), math.log(0.05 / 0.08)]
+    times = [math.log(6 / 5), math.log(6 / 6), math.log(6 / 4)]
+    for key, d in (("steps_vs_dgd", steps), ("step_time_vs_dgd", per_step), ("vs_dgd", times)):
+        half = T_975_DF2 * statistics.stdev(d) / math.sqrt(3)
+        iv = pgc[key]
+        assert iv["estimate"] == pytest.approx(math.exp(statistics.fmean(d))), key
+        assert (iv["low"], iv["high"]) == (pytest.approx(math.exp(statistics.fmean(d) - half)),
+                                           pytest.approx(math.exp(statistics.fmean(d) + half))), key
+    assert pgc["steps_vs_dgd"]["estimate"] * pgc["step_time_vs_dgd"]["estimate"] == pytest.approx(
+        pgc["vs_dgd"]["estimate"])
+    assert pgc["steps_vs_dgd"]["low"] > 1 and pgc["step_time_vs_dgd"]["high"] < 1  # more, cheaper steps
+    dgd = next(a for a in cell["arms"] if a["arm"] == "dgd")
+    assert dgd["steps_vs_dgd"] is None and dgd["step_time_vs_dgd"] is None
+    row = next(line for line in cx.cell_table(cell).splitlines() if line.startswith("| pgc_cr c=2 |"))
+    assert f"| {cx._interval(pgc['steps_vs_dgd'])} | {cx._interval(pgc['step_time_vs_dgd'])} |" in row
+    # an arm that missed the target on a seed gets no split either
+    records["pgc_cr_c2"][1] = {**rec(12.0, 160), "val": [[0.0, 0, 1.0, 0.1], [12.0, 160, 0.6, 0.5]]}
+    pgc = next(a for a in cx.summarize_cell(records, arms, [0, 1, 2], 0.5, {})["arms"] if a["arm"] == "pgc_cr_c2")
+    assert pgc["steps_vs_dgd"] is None and pgc["step_time_vs_dgd"] is None
 
 
 def test_an_arm_that_missed_the_target_on_a_seed_cannot_win():
@@ -120,15 +174,15 @@ def test_report_renders_from_per_run_files_and_marks_incomplete_cells(tmp_path):
     arms, _ = cx.arms_for(2, [2], ["ddp", "dgd", "pgc_cr"], [])
     store = cx.Store(tmp_path / "runs")
     cells = [cx.Cell("exponential", "sleep"), cx.Cell("one slow rank", "sleep")]
-    sweep = cx.plan_sweep(cells, arms, [0.05, 0.1], [0], "lognormal + stalls")
-    assert len(sweep) == 3 * 2  # one cost, three arms, two rates, one seed
-    for job in sweep:  # 0.1 is best for pgc_cr only
-        best = job.lr == (0.1 if job.arm.family == "pgc_cr" else 0.05)
+    sweep = cx.plan_sweep(cells, arms, [0.05, 0.1], [0], "lognormal + stalls", args.momenta)
+    assert len(sweep) == 3 * 2 * 2  # one cost, three arms, two rates at two momenta, one seed
+    for job in sweep:  # rate 0.1 at momentum 0.9 is best for pgc_cr only, momentum 0 for nobody
+        best = job.setting == ((0.1, 0.9) if job.arm.family == "pgc_cr" else (0.05, 0.9))
         store.save(job, grid_map.job_spec(job, args, args.sweep_steps),
                    {"ok": True, "error": "", "row": {"final_val_loss": 0.2 if best else 0.4}, "val": []})
-    lr_of = grid_map.chosen_lrs(sweep, store, args)
-    assert lr_of[("sleep", "pgc_cr_c2")] == 0.1 and lr_of[("sleep", "ddp")] == 0.05
-    main_jobs, waiting = cx.plan_main(cells, arms, [0, 1, 2], lr_of)
+    setting_of = grid_map.chosen_settings(sweep, store, args)
+    assert setting_of[("sleep", "pgc_cr_c2")] == (0.1, 0.9) and setting_of[("sleep", "ddp")] == (0.05, 0.9)
+    main_jobs, waiting = cx.plan_main(cells, arms, [0, 1, 2], setting_of)
     assert not waiting and len(main_jobs) == 2 * 3 * 3
     # paired runs back to back: within a cell, every arm of seed 0, then of seed 1, ...
     assert [(j.seed, j.arm.key) for j in main_jobs[:4]] == [(0, "ddp"), (0, "dgd"), (0, "pgc_cr_c2"), (1, "ddp")]
@@ -145,12 +199,13 @@ def test_report_renders_from_per_run_files_and_marks_incomplete_cells(tmp_path):
     cells_out = result["cells"]
     assert cells_out["exp-sleep"]["winner"] == "pgc_cr_c2"
     assert cells_out["slowrank-sleep"]["status"] == "incomplete"
-    assert result["sweep_runs_finished"] == 6 and result["chosen_lr"]["sleep/pgc_cr_c2"] == 0.1
+    assert result["sweep_runs_finished"] == 12
+    assert result["chosen_setting"]["sleep/pgc_cr_c2"] == {"lr": 0.1, "momentum": 0.9}
     text = (tmp_path / "docs" / "benchmarks.md").read_text()
     assert text.count(cx.MARK_BEGIN) == 1 and "Complete cells: 1 of 2** (exp-sleep)" in text
     assert "| exponential | **pgc_cr_c2** over dgd: 0.58x [" in text
     assert "| one slow rank | incomplete (8/9 runs) |" in text
-    assert "| pgc_cr c=2 | 0.1 | 3/3 | 2.88 |" in text
+    assert "| pgc_cr c=2 | 0.1 | 0.9 | 3/3 | 2.88 |" in text
     assert (tmp_path / "docs" / "grid_map.png").stat().st_size > 10_000
     assert json.loads((tmp_path / "docs" / "grid_map.json").read_text())["cells"] == json.loads(
         json.dumps(cells_out, default=float))
