@@ -236,8 +236,11 @@ def test_smoke_grid_two_steps_per_cell_real_jobs(tmp_path):
     assert [f.stat().st_mtime_ns for f in files] == stamps
 
 
-def test_benchmarks_map_block_is_what_grid_renders_from_grid_map_json():
-    docs = ROOT / "docs"
+@pytest.mark.parametrize("page", ["docs", "docs/first_pass"], ids=["map", "first_pass"])
+def test_benchmarks_map_block_is_what_grid_renders_from_grid_map_json(page):
+    """The map's block in docs/benchmarks.md, and the first pass's (momentum 0.9 only) in its own page, are exactly
+    what benchmarks/grid.py renders from the grid_map.json beside them."""
+    docs = ROOT / page
     result = json.loads((docs / "grid_map.json").read_text())
     text = (docs / "benchmarks.md").read_text()
     block = text[text.index(cx.MARK_BEGIN): text.index(cx.MARK_END) + len(cx.MARK_END)]
