@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,7 +148,8 @@ Setting = tuple[float, float]
 
 @dataclass(frozen=True)
 class Job:
-    """One run: a phase (``sweep`` or ``main``), a cell, an arm, a learning rate, a seed and the SGD momentum."""
+    """One run: a phase (``sweep`` or ``main``), a cell, an arm, a learning rate, a seed, the SGD momentum and, for
+    main runs, the round."""
 
     phase: str
     cell: Cell
@@ -155,12 +157,16 @@ class Job:
     lr: float
     seed: int
     momentum: float = RECIPE_MOMENTUM
+    #: the main runs' round: a cell's paired comparisons are only made between runs of one round, run together
+    #: (wall-clock ratios between sessions are off by the machine's drift, 12-22 % per step measured here)
+    round: int = 1
 
     @property
     def name(self) -> str:
-        # the recipe's momentum is not named, so the records made before momentum was swept keep their names
+        # the recipe's momentum and round 1 are not named, so the records made before either existed keep their names
         m = "" if self.momentum == RECIPE_MOMENTUM else f"__m{self.momentum:g}"
-        return f"{self.phase}__{self.cell.key}__{self.arm.key}__lr{self.lr:g}{m}__seed{self.seed}"
+        r = "" if self.round == 1 else f"__r{self.round}"
+        return f"{self.phase}__{self.cell.key}__{self.arm.key}__lr{self.lr:g}{m}{r}__seed{self.seed}"
 
     @property
     def setting(self) -> Setting:
@@ -204,11 +210,13 @@ def choose_setting(finals: Mapping[Any, Sequence[Optional[float]]], runs: int) -
 
 
 def plan_main(cells: Sequence[Cell], arms: Sequence[Arm], seeds: Sequence[int],
-              setting_of: Mapping[tuple[str, str], Optional[Setting]]) -> tuple[list[Job], list[tuple[Cell, Arm]]]:
-    """The main runs at each arm's chosen setting (``setting_of[(cost, arm key)]``), and the (cell, arm) pairs that
-    have none yet (their sweep is unfinished). Within a cell the order is seed, then arm: the runs a paired
-    interval compares (same cell and seed) run back to back, so slow drift of a shared machine hits both sides
-    alike."""
+              setting_of: Mapping[tuple[str, str], Optional[Setting]],
+              main_round: int = 1) -> tuple[list[Job], list[tuple[Cell, Arm]]]:
+    """The main runs of round ``main_round`` at each arm's chosen setting (``setting_of[(cost, arm key)]``), and
+    the (cell, arm) pairs that have none yet (their sweep is unfinished). Within a cell the order is seed, then
+    arm: the runs a paired interval compares (same cell and seed) run back to back, so slow drift of a shared
+    machine hits both sides alike. A new round (the sweep's choices changed) reruns every arm, not only the arms
+    whose setting changed, so that no ratio compares runs of two sessions."""
     jobs, waiting = [], []
     for cell in cells:
         ready = []
@@ -218,7 +226,7 @@ def plan_main(cells: Sequence[Cell], arms: Sequence[Arm], seeds: Sequence[int],
                 waiting.append((cell, arm))
             else:
                 ready.append((arm, setting))
-        jobs += [Job("main", cell, arm, lr, seed, m) for seed in seeds for arm, (lr, m) in ready]
+        jobs += [Job("main", cell, arm, lr, seed, m, main_round) for seed in seeds for arm, (lr, m) in ready]
     return jobs, waiting
 
 
@@ -253,8 +261,11 @@ class Store:
     def save(self, job: Job, spec: Mapping[str, Any], record: Mapping[str, Any]) -> Path:
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.path(job)
-        path.write_text(json.dumps({"job": job.name, "spec": self.comparable(spec), **record}, indent=None,
-                                   default=float, allow_nan=True) + "\n")
+        # written whole, then renamed: a render or a commit that reads the folder while a job ends never sees half
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps({"job": job.name, "spec": self.comparable(spec), **record}, indent=None,
+                                  default=float, allow_nan=True) + "\n")
+        os.replace(tmp, path)
         return path
 
 
@@ -472,8 +483,8 @@ def render_markdown(result: Mapping[str, Any]) -> str:
              + "".join(f", the same effective rates (lr / (1 - m)) at momentum {m:g}"
                        for m in s.get('momenta', [RECIPE_MOMENTUM]) if m != RECIPE_MOMENTUM)
              + f"; seeds {s['sweep_seeds']}, {s['sweep_steps']} steps, under `{s['sweep_delay']}`.",
-             f"- Main runs: n = {s['devices']} CPU ranks, {s['steps']} steps, seeds {s['seeds']}, target validation "
-             f"loss {s['target']}, validation every {s['val_every']} steps.",
+             f"- Main runs: round {s.get('round', 1)}, n = {s['devices']} CPU ranks, {s['steps']} steps, seeds "
+             f"{s['seeds']}, target validation loss {s['target']}, validation every {s['val_every']} steps.",
              "- Winner: lowest geometric-mean time to the target validation loss among arms that reached it on "
              "every seed; margin: the paired ratio of its time over the runner-up's with a 95 % t interval "
              "over the seeds (below 1: faster).",

@@ -5,8 +5,8 @@
 Plans (:mod:`crossover`) a sweep (``--lrs`` at the recipe's momentum and the same effective rates at each of
 ``--momenta``, on ``--sweep-seeds``, ``--sweep-steps`` steps, under ``--sweep-delay``, per evaluation cost) and the
 main runs (``--seeds``, ``--steps``) of every arm in every cell (``--delays`` x ``--costs``) at the setting the
-sweep chose, runs the jobs that have no record yet (at most
-``--max-jobs`` of them this invocation; sweep first), one at a time through
+sweep chose, as round ``--round`` (a new round reruns every arm of a cell together), runs the jobs that have no
+record yet (at most ``--max-jobs`` of them this invocation; sweep first), one at a time through
 :func:`lightning_pgc.experiments.launch`, and stores each finished job as one JSON file in ``--runs``
 (``docs/grid_runs/``; reused while its spec is unchanged). Then renders, from every record there: the crossover
 map (``docs/grid_map.png``), ``docs/grid_map.json`` and the block of ``docs/benchmarks.md`` between the
@@ -51,6 +51,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                    help=f"the sweep's rates at the recipe's momentum {cx.RECIPE_MOMENTUM}")
     p.add_argument("--momenta", type=float, nargs="+", default=[cx.RECIPE_MOMENTUM, 0.0],
                    help="the sweep's SGD momenta; at each, the same effective rates lr / (1 - momentum)")
+    p.add_argument("--round", type=int, default=2,
+                   help="the main runs' round; each reruns every arm of a cell together (1: the first pass, swept "
+                        "at momentum 0.9 only; 2: rate and momentum swept)")
     p.add_argument("--sweep-seeds", type=int, nargs="+", default=[0])
     p.add_argument("--sweep-steps", type=int, default=100)
     p.add_argument("--sweep-delay", default="lognormal + stalls", choices=list(cx.DELAYS))
@@ -184,7 +187,7 @@ def render(args: argparse.Namespace, arms: list[cx.Arm], skipped: list[str], cel
            sweep: list[cx.Job], store: cx.Store, setting_of: dict[tuple[str, str], Any],
            argv: list[str]) -> dict[str, Any]:
     """grid_map.json, grid_map.png and the gridmap block of benchmarks.md from the records in the store."""
-    main_jobs, _ = cx.plan_main(cells, arms, args.seeds, setting_of)
+    main_jobs, _ = cx.plan_main(cells, arms, args.seeds, setting_of, args.round)
     records: dict[str, dict[str, dict[int, Any]]] = {}
     count = 0
     for job in main_jobs:
@@ -204,8 +207,8 @@ def render(args: argparse.Namespace, arms: list[cx.Arm], skipped: list[str], cel
         "machine": f"{os.cpu_count()} CPU cores, no GPU",
         "runs_folder": os.path.relpath(runs_folder, ROOT) if runs_folder.is_relative_to(ROOT) else str(runs_folder),
         "records": count + sweep_done,
-        "settings": {"devices": args.devices, "c": args.c, "seeds": args.seeds, "steps": args.steps,
-                     "val_every": args.val_every, "target": args.target,
+        "settings": {"devices": args.devices, "c": args.c, "round": args.round, "seeds": args.seeds,
+                     "steps": args.steps, "val_every": args.val_every, "target": args.target,
                      "lrs": [args.lr] if args.no_sweep else args.lrs,
                      "momenta": [cx.RECIPE_MOMENTUM] if args.no_sweep else args.momenta,
                      "sweep_seeds": [] if args.no_sweep else args.sweep_seeds,
@@ -260,7 +263,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                                                   for cell in cells for arm in arms}
     else:
         setting_of = chosen_settings(sweep, store, args)
-    main_jobs, waiting = cx.plan_main(cells, arms, args.seeds, setting_of)
+    main_jobs, waiting = cx.plan_main(cells, arms, args.seeds, setting_of, args.round)
     run_jobs(main_jobs, store, args, steps_of, budget)
     result = render(args, arms, skipped, cells, sweep, store, setting_of, argv)
     complete = [k for k, c in result["cells"].items() if c["status"] != "incomplete"]

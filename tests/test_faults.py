@@ -218,8 +218,8 @@ def test_a_killed_worker_is_survived_validation_and_checkpoints_included(tmp_pat
 def test_more_than_s_killed_ranks_fail_every_survivor_fast_naming_them_and_leave_no_process(tmp_path):
     """s = 1 and ranks 2 and 3 are SIGKILLed at step 3: no version can close. Every surviving rank exits non-zero
     after detecting it within twice the heartbeat window (1 s; ``timeout`` 1 s; plus teardown: ``EXIT_SPREAD_S``)
-    of the first kill, the errors name the dead ranks and
-    the last version closed, the last checkpoint on disk loads, and no process of the job is left."""
+    of the first kill, the errors name the dead ranks and the last version closed, the last checkpoint on disk
+    loads, and no process of the job is left."""
     failed, exits = _failing_job_watched(
         tmp_path, "kill2", max_steps=40, check_val_every_n_epoch=100, checkpoint_every_n_steps=2,
         faults=[{"kind": "Kill", "rank": r, "step": 3} for r in (2, 3)])

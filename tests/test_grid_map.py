@@ -49,6 +49,24 @@ def test_sweep_settings_keep_the_effective_rate_across_momenta_and_old_names_sta
     assert [j.setting for j in sweep] == [(0.05, 0.9), (0.1, 0.9), (0.5, 0.0), (1.0, 0.0)]
 
 
+def test_a_new_round_reruns_every_arm_of_a_cell_and_round_one_keeps_its_names():
+    """A round is a set of main runs made together: every arm of the cell gets a new name (and record) in round 2,
+    also the arms whose setting did not change, while round 1's names are those of the records made before rounds
+    existed. The sweep is not per round."""
+    cell, arms = cx.Cell("one slow rank", "sleep"), [cx.Arm("dgd"), cx.Arm("pgc_cr", 2)]
+    setting_of = {("sleep", "dgd"): (0.1, 0.9), ("sleep", "pgc_cr_c2"): (0.5, 0.0)}
+    first, _ = cx.plan_main([cell], arms, [0], setting_of, main_round=1)
+    second, _ = cx.plan_main([cell], arms, [0], setting_of, main_round=2)
+    assert [j.name for j in first] == ["main__slowrank-sleep__dgd__lr0.1__seed0",
+                                       "main__slowrank-sleep__pgc_cr_c2__lr0.5__m0__seed0"]
+    assert [j.name for j in second] == ["main__slowrank-sleep__dgd__lr0.1__r2__seed0",
+                                        "main__slowrank-sleep__pgc_cr_c2__lr0.5__m0__r2__seed0"]
+    assert [j.setting for j in first] == [j.setting for j in second]
+    assert grid_map.parse_args([]).round == 2
+    sweep = cx.plan_sweep([cell], arms, [0.1], [0], "lognormal + stalls")
+    assert all(j.round == 1 and "__r" not in j.name for j in sweep)
+
+
 def _record(time_to_target: float, final_acc: float = 0.9, reach: bool = True) -> dict:
     """Validation loss 1.0 at t=0 falling linearly to 0.0 (reach) or 0.6 at 2 * time_to_target: with target 0.5 the
     crossing is at ``time_to_target``; accuracy rises linearly from 0.1 to ``final_acc``."""
@@ -182,7 +200,7 @@ def test_report_renders_from_per_run_files_and_marks_incomplete_cells(tmp_path):
                    {"ok": True, "error": "", "row": {"final_val_loss": 0.2 if best else 0.4}, "val": []})
     setting_of = grid_map.chosen_settings(sweep, store, args)
     assert setting_of[("sleep", "pgc_cr_c2")] == (0.1, 0.9) and setting_of[("sleep", "ddp")] == (0.05, 0.9)
-    main_jobs, waiting = cx.plan_main(cells, arms, [0, 1, 2], setting_of)
+    main_jobs, waiting = cx.plan_main(cells, arms, [0, 1, 2], setting_of, args.round)
     assert not waiting and len(main_jobs) == 2 * 3 * 3
     # paired runs back to back: within a cell, every arm of seed 0, then of seed 1, ...
     assert [(j.seed, j.arm.key) for j in main_jobs[:4]] == [(0, "ddp"), (0, "dgd"), (0, "pgc_cr_c2"), (1, "ddp")]
@@ -191,6 +209,7 @@ def test_report_renders_from_per_run_files_and_marks_incomplete_cells(tmp_path):
         if job.cell.key == "slowrank-sleep" and job.arm.key == "dgd" and job.seed == 2:
             continue  # not finished yet
         store.save(job, grid_map.job_spec(job, args, args.steps), _record(times[job.arm.key][job.seed]))
+    assert not list((tmp_path / "runs").glob("*.tmp"))  # each record is written whole, then renamed
     # a record run with another spec (e.g. other steps) is not reused
     other = grid_map.parse_args(argv + ["--steps", "50"])
     assert store.load(main_jobs[0], grid_map.job_spec(main_jobs[0], other, other.steps)) is None
@@ -222,8 +241,8 @@ def test_smoke_grid_two_steps_per_cell_real_jobs(tmp_path):
             "--docs", str(tmp_path / "docs"), "--out", str(tmp_path / "out")]
     result = grid_map.main(argv)
     files = sorted((tmp_path / "runs").glob("main__*.json"))
-    assert [f.name for f in files] == ["main__exp-sleep__dgd__lr0.05__seed0.json",
-                                      "main__exp-sleep__pgc_cr_c2__lr0.05__seed0.json"]
+    assert [f.name for f in files] == ["main__exp-sleep__dgd__lr0.05__r2__seed0.json",  # the default round
+                                      "main__exp-sleep__pgc_cr_c2__lr0.05__r2__seed0.json"]
     for f in files:
         record = json.loads(f.read_text())
         assert record["ok"], record["error"]
