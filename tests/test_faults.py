@@ -266,7 +266,8 @@ def _failing_job_watched(tmp_path, name: str, failover=None, **spec):
 def test_without_failover_a_killed_leader_ends_the_job_fast_and_clean(tmp_path):
     """Rank 0 (the leader) is SIGKILLed at step 3 with ``failover=False`` (as under bounded staleness, or when rank 0
     is the launching process): the job must end, fast and without leftovers. Every worker fails within twice the
-    heartbeat window (plus teardown: ``EXIT_SPREAD_S``), naming the lost leader, and the launching process exits non-zero saying rank 0 died.
+    heartbeat window (plus teardown: ``EXIT_SPREAD_S``), naming the lost leader, and the launching process exits
+    non-zero saying rank 0 died.
     (With failover the job finishes: tests/test_leader_faults.py.)"""
     failed, exits = _failing_job_watched(tmp_path, "kill0", failover=False, max_steps=40,
                                          check_val_every_n_epoch=100,
