@@ -467,6 +467,29 @@ def cell_table(cell: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def against_dgd_text(arm: Mapping[str, Any]) -> str:
+    """One arm's paired time ratio against ``dgd`` in a cell, marked **faster** or slower where its interval
+    excludes 1; an arm that missed the target on a seed has no interval."""
+    if arm["reached"] < arm["runs"] or not arm["vs_dgd"]:
+        return f"reached {arm['reached']}/{arm['runs']}"
+    iv = arm["vs_dgd"]
+    text = _interval(iv)
+    return f"**{text} faster**" if iv["high"] < 1.0 else f"{text} slower" if iv["low"] > 1.0 else text
+
+
+def arms_table(cells: Mapping[str, Mapping[str, Any]], keys: Sequence[str]) -> str:
+    """Every arm (``dgd`` aside) against ``dgd`` in each of the cells ``keys``: where each scheme wins and loses."""
+    labels = {a["arm"]: a["label"] for key in keys for a in cells[key]["arms"]}
+    by_cell = {key: {a["arm"]: a for a in cells[key]["arms"]} for key in keys}
+    lines = ["| arm | " + " | ".join(f"`{k}`" for k in keys) + " |", "|---|" + "---|" * len(keys)]
+    for arm, label in labels.items():
+        if arm == "dgd":
+            continue
+        row = [against_dgd_text(by_cell[k][arm]) if arm in by_cell[k] else "-" for k in keys]
+        lines.append(f"| {label} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def render_markdown(result: Mapping[str, Any]) -> str:
     """The generated block of docs/benchmarks.md from the grid's result (``docs/grid_map.json``) alone."""
     s = result["settings"]
@@ -500,6 +523,10 @@ def render_markdown(result: Mapping[str, Any]) -> str:
             row.append(map_cell_text(cells[key]) if key in cells else "not planned")
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "![crossover map](grid_map.png)", ""]
+    if complete:
+        lines += ["Every arm's time to the target against `dgd`'s in each complete cell (paired ratio, 95 % t "
+                  "interval over the seeds; **faster** or slower: the interval excludes 1):", "",
+                  arms_table(cells, complete), ""]
     for key in complete:
         cell = cells[key]
         lines += [f"Cell `{key}` (all {cell['runs_expected']} runs finished):", "", cell_table(cell)]

@@ -155,6 +155,22 @@ def test_an_arm_that_missed_the_target_on_a_seed_cannot_win():
     assert (cell["winner"], cell["runner_up"]) == ("dgd", "ddp")
 
 
+def test_the_arms_table_marks_where_each_arm_is_separably_faster_or_slower_than_dgd():
+    fast = _cell({"ddp": [4.0, 6.0, 8.0], "dgd": [5.0, 5.0, 5.0], "pgc_cr_c2": [2.0, 2.1, 1.9]})
+    slow = _cell({"ddp": [4.0, 6.0, 8.0], "dgd": [5.0, 5.0, 5.0], "pgc_cr_c2": [9.0, 10.0, 11.0]},
+                 reach={"ddp": [True, False, True]})
+    lines = cx.arms_table({"a-sleep": fast, "b-sleep": slow}, ["a-sleep", "b-sleep"]).splitlines()
+    assert lines[0] == "| arm | `a-sleep` | `b-sleep` |" and len(lines) == 4  # header, separator, ddp, pgc: no dgd
+    pgc = next(a for a in fast["arms"] if a["arm"] == "pgc_cr_c2")
+    slower = next(a for a in slow["arms"] if a["arm"] == "pgc_cr_c2")
+    ddp = next(a for a in fast["arms"] if a["arm"] == "ddp")
+    assert pgc["vs_dgd"]["high"] < 1 and slower["vs_dgd"]["low"] > 1
+    assert not cx.separated(ddp["vs_dgd"])  # 4/5, 6/5, 8/5: [0.53, 2.2]
+    assert lines[2] == f"| ddp | {cx._interval(ddp['vs_dgd'])} | reached 2/3 |"
+    assert lines[3] == (f"| pgc_cr c=2 | **{cx._interval(pgc['vs_dgd'])} faster** | "
+                        f"{cx._interval(slower['vs_dgd'])} slower |")
+
+
 def test_a_cell_with_a_missing_run_is_incomplete_and_names_no_winner():
     arms = [cx.Arm("ddp"), cx.Arm("dgd")]
     records = {"ddp": {0: _record(4.0), 1: _record(4.0)}, "dgd": {0: _record(1.0)}}
