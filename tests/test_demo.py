@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from lightning_pgc import demo
 from lightning_pgc.experiments import JobResult
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_outcome_reads_the_crossing_of_the_validation_loss():
@@ -28,21 +31,106 @@ def test_outcome_reads_the_crossing_of_the_validation_loss():
     assert never.time_to_target is None and never.steps_to_target is None
 
 
-def test_unknown_run_is_refused():
-    with pytest.raises(SystemExit, match="unknown"):
-        demo.selected_runs(demo.parse_args(["--only", "pgc,nope"]))
+def test_unknown_setting_or_arm_is_refused():
+    with pytest.raises(SystemExit, match="--only: unknown"):
+        demo.selected(demo.parse_args(["--only", "pgc,nope"]))
+    with pytest.raises(SystemExit, match="--settings: unknown"):
+        demo.selected(demo.parse_args(["--settings", "wins,draws"]))
+    pairs = demo.selected(demo.parse_args(["--settings", "loses", "--only", "pgc,dgd"]))
+    assert [(s.key, a.key) for s, a in pairs] == [("loses", "dgd"), ("loses", "pgc")]
+
+
+def test_every_demo_job_is_the_map_grids_job_for_its_cell_arm_and_seed():
+    """The demo follows the map: each of its jobs has the spec benchmarks/grid_map.py gives the same cell, arm,
+    setting and seed (delays, cost, steps, validation, rate, momentum), apart from where it writes and W&B."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import crossover as cx
+    import grid_map
+
+    grid_args = grid_map.parse_args(["--no-wandb"])
+    args = demo.parse_args(["--seed", "3"])
+    delays = {key: name for name, key in cx.DELAY_KEYS.items()}
+    arms = {a.key: a for a in cx.arms_for(4, [2, 4])[0]}
+    assert set(demo.SETTINGS) == {"wins", "loses"}
+    for setting in demo.SETTINGS.values():
+        delay, cost = setting.map_cell.split("-")
+        cell = cx.Cell(delays[delay], cost)
+        for arm in setting.arms:
+            job = cx.Job("main", cell, arms[arm.map_arm], arm.lr, 3, arm.momentum, round=2)
+            theirs = grid_map.job_spec(job, grid_args, grid_args.steps)
+            mine = demo.job_spec(setting, arm, args, Path("x"))
+            drop = ("out", "wandb")
+            assert mine["wandb"] is None
+            assert {k: v for k, v in mine.items() if k not in drop} == \
+                {k: v for k, v in theirs.items() if k not in drop}, (setting.key, arm.key)
+
+
+def test_the_demos_settings_are_where_the_map_says_pgc_wins_and_loses():
+    """Each demo setting is a complete cell of docs/grid_map.json, every arm at the rate and momentum the map's
+    sweep chose, and the map's paired interval for its pgc arm lies below 1 against dgd and ddp where the demo says
+    pgc wins, above 1 where it says pgc loses. If a new map changes this, the demo must change with it."""
+    grid = json.loads(demo.MAP.read_text())
+    assert (grid["settings"]["steps"], grid["settings"]["val_every"], grid["settings"]["target"]) == \
+        (demo.parse_args([]).steps, demo.parse_args([]).val_every, demo.parse_args([]).target_loss)
+    for setting in demo.SETTINGS.values():
+        cell = grid["cells"][setting.map_cell]
+        assert cell["status"] == "complete" and cell["runs_ok"] == cell["runs_expected"]
+        cost = setting.map_cell.split("-")[1]
+        for arm in setting.arms:
+            chosen = grid["chosen_setting"][f"{cost}/{arm.map_arm}"]
+            assert (chosen["lr"], chosen["momentum"]) == (arm.lr, arm.momentum), (setting.key, arm.key)
+        (pgc,) = [a for a in cell["arms"] if a["arm"] == next(a.map_arm for a in setting.arms if a.key == "pgc")]
+        for against in ("vs_dgd", "vs_ddp"):
+            iv = pgc[against]
+            assert iv["seeds"] >= 5
+            assert (iv["high"] < 1) if setting.key == "wins" else (iv["low"] > 1), (setting.key, against, iv)
+
+
+def test_with_wandb_every_demo_job_is_an_offline_run_grouped_by_setting():
+    args = demo.parse_args(["--wandb"])
+    setting = demo.SETTINGS["loses"]
+    spec = demo.job_spec(setting, setting.arms[-1], args, Path("x"))
+    assert spec["wandb"]["offline"] and spec["wandb"]["group"] == "demo-loses"
+    assert spec["wandb"]["name"] == "loses__pgc" and "stalls-sleep" in spec["wandb"]["tags"]
+
+
+def _outcome(setting: str, key: str, time: float, steps: float, ref: dict | None = None) -> demo.Outcome:
+    return demo.Outcome(label=key, wall_s=1.0, steps=200, time_to_target=time, steps_to_target=steps, val_acc=0.9,
+                        final_loss=0.1, curve=[], skipped=[0] * 4, identical=True, setting=setting, key=key,
+                        lr=0.1, momentum=0.9, map_vs_dgd=ref)
+
+
+def test_the_verdict_says_what_this_run_shows_the_split_and_why_and_flags_disagreement_with_the_map():
+    ref = {"estimate": 0.56, "low": 0.46, "high": 0.68, "seeds": 5}
+    runs = [_outcome("wins", "ddp", 10.0, 80), _outcome("wins", "dgd", 9.0, 80),
+            _outcome("wins", "pgc", 4.5, 100, ref)]
+    text = demo.verdict(demo.SETTINGS["wins"], runs)
+    # 4.5 / 9 = 0.5x the time; 100 / 80 = 1.25x the steps; (4.5 / 100) / (9 / 80) = 0.40x the seconds per step
+    assert "This run: pgc wins (0.50x dgd's time to the target: 1.25x its steps at 0.40x its seconds per step)" in text
+    assert "the map over 5 seeds: 0.56x [0.46, 0.68]" in text and "disagrees" not in text
+    slower = [_outcome("wins", "ddp", 10.0, 80), _outcome("wins", "dgd", 9.0, 80), _outcome("wins", "pgc", 9.5, 90)]
+    assert "pgc ties" in demo.verdict(demo.SETTINGS["wins"], slower)  # slower than dgd, faster than ddp
+    lost = [_outcome("loses", "dgd", 5.0, 70), _outcome("loses", "pgc", 8.0, 170)]
+    assert "pgc loses (1.60x" in demo.verdict(demo.SETTINGS["loses"], lost)
+    flipped = demo.verdict(demo.SETTINGS["wins"], lost[:1] + [_outcome("wins", "pgc", 8.0, 170)]
+                           + [_outcome("wins", "dgd", 5.0, 70)])
+    assert "pgc loses" in flipped and "disagrees with the map" in flipped
+    table = demo.markdown_table(runs, demo.parse_args([]))
+    assert "| pgc wins: one slow rank | pgc | 0.1, 0.9 | 4.5 | 100 | 0.045 | 0.50x | 1.25x, 0.40x | " \
+           "0.56x [0.46, 0.68] (5) | 0.900 | yes | " + demo.SETTINGS["wins"].short_why + " |" in table
+    assert demo.verdict(demo.SETTINGS["wins"], runs[2:]) == ""  # no reference run: nothing to compare
 
 
 def test_demo_runs_end_to_end(tmp_path, capsys):
     out = tmp_path / "demo"
-    demo.main(["--steps", "25", "--only", "pgc", "--out", str(out), "--target-loss", "5.0"])
+    demo.main(["--steps", "25", "--settings", "wins", "--only", "pgc", "--out", str(out), "--target-loss", "5.0"])
     printed = capsys.readouterr().out
-    assert "pgc" in printed and "wrote" in printed
+    assert "pgc" in printed and "wrote" in printed and "Why:" in printed
     results = json.loads((out / "results.json").read_text())
-    assert [r["label"] for r in results] == ["pgc"]
+    assert [(r["setting"], r["key"]) for r in results] == [("wins", "pgc")]
     (pgc,) = results
-    assert pgc["steps"] == 25 and pgc["identical"]
+    assert pgc["steps"] == 25 and pgc["identical"] and (pgc["lr"], pgc["momentum"]) == (0.5, 0.0)
     assert pgc["time_to_target"] is not None  # a loss of 5 is reached at once
     assert sum(pgc["skipped"]) > 0  # the slow rank caught up by skipping (it is 0.1 s slower per step)
     assert (out / "loss_vs_wall_clock.png").stat().st_size > 10_000
-    assert "| pgc |" in (out / "results.md").read_text()
+    assert "| pgc wins: one slow rank | pgc c=2 |" in (out / "results.md").read_text()

@@ -160,15 +160,14 @@ def test_benchmarks_block_is_what_grid_renders_from_benchmarks_json() -> None:
     assert block == grid.render_markdown(result, result["table"])
 
 
-def test_demo_table_is_what_the_demo_renders_from_demo_json() -> None:
+def test_demo_page_is_what_the_demo_renders_from_demo_json() -> None:
     from lightning_pgc import demo
 
     saved = json.loads((DOCS / "demo.json").read_text())
     args = demo.parse_args([])
-    args.target_quantity = "loss"  # demo.json files saved before this setting existed targeted the training loss
     args.__dict__.update(saved["settings"])
-    outcomes = [demo.Outcome(**{**r, "curve": []}) for r in saved["results"]]
-    assert demo.markdown_table(outcomes, args) in (DOCS / "demo.md").read_text()
+    outcomes = demo.read_outcomes(saved["results"])
+    assert demo.page(outcomes, args, saved["command"]) == (DOCS / "demo.md").read_text()
 
 
 def test_math_conditioning_table_is_tandon_conditions_json() -> None:

@@ -282,6 +282,26 @@ def test_benchmarks_map_block_is_what_grid_renders_from_grid_map_json(page):
     assert block == cx.render_markdown(result)
 
 
+def test_the_readmes_map_table_is_rows_of_the_rendered_per_arm_table():
+    """README's "where each scheme wins and loses" table: its columns are complete cells of docs/grid_map.json, in
+    the map's delay order, and each of its rows is that arm's row of the per-arm table rendered from the file."""
+    result = json.loads((ROOT / "docs" / "grid_map.json").read_text())
+    cells = result["cells"]
+    keys = [f"{cx.DELAY_KEYS[d]}-sleep" for d in result["delays"]]
+    assert all(cells[k]["status"] == "complete" for k in keys)
+    rendered = {line.split(" | ")[0]: line.split(" | ", 1)[1]
+                for line in cx.arms_table(cells, keys).splitlines()[2:]}
+    readme = (ROOT / "README.md").read_text()
+    header = "| arm | log-normal jitter + rare stalls | one slow rank | exponential |"
+    assert list(result["delays"]) == ["lognormal + stalls", "one slow rank", "exponential"] and header in readme
+    lines = readme[readme.index(header):].splitlines()[2:]
+    rows = [line for line in lines[:next(i for i, line in enumerate(lines) if not line.startswith("|"))]]
+    assert len(rows) >= 8
+    for row in rows:
+        arm, rest = row.split(" | ", 1)
+        assert rendered[arm] == rest, row
+
+
 def test_the_runner_waits_while_the_pause_file_exists(tmp_path):
     """--pause-file: no job starts while the file exists; the runner goes on once it is removed."""
     import threading
