@@ -161,6 +161,8 @@ def selected(args: argparse.Namespace) -> list[tuple[Setting, Arm]]:
     """
     settings = [w.strip() for w in args.settings.split(",") if w.strip()]
     unknown = sorted(set(settings) - set(SETTINGS))
+    if not settings:
+        raise SystemExit(f"--settings: name at least one of {sorted(SETTINGS)}")
     if unknown:
         raise SystemExit(f"--settings: unknown {unknown}; choose from {sorted(SETTINGS)}")
     keys = {arm.key for s in SETTINGS.values() for arm in s.arms}

@@ -36,6 +36,8 @@ def test_unknown_setting_or_arm_is_refused():
         demo.selected(demo.parse_args(["--only", "pgc,nope"]))
     with pytest.raises(SystemExit, match="--settings: unknown"):
         demo.selected(demo.parse_args(["--settings", "wins,draws"]))
+    with pytest.raises(SystemExit, match="at least one"):
+        demo.selected(demo.parse_args(["--settings", ","]))
     pairs = demo.selected(demo.parse_args(["--settings", "loses", "--only", "pgc,dgd"]))
     assert [(s.key, a.key) for s, a in pairs] == [("loses", "dgd"), ("loses", "pgc")]
 
