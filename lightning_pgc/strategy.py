@@ -147,8 +147,10 @@ class PGCStrategy(DDPStrategy):
             or ``PGC: rank k owns shards ... (frozen)`` or ``the leader (rank 0) is frozen`` appears under heavy
             load (e.g. long GIL-holding callbacks, or checkpoints of a large model written in one go).
         nonfinite: what to do with a gradient that contains NaN or inf: ``"skip"`` drops it (the rank is a
-            straggler for that step, its cache entry is evicted, ``pgc/rejected/rank{k}`` counts it);
-            ``"raise"`` stops training with an error on that rank.
+            straggler for that step, its cache entry is evicted, ``pgc/rejected/rank{k}`` counts it; once more
+            ranks than the scheme tolerates drop theirs at one step, every rank fails with ``DivergedError``:
+            lower the learning rate); ``"raise"`` stops training with an error on that rank. Non-zero
+            ``pgc/rejected/rank{k}`` means lower the learning rate or clip gradients.
         shard_bytes: target bytes per shard of the data plane. Payloads up to this size go through one owner
             (rank 0: fewest messages, best for small models); larger ones are split over up to ``n`` owners, so
             each rank moves about a ring all-reduce's bytes. Lower it if rank 0's ``bytes_sent`` dominates;

@@ -6,7 +6,7 @@
 - :mod:`~lightning_pgc.runtime.transport`: gloo and in-process streams.
 """
 
-from lightning_pgc.runtime.leader import CoordinatorError, Leader, StepRecord
+from lightning_pgc.runtime.leader import CoordinatorError, DivergedError, Leader, StepRecord
 from lightning_pgc.runtime.mailbox import Mailbox, PGCTimeoutError
 from lightning_pgc.runtime.shards import OwnerMap, ShardLayout, choose_num_shards
 from lightning_pgc.runtime.transport import Channel, GlooTransport, QueueHub, QueueTransport, Transport
@@ -16,6 +16,7 @@ __all__ = [
     "Channel",
     "CodeMessage",
     "CoordinatorError",
+    "DivergedError",
     "GlooTransport",
     "Leader",
     "Mailbox",

@@ -218,15 +218,21 @@ class BoundedLeader(Leader):
         self._close(rec, now)
         return rec
 
+    def _could_close(self, ranks: list[int]) -> bool:
+        """Whether ``ranks`` are enough fresh codes (coverage may still be waited for or left out)."""
+        return len(ranks) >= self.bounded.wait_for
+
     def _uncoverable(self, t: int, missing: list[int], now: float) -> list[int]:
         """The partitions of ``missing`` no code can cover at ``t``: each has a live attached holder, and every such
-        holder's code of ``t`` arrived carrying another partition. (A partition without a live holder is waited for,
-        and fails after ``timeout``: see :meth:`check`.)"""
+        holder's code of ``t`` arrived carrying another partition or was not finite (rejected). (A partition without
+        a live holder is waited for, and fails after ``timeout``: see :meth:`check`.)"""
         out = []
+        rejected = self._rejected.get(t, set())
         for i in missing:
             live = [h for h in self.bounded.holders(i)
                     if self.is_alive(h, now) and h not in self.byes and h not in self.detached]
-            if live and all(h in self._arrivals for h in live) and i not in self._carried.get(t, {}):
+            if (live and all(h in self._arrivals or h in rejected for h in live)
+                    and i not in self._carried.get(t, {})):
                 out.append(i)
         return out
 

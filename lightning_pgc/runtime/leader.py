@@ -25,6 +25,10 @@ class CoordinatorError(RuntimeError):
     """The leader could not close a version: too many ranks missing, or a protocol violation."""
 
 
+class DivergedError(CoordinatorError):
+    """The open version can never close: too many ranks' gradients for it were NaN or inf (and skipped)."""
+
+
 @dataclass
 class StepRecord:
     """What the leader saw for one version (read by the diagnostics callback)."""
@@ -117,6 +121,7 @@ class Leader:
         self._last_beat = {r: start for r in range(world_size)}
         self._last_close = start
         self._short_since: Optional[float] = None
+        self._rejected: dict[int, set[int]] = {}  # version (open or later) -> ranks whose code for it was not finite
         self._open(now=None)
 
     def _open(self, now: Optional[float]) -> None:
@@ -175,6 +180,8 @@ class Leader:
         """``rank``'s code for ``version`` was not finite: counted, and the rank is a straggler for it."""
         self._stats[rank].rejected += 1
         self.on_beat(rank, version, now)
+        if version >= self.version:
+            self._rejected.setdefault(version, set()).add(rank)
 
     def on_bye(self, rank: int, skipped: int = 0) -> None:
         """``rank`` finished training and sends nothing more."""
@@ -253,6 +260,7 @@ class Leader:
         """Keep ``rec`` and open the next version."""
         with self._lock:
             self.records.append(rec)
+        self._rejected.pop(rec.version, None)
         self.version += 1
         self._last_close = now
         self._open(now)
@@ -288,11 +296,18 @@ class Leader:
 
     def check(self, now: float) -> None:
         """Raise once the open version has codes but fewer than the ``n - s`` ranks it needs have been alive and
-        training for ``timeout`` seconds (heartbeats missed, process gone, or finished early).
+        training for ``timeout`` seconds (heartbeats missed, process gone, or finished early); raise at once when
+        it can never close because too many ranks' codes for it were not finite.
 
         Raises:
+            DivergedError: the ranks that rejected their codes, the gone ones, and what the scheme needs.
             CoordinatorError: naming the missing ranks, the last version closed and how many the scheme tolerates.
         """
+        rejected = self._rejected.get(self.version)
+        if rejected:
+            unable = rejected | self.dead | (self.byes - set(self._order))
+            if not self._could_close([r for r in range(self.world_size) if r not in unable or r in self._order]):
+                raise self.diverged_error(sorted(rejected))
         active = self.alive(now)
         if len(active) >= self.scheme.wait_for or self._first_arrival is None:
             self._short_since = None
@@ -301,6 +316,20 @@ class Leader:
             self._short_since = now
         if now - self._short_since > self.timeout:
             raise self.missing_error(now)
+
+    def _could_close(self, ranks: list[int]) -> bool:
+        """Whether codes of the open version from ``ranks`` (every rank that has sent one or still may) close it."""
+        return bool(ranks) and self.scheme.admits(ranks)
+
+    def diverged_error(self, rejected: list[int]) -> DivergedError:
+        """The error for an open version that too many non-finite codes left impossible to close."""
+        gone = sorted(self.dead | self.byes)
+        return DivergedError(  # the key facts first: workers get this text truncated to a control message
+            f"Training diverged: ranks {rejected}'s gradients for version {self.version} are NaN or inf (skipped, "
+            f"nonfinite='skip')" + (f" and ranks {gone} are gone" if gone else "") + f", so it cannot close: "
+            f"scheme '{self.scheme.name}' needs {self.scheme.wait_for} of {self.world_size} ranks. Lower the "
+            "learning rate (or clip gradients); pass nonfinite='raise' to stop at the first such gradient."
+        )
 
     def missing_error(self, now: float) -> CoordinatorError:
         """The error for too few live ranks: the missing ones, the last version closed, what the scheme needs."""

@@ -226,6 +226,7 @@ class PGCRuntime:
         self.error: Optional[BaseException] = None
         self.skipped = 0
         self.rejected = 0
+        self._rejects: list[int] = []  # versions of this rank's last rejected codes (told again to a new leader)
         self.progress = start_version  # the version this rank's training thread is at (heartbeats carry it)
         self._gaps: dict[int, list[tuple[int, Optional[int]]]] = {}  # rank -> versions it gets no aggregate for
         self._gap_lock = threading.Lock()
@@ -501,6 +502,7 @@ class PGCRuntime:
         """This rank's code for ``version`` is not finite and is not sent: the leader counts it and treats this
         rank as a straggler for ``version``."""
         self.rejected += 1
+        self._rejects = self._rejects[-7:] + [version]
         self._to_leader(Kind.REJECT, version)
 
     def new_code(self, version: int) -> CodeMessage:
@@ -970,7 +972,8 @@ class PGCRuntime:
     def _apply_assign(self, shard: int, owner: int, from_version: int) -> None:
         """Take a reassignment into account and re-send kept codes that went to the old owner: those of versions
         from ``from_version`` on that this rank has not completed, and under bounded staleness every code it kept
-        (its last ``c`` versions: a later version's entry may name it)."""
+        (its last ``c`` versions: a later version's entry may name it). A new leader (shard 0 moves) is told again of
+        this rank's rejected codes of those versions: without them it could wait for ever for codes that never come."""
         if owner in self._fenced:  # a frozen owner that came back owns a shard again: its new shards count
             with self._fence_locks[owner]:
                 self._fenced[owner] = min(self._fenced[owner], from_version)
@@ -988,6 +991,10 @@ class PGCRuntime:
                     resend = code.version >= from_version and not self.mailbox.has(code.version)
                 if resend:
                     self._send_code_shard(code, shard, owner)
+        if shard == 0 and old != owner:
+            for version in self._rejects:
+                if version >= from_version:
+                    self._to_leader(Kind.REJECT, version)
 
     # ------------------------------------------------------------------------------------------- service loop
     def _serve_safely(self) -> None:

@@ -1,0 +1,192 @@
+"""A run whose gradients turn NaN or inf on too many ranks at one step fails at once on every rank, saying it diverged,
+instead of hanging: with ``nonfinite="skip"`` each such rank is a straggler for that version, and once the ranks
+left cannot decode it, no code will ever close it (while every rank still heartbeats, so no liveness timeout fires).
+Exhaustively on the leader, then on in-process runtimes, then on real processes (4 CPU ranks, gloo)."""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+import time
+
+import pytest
+
+from lightning_pgc.codes import SCHEMES, BoundedScheme, make_scheme
+from lightning_pgc.experiments import JobFailed
+from lightning_pgc.runtime import DivergedError, Leader
+from lightning_pgc.runtime.bounded import BoundedLeader
+from lightning_pgc.runtime.messages import Header, Kind
+from tests.jobs import run_job, whole_log
+from tests.test_dead_ranks import _bury, _die, _step_all
+from tests.test_runtime import FrozenTransport, _stop_all, make_runtimes, submit
+
+
+def _code(leader: Leader, rank: int, version: int, now: float) -> None:
+    leader.on_code(Header(Kind.CODE, version, rank, 0, 1, 0, (0,), 0, -1), now)
+
+
+def _schemes():
+    for name in SCHEMES:
+        for s in range(4):
+            try:
+                yield make_scheme(name, 4, s)
+            except ValueError:
+                continue
+
+
+def test_the_leader_raises_at_once_exactly_when_the_ranks_left_cannot_close_the_version():
+    """Every scheme on n = 4 with every s it allows, every set of ranks rejecting version 1 (after a clean version
+    0), rejections before or after the other codes: after each event ``check`` raises :class:`DivergedError`, naming
+    the ranks rejected so far, exactly when the codes arrived plus those of every rank that has not rejected are not
+    admitted (before any timeout); otherwise, once every code is in, the version closes without the rejecting ranks
+    and the next version (no rejection) is checked as usual."""
+    for scheme in _schemes():
+        for k in range(1, 5):
+            for rejected in itertools.combinations(range(4), k):
+                others = [r for r in range(4) if r not in rejected]
+                for rejects_first in (True, False):
+                    case = (scheme.name, scheme.s, rejected, rejects_first)
+                    leader = Leader(scheme, 4, 0, timeout=60.0, max_lag=100, now=0.0)
+                    for r in range(4):
+                        _code(leader, r, 0, 0.1)
+                    assert leader.try_close(0.1).version == 0
+                    events = [("reject", r) for r in rejected] + [("code", r) for r in others]
+                    if not rejects_first:
+                        events.reverse()
+                    so_far: list[int] = []
+                    raised = False
+                    for kind, r in events:
+                        if kind == "reject":
+                            leader.on_reject(r, 1, 0.2)
+                            so_far.append(r)
+                        else:
+                            _code(leader, r, 1, 0.2)
+                        possible = [q for q in range(4) if q not in so_far]
+                        if possible and scheme.admits(possible):
+                            leader.check(0.2)
+                            continue
+                        with pytest.raises(DivergedError) as err:
+                            leader.check(0.2)
+                        text = str(err.value)
+                        assert f"ranks {sorted(so_far)}'s gradients for version 1 are NaN or inf" in text, case
+                        assert "Lower the learning rate" in text and f"needs {scheme.wait_for} of 4" in text, case
+                        raised = True
+                        break
+                    assert raised == (not others or not scheme.admits(others)), case
+                    if raised:
+                        continue
+                    rec = leader.try_close(0.2)
+                    assert rec is not None and rec.version == 1 and not set(rec.admitted) & set(rejected), case
+                    leader.check(0.3)  # version 2: nothing rejected, nothing missing
+
+
+def test_a_dead_rank_and_a_rejecting_one_together_are_more_than_s():
+    """pgc_cr with s = 1: rank 3 died, and rank 1's code of the open version is not finite. Ranks 0 and 2 cannot
+    decode it: the error names both causes."""
+    leader = Leader(make_scheme("pgc_cr", 4, 1), 4, 0, timeout=60.0, max_lag=100, now=0.0)
+    leader.on_dead(3)
+    _code(leader, 0, 0, 0.1)
+    leader.check(0.1)
+    leader.on_reject(1, 0, 0.1)
+    with pytest.raises(DivergedError, match=r"ranks \[1\]'s gradients .* and ranks \[3\] are gone.*needs 3 of 4"):
+        leader.check(0.1)
+
+
+def test_bounded_staleness_fails_without_enough_fresh_codes_and_leaves_out_a_partition_only_rejecters_hold():
+    """Bounded staleness, n = 4, r = 2, c = 1 (no stale entry helps), fresh = 2: with 3 ranks rejecting version 0 only
+    one fresh code can come, so it fails at once. With rank 1 rejecting and the others' codes arrived, partition 1
+    (holders 1 and 2; rank 2's code carries partition 2) cannot be covered: the version closes without it instead of
+    waiting for ever."""
+    scheme = BoundedScheme(4, 2, 1, fresh=2)
+    leader = BoundedLeader(scheme, 4, 0, timeout=60.0, max_lag=100, now=0.0)
+    for r in (1, 2, 3):
+        leader.on_reject(r, 0, 0.1)
+    with pytest.raises(DivergedError, match=r"ranks \[1, 2, 3\]'s gradients for version 0"):
+        leader.check(0.1)
+    leader = BoundedLeader(scheme, 4, 0, timeout=60.0, max_lag=100, now=0.0)
+    leader.on_reject(1, 0, 0.1)
+    for r in (0, 2, 3):
+        _code(leader, r, 0, 0.1)
+    leader.check(0.1)
+    rec = leader.try_close(0.1)
+    assert rec is not None and [i for i, e in enumerate(rec.entries) if e is None] == [1]
+    assert leader.uncovered == 1
+
+
+def test_every_runtime_fails_fast_when_every_code_of_a_version_is_rejected():
+    """3 in-process runtimes (pgc_cr, s = 1), every rank rejects version 1: the leader raises, every worker gets the
+    error from the leader (ABORT) within a second instead of waiting for a version that cannot close."""
+    scheme = make_scheme("pgc_cr", 3, 1)
+    rts = make_runtimes(scheme, timeout=60.0, heartbeat=(0.05, 20))
+    try:
+        for rt in rts:
+            submit(rt, 0, ages=(0, 0))
+        for rt in rts:
+            rt.release(rt.wait(0))
+        started = time.monotonic()
+        for rt in rts:
+            rt.reject(1)
+        with pytest.raises(DivergedError, match=r"Training diverged: ranks \[\d, \d(, \d)?\]'s gradients for version 1"):
+            rts[0].wait(1)
+        for rt in rts[1:]:
+            with pytest.raises(RuntimeError, match=r"leader failed: DivergedError: Training diverged"):
+                rt.wait(1)
+        assert time.monotonic() - started < 3.0  # (the timeout is 60 s and heartbeats keep every rank alive)
+    finally:
+        _stop_all(rts, timeout=0.5)
+
+
+def test_a_new_leader_is_told_again_of_the_rejected_codes_of_the_open_version():
+    """pgc_cr, n = 4, s = 1, one shard, failover. Rank 1's code of version 1 is not finite (told to leader rank 0),
+    ranks 2 and 3 send theirs, and rank 0 dies before closing it. Rank 1 takes over; with the dead leader and the
+    rejection, the codes of ranks 2 and 3 cannot decode version 1: every live rank fails at once saying so (without
+    the rejection told again, the new leader would wait for ever for rank 1's code)."""
+    scheme = make_scheme("pgc_cr", 4, 1)
+    rts = make_runtimes(scheme, shards=1, timeout=60.0, heartbeat=(0.05, 40), wrap={0: FrozenTransport},
+                        failover=True)
+    errors: dict[int, BaseException] = {}
+
+    def wait(r: int) -> None:
+        try:
+            rts[r].wait(1)
+        except BaseException as err:  # (what is checked below)
+            errors[r] = err
+
+    try:
+        _step_all(rts, 0)
+        rts[0].transport.freeze()
+        rts[1].reject(1)
+        for r in (2, 3):
+            submit(rts[r], 1, ages=(0, 0))
+        _die(rts, 0)
+        waiters = [threading.Thread(target=wait, args=(r,)) for r in (1, 2, 3)]
+        for t in waiters:
+            t.start()
+        for t in waiters:
+            t.join(10.0)
+        assert sorted(errors) == [1, 2, 3], errors
+        assert isinstance(errors[1], DivergedError) and "ranks [1]'s gradients for version 1" in str(errors[1])
+        assert "ranks [0] are gone" in str(errors[1])
+        assert all("Training diverged" in str(errors[r]) for r in (2, 3))
+    finally:
+        _bury(rts, 0)
+
+
+@pytest.mark.parametrize("strategy", ["pgc", "bounded_staleness"])
+def test_a_real_job_whose_every_gradient_turns_nan_fails_fast_saying_it_diverged(tmp_path, strategy):
+    """4 CPU ranks, every rank's gradient NaN at step 5 (``nonfinite="skip"``, the default; heartbeats keep every
+    rank alive and ``timeout`` is 600 s): the job exits non-zero within seconds, each worker with the leader's
+    "Training diverged" error, instead of hanging until the launcher's limit."""
+    started = time.monotonic()
+    with pytest.raises(JobFailed) as failed:
+        run_job(tmp_path, "nan", strategy=strategy, devices=4, max_steps=40, check_val_every_n_epoch=100,
+                strategy_kwargs={"timeout": 600.0, "heartbeat_interval": 0.1, "heartbeat_misses": 10},
+                faults=[{"kind": "NaNGradient", "rank": r, "step": 5} for r in range(4)], timeout=120)
+    assert time.monotonic() - started < 90
+    log = whole_log(failed.value.result.out)
+    # (it fails as soon as the ranks left cannot decode: after the second rejection under s = 1)
+    assert re.search(r"Training diverged: ranks \[\d(, \d)+\]'s gradients for version 5 are NaN or inf", log), \
+        log[-3000:]
+    for r in (1, 2, 3):
+        assert re.search(rf"rank {r} \(pid \d+\) exited with status 1: .*Training diverged", log), log[-3000:]
