@@ -305,8 +305,8 @@ class Leader:
         """
         rejected = self._rejected.get(self.version)
         if rejected:
-            unable = rejected | self.dead | (self.byes - set(self._order))
-            if not self._could_close([r for r in range(self.world_size) if r not in unable or r in self._order]):
+            may_send = set(range(self.world_size)) - rejected - self.dead - self.byes  # (a detached rank may rejoin)
+            if not self._could_close(sorted(may_send | set(self._order))):
                 raise self.diverged_error(sorted(rejected))
         active = self.alive(now)
         if len(active) >= self.scheme.wait_for or self._first_arrival is None:
