@@ -286,7 +286,8 @@ def test_benchmarks_map_block_is_what_grid_renders_from_grid_map_json(page):
 README_COLUMNS = {"stalls-sleep": "log-normal jitter + rare stalls", "slowrank-sleep": "one slow rank",
                   "exp-sleep": "exponential", "stalls-comm": "rare stalls, comm-bound",
                   "slowrank-comm": "one slow rank, comm-bound", "exp-comm": "exponential, comm-bound",
-                  "stalls-real": "rare stalls, real compute"}
+                  "stalls-real": "rare stalls, real compute",
+                  "slowrank-real": "one slow rank, real compute"}
 
 
 def test_the_readmes_map_table_is_rows_of_the_rendered_per_arm_table():
