@@ -287,7 +287,7 @@ README_COLUMNS = {"stalls-sleep": "log-normal jitter + rare stalls", "slowrank-s
                   "exp-sleep": "exponential", "stalls-comm": "rare stalls, comm-bound",
                   "slowrank-comm": "one slow rank, comm-bound", "exp-comm": "exponential, comm-bound",
                   "stalls-real": "rare stalls, real compute",
-                  "slowrank-real": "one slow rank, real compute"}
+                  "slowrank-real": "one slow rank, real compute", "exp-real": "exponential, real compute"}
 
 
 def test_the_readmes_map_table_is_rows_of_the_rendered_per_arm_table():
