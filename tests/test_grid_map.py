@@ -311,6 +311,20 @@ def test_the_readmes_map_table_is_rows_of_the_rendered_per_arm_table():
         assert rendered[arm] == rest, row
 
 
+def test_the_summaries_count_of_separated_winners_is_the_maps():
+    """README and docs/benchmarks.md say how many complete cells have a winner separated from its runner-up (the
+    margin's interval excludes 1) and name it; a re-render that changes either must change the sentence."""
+    cells = json.loads((ROOT / "docs" / "grid_map.json").read_text())["cells"]
+    complete = {k: c for k, c in cells.items() if c["status"] == "complete"}
+    separated = [k for k, c in complete.items() if c["margin"]["high"] < 1]
+    assert separated == ["exp-real"] and complete["exp-real"]["winner"] == "ignore_c2"
+    assert complete["exp-real"]["runner_up"] == "gc_fr_c2"
+    words = {1: "one", 2: "two", 3: "three"}
+    sentence = f"Only {words[len(separated)]} of the {len(complete)} cells has a winner separated from its runner-up"
+    for doc in (ROOT / "README.md", ROOT / "docs" / "benchmarks.md"):
+        assert sentence in " ".join(doc.read_text().replace("**", "").split()), doc
+
+
 def test_the_runner_waits_while_the_pause_file_exists(tmp_path):
     """--pause-file: no job starts while the file exists; the runner goes on once it is removed."""
     import threading
