@@ -6,6 +6,7 @@ When Lightning changes one of these, this module is the only one to fix. Checked
 
 from __future__ import annotations
 
+import atexit
 import csv
 import functools
 import logging
@@ -67,6 +68,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: ``preflight(trainer, launch_args)``: checks run in the launching process before any rank starts.
+Preflight = Callable[["pl.Trainer", tuple[Any, ...]], None]
 
 
 def sync_module_states(module: torch.nn.Module) -> None:
@@ -132,12 +136,13 @@ def wrap_launcher(strategy: Any, wrap: Callable[[Any], Any]) -> None:
 # ``ProcessContext.join``, which terminates every process and raises at the first failed child. PGC survives up
 # to ``s`` dead ranks, so it launches with the subclasses below: nobody is killed while the job runs; the
 # launching process fails if rank 0 (the leader) fails, and reaps every child, killing those still running
-# ``grace_s`` seconds after rank 0 returned.
+# ``grace_s`` seconds after the child's work ended for rank 0: its Trainer call (fork/spawn children run one call)
+# or its script (popen children run the whole script).
 
 
 def _reap(procs: list[Any], alive: Callable[[Any], bool], kill: Callable[[Any], None],
           code: Callable[[Any], Optional[int]], grace_s: float, first_rank: int,
-          error: Callable[[int], str] = lambda i: "") -> None:
+          error: Callable[[int], str] = lambda i: "", after: str = "rank 0 returned") -> None:
     """Wait up to ``grace_s`` for ``procs`` (ranks ``first_rank``, ...) to exit, then kill the rest; log the ranks
     that exited with a non-zero status (with ``error(i)``, the last line of the error of the ``i``-th, if known)."""
     deadline = time.monotonic() + grace_s
@@ -145,8 +150,8 @@ def _reap(procs: list[Any], alive: Callable[[Any], bool], kill: Callable[[Any], 
         time.sleep(0.05)
     for i, p in enumerate(procs):
         if alive(p):
-            log.warning("lightning_pgc: rank %d (pid %s) still runs %.0f s after rank 0 returned: killed",
-                        first_rank + i, p.pid, grace_s)
+            log.warning("lightning_pgc: rank %d (pid %s) still runs %.0f s after %s: killed",
+                        first_rank + i, p.pid, grace_s, after)
             kill(p)
         elif code(p):
             log.warning("lightning_pgc: rank %d (pid %s) exited with status %s%s", first_rank + i, p.pid, code(p),
@@ -155,24 +160,29 @@ def _reap(procs: list[Any], alive: Callable[[Any], bool], kill: Callable[[Any], 
 
 class SurvivingSubprocessLauncher(_SubprocessScriptLauncher):
     """Lightning's ``popen`` launcher (2.6.6 ``_SubprocessScriptLauncher``) without the observer that SIGKILLs
-    every rank when one child exits non-zero. Rank 0 runs in the launching process; its ``launch`` returns (or
-    raises) as usual, then the children get ``grace_s`` seconds to exit before they are killed."""
+    every rank when one child exits non-zero. Rank 0 runs in the launching process. Ranks 1..n-1 run the whole
+    script, as under ``ddp``: every later Trainer call of the script (``validate``, ``test``, a second ``fit``)
+    runs in the same processes. So the children are reaped when the launching process's script ends, not when a
+    Trainer call returns: they get ``grace_s`` seconds to exit after it, then are killed."""
 
-    def __init__(self, base: _SubprocessScriptLauncher, grace_s: float) -> None:
+    def __init__(self, base: _SubprocessScriptLauncher, grace_s: float, preflight: Optional[Preflight] = None) -> None:
         super().__init__(base.cluster_environment, base.num_processes, base.num_nodes)
         self.grace_s = grace_s
+        self.preflight = preflight
 
     @override
     def launch(self, function: Callable, *args: Any, trainer: Optional["pl.Trainer"] = None, **kwargs: Any) -> Any:
+        if self.preflight is not None and trainer is not None:
+            self.preflight(trainer, args)
         self.cluster_environment.validate_settings(num_devices=self.num_processes, num_nodes=self.num_nodes)
         if not self.cluster_environment.creates_processes_externally:
-            self._call_children_scripts()  # 2.6.6: starts ranks 1..n-1 and fills ``self.procs``
+            # 2.6.6: starts ranks 1..n-1, fills ``self.procs`` and sets ``LOCAL_RANK`` in this process, so the
+            # script's later launches (any Trainer) start no more children
+            self._call_children_scripts()
+            atexit.register(_reap, list(self.procs), lambda p: p.poll() is None, lambda p: (p.kill(), p.wait()),
+                            lambda p: p.returncode, self.grace_s, first_rank=1, after="the script ended")
         _set_num_threads_if_needed(num_processes=self.num_processes)
-        try:
-            return function(*args, **kwargs)
-        finally:
-            _reap(self.procs, lambda p: p.poll() is None, lambda p: (p.kill(), p.wait()),
-                  lambda p: p.returncode, self.grace_s, first_rank=1)
+        return function(*args, **kwargs)
 
 
 class SurvivingMultiprocessingLauncher(_MultiProcessingLauncher):
@@ -180,14 +190,18 @@ class SurvivingMultiprocessingLauncher(_MultiProcessingLauncher):
     tolerates dead ranks: it waits for rank 0, which returns the results; the launching process raises only if
     rank 0 failed. Other ranks get ``grace_s`` seconds after rank 0 to exit, then are killed."""
 
-    def __init__(self, base: _MultiProcessingLauncher, grace_s: float, failover: bool = False) -> None:
+    def __init__(self, base: _MultiProcessingLauncher, grace_s: float, failover: bool = False,
+                 preflight: Optional[Preflight] = None) -> None:
         super().__init__(base._strategy, base._start_method)
         self.grace_s = grace_s
         self.failover = failover
+        self.preflight = preflight
         self._results: Any = None  # the return queue, for a rank that took over from rank 0
 
     @override
     def launch(self, function: Callable, *args: Any, trainer: Optional["pl.Trainer"] = None, **kwargs: Any) -> Any:
+        if self.preflight is not None and trainer is not None:
+            self.preflight(trainer, args)
         # 2.6.6: the same checks, environment and process arguments as ``_MultiProcessingLauncher.launch``.
         if self._start_method in ("fork", "forkserver"):
             _check_bad_cuda_fork()
@@ -303,13 +317,20 @@ def _child_error(context: Any, index: int) -> str:
         return ""
 
 
-def surviving_launcher(launcher: Any, grace_s: float, failover: bool = False) -> Any:
+def surviving_launcher(launcher: Any, grace_s: float, failover: bool = False,
+                       preflight: Optional[Preflight] = None) -> Any:
     """The launcher that survives dead ranks for Lightning's ``launcher`` (others are returned unchanged); with
-    ``failover`` the fork/spawn one also survives rank 0 (its results then come from the rank that took over)."""
+    ``failover`` the fork/spawn one also survives rank 0 (its results then come from the rank that took over).
+
+    ``preflight(trainer, args)`` runs in the launching process before any rank starts, at every Trainer call
+    (2.6.6: ``trainer.fit`` calls ``launcher.launch(trainer._fit_impl, model, train_dataloaders, ...,
+    trainer=trainer)`` with the model, callbacks and precision resolved). The launchers stay instances of
+    Lightning's own classes: Lightning reads their type (e.g. ``predict`` returns no predictions under fork/spawn).
+    """
     if type(launcher) is _SubprocessScriptLauncher:
-        return SurvivingSubprocessLauncher(launcher, grace_s)
+        return SurvivingSubprocessLauncher(launcher, grace_s, preflight)
     if type(launcher) is _MultiProcessingLauncher:
-        return SurvivingMultiprocessingLauncher(launcher, grace_s, failover)
+        return SurvivingMultiprocessingLauncher(launcher, grace_s, failover, preflight)
     return launcher
 
 
@@ -324,10 +345,9 @@ def mark_launching_rank(launcher: Any) -> None:
     """In the launching process, before any rank starts: record (in the environment the ranks inherit) whether
     rank 0 is the launching process itself (2.6.6: ``_SubprocessScriptLauncher`` runs rank 0 in the process that
     called ``fit`` unless the cluster created the processes, e.g. SLURM or torchrun)."""
-    base = getattr(launcher, "launcher", launcher)  # through lightning_pgc's own wrappers
-    if isinstance(base, _SubprocessScriptLauncher) and not base.cluster_environment.creates_processes_externally:
+    if isinstance(launcher, _SubprocessScriptLauncher) and not launcher.cluster_environment.creates_processes_externally:
         os.environ[_LAUNCHING_RANK] = "1"
-    elif _LAUNCHING_RANK in os.environ and not isinstance(base, _SubprocessScriptLauncher):
+    elif _LAUNCHING_RANK in os.environ and not isinstance(launcher, _SubprocessScriptLauncher):
         del os.environ[_LAUNCHING_RANK]  # a fork/spawn job after a popen one in the same process
 
 

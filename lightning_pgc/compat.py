@@ -4,7 +4,7 @@ Under PGC a rank that fell behind skips ``training_step`` (it applies an aggrega
 so anything that must happen on *every* rank inside ``training_step`` (a collective: ``self.log(sync_dist=True)``,
 ``self.all_gather``, ``SyncBatchNorm``, a torchmetrics metric that syncs) would be unmatched and hang. Those are
 refused: :func:`check_fit` inspects the Trainer, the LightningModule (including the source of ``training_step``)
-and any DataLoader passed to ``fit`` before the launcher spawns the ranks (:class:`PreflightLauncher`), and
+and any DataLoader passed to ``fit`` before the launcher spawns the ranks (the launchers' ``preflight``), and
 :class:`CollectiveGuard` refuses at the first call what only shows at run time. The compatibility table in
 ``docs/guide.md`` lists every case, each backed by a test.
 """
@@ -15,17 +15,17 @@ import ast
 import inspect
 import textwrap
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
-from lightning.pytorch.callbacks import GradientAccumulationScheduler
+from lightning.pytorch.callbacks import GradientAccumulationScheduler, LearningRateFinder
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
-from typing_extensions import override
 
-from lightning_pgc._lightning import Launcher
 
-__all__ = ["CollectiveGuard", "PGCUnsupportedError", "PreflightLauncher", "SingleUseClosure", "check_fit"]
+__all__ = ["CollectiveGuard", "PGCUnsupportedError", "SingleUseClosure", "check_fit"]
 
 #: What to do instead of a collective in ``training_step``.
 INSTEAD = (
@@ -48,37 +48,6 @@ class PGCUnsupportedError(ValueError):
 
 
 # ================================================================================================ before launch
-class PreflightLauncher(Launcher):
-    """Wraps Lightning's launcher so that :func:`check_fit` runs in the launching process before any rank starts.
-
-    Lightning 2.6.6 calls ``strategy.launcher.launch(trainer._fit_impl, model, train_dataloaders, val_dataloaders,
-    datamodule, ckpt_path, trainer=trainer)`` from ``trainer.fit`` (``lightning/pytorch/trainer/call.py``), with the
-    model, callbacks and precision already resolved: the earliest point where all of them can be inspected.
-    """
-
-    def __init__(self, launcher: Launcher, check: Callable[[Trainer, tuple[Any, ...]], None]) -> None:
-        self.launcher = launcher
-        self.check = check
-
-    @property
-    @override
-    def is_interactive_compatible(self) -> bool:
-        return self.launcher.is_interactive_compatible
-
-    @override
-    def launch(self, function: Callable, *args: Any, trainer: Optional[Trainer] = None, **kwargs: Any) -> Any:
-        if trainer is not None:
-            self.check(trainer, args)
-        return self.launcher.launch(function, *args, trainer=trainer, **kwargs)
-
-    @override
-    def kill(self, signum: Any) -> None:
-        self.launcher.kill(signum)
-
-    def __getattr__(self, name: str) -> Any:  # e.g. ``procs`` of the subprocess launcher
-        return getattr(self.__dict__["launcher"], name)
-
-
 def check_fit(trainer: Trainer, module: Any, train_dataloaders: Any = None, layer_sync: bool = False) -> None:
     """Refuse, with what to do instead, every setup of ``trainer.fit(module, train_dataloaders)`` PGC cannot run.
 
@@ -104,6 +73,14 @@ def check_trainer(trainer: Any, layer_sync: bool = False) -> None:
             "PGCStrategy does not support `GradientAccumulationScheduler` (it changes `accumulate_grad_batches` "
             "mid-fit, so the partition sampler's step would drift from the optimizer step): remove it and raise the "
             "DataLoader's batch_size instead"
+        )
+    if any(isinstance(cb, LearningRateFinder) for cb in getattr(trainer, "callbacks", ())):
+        # (Lightning itself refuses the batch-size finder under every distributed strategy, ddp included)
+        raise PGCUnsupportedError(
+            "PGCStrategy does not run Lightning's learning-rate finder (`Tuner.lr_find`, `LearningRateFinder`): its "
+            "trial steps run before the PGC runtime starts, so the ranks would not exchange gradients. Run the tuner "
+            "on the same module under `Trainer(strategy='ddp')` or on one device, then pass the learning rate it "
+            "found to a new PGC `Trainer` (stale schemes may need a lower one: docs/guide.md)"
         )
     precision = str(trainer.precision)
     if precision.startswith("16"):
@@ -140,8 +117,13 @@ def check_module(module: LightningModule) -> None:
                 f"every update, and {INSTEAD}"
             )
     found = scan_training_step(type(module))
-    if found:
-        raise PGCUnsupportedError(f"PGCStrategy: {found} in training_step: {INSTEAD}")
+    if found.certain:
+        raise PGCUnsupportedError(f"PGCStrategy: {found.certain[0]} in training_step: {INSTEAD}")
+    if found.possible:
+        rank_zero_warn(
+            f"PGCStrategy: training_step may call a collective ({'; '.join(found.possible)}). If such a call "
+            f"runs, it is refused at that moment on every rank: {INSTEAD}"
+        )
 
 
 def check_train_loader(loader: Any) -> None:
@@ -195,32 +177,117 @@ def _is_metric(module: torch.nn.Module) -> bool:
     return isinstance(module, Metric)
 
 
-def scan_training_step(cls: type) -> Optional[str]:
-    """The first collective found in the source of ``cls.training_step`` or of the ``self.`` methods it calls
-    (``sync_dist=`` not ``False``, or a call named in :data:`COLLECTIVE_CALLS`), as a phrase; ``None`` if none."""
-    seen: set[str] = set()
-    todo = ["training_step"]
+@dataclass
+class ScanResult:
+    """What :func:`scan_training_step` found: collectives that run at every call (``certain``: refused before
+    launch) and collectives that run only under a condition or with a computed ``sync_dist`` (``possible``: a
+    warning; :class:`CollectiveGuard` refuses them at their first actual call)."""
+
+    certain: list[str] = field(default_factory=list)
+    possible: list[str] = field(default_factory=list)
+
+
+def scan_training_step(cls: type) -> ScanResult:
+    """The collectives in the source of ``cls.training_step`` and of the ``self.`` methods it calls, each as a
+    phrase: ``self.log(..., sync_dist=...)`` with anything but a literal ``False``, or a call named in
+    :data:`COLLECTIVE_CALLS`.
+
+    A collective is *certain* when every call of ``training_step`` reaches it: it sits in a statement at the top
+    level of the method (or of a ``with`` block there), before any branch that may return or raise, outside the
+    branches of a conditional expression, the right-hand operands of ``and``/``or``, lambdas and comprehensions,
+    and, for ``sync_dist``, with the literal value ``True``. A helper called from such a position is scanned the
+    same way; one called from anywhere else counts as possible throughout.
+    """
+    result = ScanResult()
+    seen: set[tuple[str, bool]] = set()
+    todo: list[tuple[str, bool]] = [("training_step", True)]
     while todo:
-        name = todo.pop()
-        if name in seen:
+        name, certain = todo.pop()
+        if (name, certain) in seen or (name, True) in seen:
             continue
-        seen.add(name)
+        seen.add((name, certain))
         tree = _method_ast(cls, name)
         if tree is None:
             continue
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Call):
-                continue
+        func = tree.body[0] if isinstance(tree, ast.Module) and tree.body else tree
+        body = func.body if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) else [func]
+        for node, reached in _calls(body, certain):
             for kw in node.keywords:
-                if kw.arg == "sync_dist" and not (isinstance(kw.value, ast.Constant) and not kw.value.value):
-                    return f"`sync_dist=...` (line {node.lineno} of {name})"
-            func = node.func
-            if isinstance(func, ast.Attribute):
-                if func.attr in COLLECTIVE_CALLS:
-                    return f"the collective `{func.attr}` (line {node.lineno} of {name})"
-                if isinstance(func.value, ast.Name) and func.value.id == "self":
-                    todo.append(func.attr)
-    return None
+                if kw.arg == "sync_dist" and not (isinstance(kw.value, ast.Constant) and kw.value.value is False):
+                    literal = isinstance(kw.value, ast.Constant) and kw.value.value is True
+                    where = result.certain if reached and literal else result.possible
+                    where.append(f"`sync_dist={ast.unparse(kw.value)}` (line {node.lineno} of {name})")
+            callee = node.func
+            if isinstance(callee, ast.Attribute):
+                if callee.attr in COLLECTIVE_CALLS:
+                    where = result.certain if reached else result.possible
+                    where.append(f"the collective `{callee.attr}` (line {node.lineno} of {name})")
+                elif isinstance(callee.value, ast.Name) and callee.value.id == "self":
+                    todo.append((callee.attr, reached))
+    return result
+
+
+def _calls(body: list[ast.stmt], certain: bool) -> Iterator[tuple[ast.Call, bool]]:
+    """Every call in ``body`` with whether each run of ``body`` reaches it (given that ``body`` runs if
+    ``certain``)."""
+    for stmt in body:
+        if isinstance(stmt, (ast.With, ast.AsyncWith)):
+            for item in stmt.items:
+                yield from _expr_calls(item.context_expr, certain)
+            yield from _calls(stmt.body, certain)
+        elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue  # defined here, runs only if called
+        elif _is_compound(stmt):
+            for child in ast.iter_child_nodes(stmt):
+                if isinstance(child, ast.expr):
+                    yield from _expr_calls(child, False)
+                elif isinstance(child, ast.stmt):
+                    yield from _calls([child], False)
+                else:  # except handlers, match cases
+                    for grand in ast.iter_child_nodes(child):
+                        if isinstance(grand, ast.stmt):
+                            yield from _calls([grand], False)
+                        elif isinstance(grand, ast.expr):
+                            yield from _expr_calls(grand, False)
+            if any(isinstance(n, (ast.Return, ast.Raise, ast.Break, ast.Continue)) for n in ast.walk(stmt)):
+                certain = False  # what follows runs only if that branch was not taken
+        else:
+            for child in ast.iter_child_nodes(stmt):
+                if isinstance(child, ast.expr):
+                    yield from _expr_calls(child, certain)
+            if isinstance(stmt, (ast.Return, ast.Raise)):
+                certain = False
+
+
+def _is_compound(stmt: ast.stmt) -> bool:
+    return isinstance(stmt, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.Match)) or (
+        type(stmt).__name__ == "TryStar")
+
+
+def _expr_calls(expr: ast.expr, certain: bool) -> Iterator[tuple[ast.Call, bool]]:
+    """The calls in ``expr``; those in branches that may not be evaluated count as not reached."""
+    if isinstance(expr, ast.IfExp):
+        yield from _expr_calls(expr.test, certain)
+        yield from _expr_calls(expr.body, False)
+        yield from _expr_calls(expr.orelse, False)
+        return
+    if isinstance(expr, ast.BoolOp):
+        yield from _expr_calls(expr.values[0], certain)
+        for value in expr.values[1:]:
+            yield from _expr_calls(value, False)
+        return
+    if isinstance(expr, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+        for node in ast.walk(expr):
+            if isinstance(node, ast.Call):
+                yield node, False
+        return
+    if isinstance(expr, ast.Call):
+        yield expr, certain
+    for child in ast.iter_child_nodes(expr):
+        if isinstance(child, ast.expr):
+            yield from _expr_calls(child, certain)
+        elif isinstance(child, ast.keyword):
+            yield from _expr_calls(child.value, certain)
 
 
 def _method_ast(cls: type, name: str) -> Optional[ast.AST]:

@@ -60,7 +60,6 @@ from lightning_pgc.codes import BoundedScheme, Scheme, StaleCache, make_scheme
 from lightning_pgc.compat import (
     CollectiveGuard,
     PGCUnsupportedError,
-    PreflightLauncher,
     SingleUseClosure,
     check_fit,
     check_train_loader,
@@ -292,14 +291,15 @@ class PGCStrategy(DDPStrategy):
         super()._configure_launcher()
         # Lightning's launchers kill every rank when one dies; PGC survives up to s dead ranks.
         failover = self.failover is not False
-        wrap_launcher(self, lambda launcher: surviving_launcher(launcher, self._live.reap_grace_s(), failover))
+        # Lightning hands each call's model and loaders to the launcher: ``_preflight`` checks them there, before
+        # any rank starts.
+        wrap_launcher(self, lambda launcher: surviving_launcher(launcher, self._live.reap_grace_s(), failover,
+                                                                preflight=self._preflight))
         mark_launching_rank(self._launcher)
         if self.failover and launches_in_rank_zero(self):
             raise ValueError("PGCStrategy(failover=True): rank 0 is the launching process under start_method='popen' "
                              "(outside SLURM or torchrun), so its death ends the job; use start_method='fork' or "
                              "'spawn', or leave failover unset")
-        # Lightning hands ``fit``'s model and loaders to the launcher: check them there, before any rank starts.
-        wrap_launcher(self, lambda launcher: PreflightLauncher(launcher, self._preflight))
 
     def _preflight(self, trainer: "pl.Trainer", args: tuple[Any, ...]) -> None:
         """Refuse, in the launching process, every setup PGC cannot run (see :mod:`lightning_pgc.compat`)."""

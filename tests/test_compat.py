@@ -235,41 +235,79 @@ def test_ordinary_modules_pass_the_checks():
     """No false refusal: sync_dist=False in training_step, sync_dist=True in validation, a plain loader."""
     from lightning_pgc.compat import check_module, scan_training_step
 
-    assert scan_training_step(Plain) is None
+    found = scan_training_step(Plain)
+    assert found.certain == [] and found.possible == []
     check_module(Plain())
 
 
-def test_arguments_of_the_wrong_type_name_the_parameter():
-    with pytest.raises(TypeError, match="timeout=.*'5m'"):
-        PGCStrategy(timeout="5m")
-    with pytest.raises(TypeError, match="seed=.*'a'"):
-        PGCStrategy(seed="a")
-    with pytest.raises(TypeError, match="stragglers="):
-        PGCStrategy(stragglers=1.5)
+class ConditionalSync(Plain):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        loss = nn.functional.cross_entropy(self.net(x), y)
+        if self.hparams.get("sync_train_metrics", False):
+            self.log("train_loss", loss, sync_dist=True)
+        self.log("computed", loss, sync_dist=self.trainer.world_size > 8)
+        return self.helper(loss) if batch_idx else loss
+
+    def helper(self, loss: torch.Tensor) -> torch.Tensor:
+        return self.all_gather(loss).mean()
 
 
-def test_a_probe_call_of_training_step_leaves_metrics_and_buffers_untouched():
-    """PGCDiagnostics calls training_step on rank 0 for its probe: no metric update, no BatchNorm move, no log."""
-    from lightning_pgc.callbacks import _loss_and_gradient, _probe_loss
+class EarlyReturn(Plain):
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        loss = super().training_step(batch, batch_idx)
+        with torch.no_grad():
+            self.log("first", loss, sync_dist=True)
+        if batch_idx > 3:
+            return loss
+        self.log("after", loss, sync_dist=True)
+        return loss
 
-    class Counting(Plain):
-        def __init__(self) -> None:
-            super().__init__()
-            self.norm = nn.BatchNorm1d(4)
-            self.acc = torchmetrics.Accuracy("multiclass", num_classes=2, sync_on_compute=False)
 
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            logits = self.net(self.norm(x))
-            self.acc(logits, y)
-            return nn.functional.cross_entropy(logits, y)
+def test_the_source_scan_refuses_only_collectives_that_run_at_every_call():
+    """A literal ``sync_dist=True`` or a collective at the top level of training_step (or of a helper it always
+    calls) is certain to run: refused before launch. One under a condition, with a computed ``sync_dist``, after
+    a branch that may return, or in a helper called conditionally, may never run: a warning, and the run-time
+    guard refuses it at its first actual call."""
+    from lightning_pgc.compat import check_module, scan_training_step
 
-    module = Counting()
-    batch = (torch.randn(8, 4), torch.randint(0, 2, (8,)))
-    module.training_step(batch, 0)
-    before = (module.acc._update_count, module.acc.tp.clone(), module.norm.running_mean.clone())
-    loss, gradient = _loss_and_gradient(module, batch)
-    assert _probe_loss(module, batch) == pytest.approx(loss)
-    assert gradient.numel() == sum(p.numel() for p in module.parameters())
-    assert module.acc._update_count == before[0] and torch.equal(module.acc.tp, before[1])
-    assert torch.equal(module.norm.running_mean, before[2])
+    found = scan_training_step(ConditionalSync)
+    assert found.certain == []
+    assert [p.split(" (")[0] for p in found.possible] == ["`sync_dist=True`", "`sync_dist=self.trainer.world_size > 8`",
+                                                          "the collective `all_gather`"]
+    with pytest.warns(UserWarning, match="may call a collective.*refused at that moment"):
+        check_module(ConditionalSync())
+
+    found = scan_training_step(EarlyReturn)
+    assert [p.split(" (")[0] for p in found.certain] == ["`sync_dist=True`"]  # inside `with`: always runs
+    assert "line 7 of training_step" in found.possible[0]  # after the branch that may return
+    with pytest.raises(PGCUnsupportedError, match="sync_dist=True.*line 4 of training_step"):
+        check_module(EarlyReturn())
+
+
+def _tunable() -> pl.LightningModule:
+    module = Plain()
+    module.lr, module.batch_size = 0.1, 4
+    module.train_dataloader = lambda: DataLoader(_data(), batch_size=module.batch_size)  # type: ignore[method-assign]
+    return module
+
+
+def test_the_tuner_is_refused_before_any_rank_starts_naming_the_alternative():
+    """``Tuner.lr_find`` under PGC: refused in the launching process, naming what to do instead.
+    ``Tuner.scale_batch_size``: Lightning's own refusal, the same as under ``ddp``."""
+    from lightning.pytorch.tuner import Tuner
+
+    def trainer(strategy: Any) -> pl.Trainer:
+        return pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, logger=False, max_steps=2,
+                          enable_progress_bar=False, enable_checkpointing=False)
+
+    pgc = trainer(PGCStrategy())
+    with pytest.raises(PGCUnsupportedError, match="Tuner.lr_find.*strategy='ddp'.*one device.*new PGC `Trainer`"):
+        Tuner(pgc).lr_find(_tunable())
+    assert pgc.strategy.launcher.procs == []
+    errors = []
+    for strategy in ("ddp", PGCStrategy()):
+        with pytest.raises(ValueError) as error:
+            Tuner(trainer(strategy)).scale_batch_size(_tunable())
+        errors.append(str(error.value))
+    assert errors[0] == errors[1] and "not supported with distributed strategies" in errors[0]

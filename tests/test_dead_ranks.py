@@ -524,7 +524,7 @@ def test_the_launchers_kill_nobody_while_the_job_runs_and_reap_every_rank_after_
 
     for start_method, kind in (("popen", SurvivingSubprocessLauncher), ("fork", SurvivingMultiprocessingLauncher)):
         trainer = Trainer(strategy=PGCStrategy(start_method=start_method), devices=2, accelerator="cpu", logger=False)
-        assert isinstance(trainer.strategy.launcher.launcher, kind)  # inside the preflight wrapper
+        assert isinstance(trainer.strategy.launcher, kind)
     procs = [subprocess.Popen(["sleep", "30"]), subprocess.Popen(["sh", "-c", "exit 3"]), subprocess.Popen(["true"])]
     procs[1].wait()
     procs[2].wait()

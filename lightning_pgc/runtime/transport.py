@@ -78,7 +78,9 @@ class GlooTransport:
         dist.recv(buf, src=peer, group=self.groups[channel])
 
     def close(self) -> None:
-        for group in self.groups.values():
+        """Destroy the groups and drop them: their connections close once nothing holds them."""
+        groups, self.groups = self.groups, {}
+        for group in groups.values():
             try:
                 dist.destroy_process_group(group)
             except Exception:  # already destroyed with the default group
