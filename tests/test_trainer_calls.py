@@ -1,7 +1,7 @@
 """A script that calls the Trainer several times works under PGC as under ``ddp`` (``tests/trainer_calls_job.py``):
 ``validate`` before ``fit``, ``fit`` then ``validate``/``test``/``predict``, a second ``Trainer`` that fits on from
-``ckpt_path="last"``, under the ``popen``, ``fork`` and ``spawn`` launchers, each against ``ddp`` with the same
-launcher in the same test."""
+``ckpt_path="last"``, under the ``popen``, ``fork`` and ``spawn`` launchers and under ``torchrun``, each against
+``ddp`` in the same test."""
 
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ ROOT = Path(__file__).resolve().parents[1]
 CALLS = ["validate", "fit", "validate", "test", "predict", "fit", "test"]
 
 
-def _run(strategy: str, start_method: str, out: Path) -> dict[str, Any]:
+def _run(strategy: str, start_method: str, out: Path, launch: tuple[str, ...] = ()) -> dict[str, Any]:
     out.mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
            "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     for key in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK", "RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    proc = subprocess.run([sys.executable, "-m", "tests.trainer_calls_job", strategy, start_method, str(out)],
+    proc = subprocess.run([sys.executable, *launch, "-m", "tests.trainer_calls_job", strategy, start_method, str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-8000:]
@@ -90,3 +90,13 @@ def test_the_spawn_launcher_runs_every_call(tmp_path, ddp):
     run = _run("pgc", "spawn", tmp_path / "pgc")
     _check_calls(run)
     assert run["scripts"][0]["returned"] == ddp["fork"]["scripts"][0]["returned"]
+
+
+def test_torchrun_runs_every_call_as_under_ddp(tmp_path, ddp):
+    """torchrun starts every rank itself (no Lightning launcher): each runs the whole script."""
+    run = _run("pgc", "popen", tmp_path / "pgc", launch=("-m", "torch.distributed.run", "--standalone",
+                                                         "--nproc-per-node", "2"))
+    _check_calls(run)
+    for rank, script in run["scripts"].items():
+        assert script["returned"] == ddp["popen"]["scripts"][rank]["returned"]
+        assert script["threads"] == []
