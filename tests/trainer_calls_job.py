@@ -1,6 +1,7 @@
 """A script that calls the Trainer several times, as ordinary Lightning scripts do, on 2 CPU ranks.
 
-``python -m tests.trainer_calls_job STRATEGY START_METHOD OUT`` (``STRATEGY``: ``ddp`` or a registered PGC name):
+``python -m tests.trainer_calls_job STRATEGY START_METHOD OUT [short]`` (``STRATEGY``: ``ddp`` or a registered PGC
+name):
 
 1. ``validate`` before ``fit``;
 2. ``fit`` for 6 steps with ``ModelCheckpoint(save_last=True)`` and a per-step ``OneCycleLR``;
@@ -111,18 +112,22 @@ def count(results: Any) -> Any:
     return None if results is None else len(results)
 
 
-def main(strategy_name: str, start_method: str, out: Path) -> None:
+def main(strategy_name: str, start_method: str, out: Path, short: bool = False) -> None:
+    """``short``: only ``fit``, ``validate`` and the second Trainer's ``fit`` (for launchers that start fresh
+    ranks, importing Lightning, at every call)."""
     pl.seed_everything(0, verbose=False)
     model = Calls()
     first = trainer(strategy_name, start_method, out, STEPS)
-    returned = {"validate_before_fit": count(first.validate(model))}
+    returned = {} if short else {"validate_before_fit": count(first.validate(model))}
     first.fit(model)
     returned["validate"] = count(first.validate(model))
-    returned["test"] = count(first.test(model))
-    returned["predict"] = count(first.predict(model))
+    if not short:
+        returned["test"] = count(first.test(model))
+        returned["predict"] = count(first.predict(model))
     second = trainer(strategy_name, start_method, out, RESUMED_STEPS)
     second.fit(model, ckpt_path="last")
-    returned["test_after_resume"] = count(second.test(model))
+    if not short:
+        returned["test_after_resume"] = count(second.test(model))
     groups = len(dist.distributed_c10d._world.pg_map) if dist.is_initialized() else 0
     script = {"returned": returned, "step": second.global_step, "checksum": checksum(model),
               "threads": pgc_threads(), "process_groups": groups, "sockets": open_sockets()}
@@ -130,4 +135,4 @@ def main(strategy_name: str, start_method: str, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], Path(sys.argv[3]), short=sys.argv[4:] == ["short"])
