@@ -225,7 +225,7 @@ def test_report_renders_from_per_run_files_and_marks_incomplete_cells(tmp_path):
         if job.cell.key == "slowrank-sleep" and job.arm.key == "dgd" and job.seed == 2:
             continue  # not finished yet
         store.save(job, grid_map.job_spec(job, args, args.steps), _record(times[job.arm.key][job.seed]))
-    assert not list((tmp_path / "runs").glob("*.tmp"))  # each record is written whole, then renamed
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["round2.jsonl.gz", "sweep.jsonl.gz"]
     # a record run with another spec (e.g. other steps) is not reused
     other = grid_map.parse_args(argv + ["--steps", "50"])
     assert store.load(main_jobs[0], grid_map.job_spec(main_jobs[0], other, other.steps)) is None
@@ -256,19 +256,52 @@ def test_smoke_grid_two_steps_per_cell_real_jobs(tmp_path):
             "--start-method", "fork", "--no-wandb", "--timeout", "120", "--runs", str(tmp_path / "runs"),
             "--docs", str(tmp_path / "docs"), "--out", str(tmp_path / "out")]
     result = grid_map.main(argv)
-    files = sorted((tmp_path / "runs").glob("main__*.json"))
-    assert [f.name for f in files] == ["main__exp-sleep__dgd__lr0.05__r2__seed0.json",  # the default round
-                                      "main__exp-sleep__pgc_cr_c2__lr0.05__r2__seed0.json"]
-    for f in files:
-        record = json.loads(f.read_text())
+    store = cx.Store(tmp_path / "runs")
+    records = store.records.records("round2")  # the default round
+    assert list(records) == ["main__exp-sleep__dgd__lr0.05__r2__seed0", "main__exp-sleep__pgc_cr_c2__lr0.05__r2__seed0"]
+    for record in records.values():
         assert record["ok"], record["error"]
         assert record["row"]["replicas_identical"] and record["row"]["steps"] == 2
         assert [p[1] for p in record["val"]] == [0, 1, 2]
         assert record["row"]["grad_evals_per_step"] > 0 and "error_decomposition" in record["row"]
     assert result["cells"]["exp-sleep"]["status"] != "incomplete"
-    stamps = [f.stat().st_mtime_ns for f in files]
-    grid_map.main(argv)  # everything reused: no job runs, the records are untouched
-    assert [f.stat().st_mtime_ns for f in files] == stamps
+    before = store.records.path("round2").read_bytes()
+    grid_map.main(argv)  # everything reused: no job runs, nothing is appended
+    assert store.records.path("round2").read_bytes() == before
+
+
+def test_records_are_appended_and_the_newest_line_of_a_name_wins(tmp_path):
+    """The store only appends: a rerun's record supersedes the earlier one, a fresh reader sees the same, and a
+    last member cut short while it is being written is ignored."""
+    from lightning_pgc.experiments.results import RunRecords
+
+    records = RunRecords(tmp_path)
+    records.append("round1", [{"job": "a", "x": 1.0}, {"job": "b", "x": float("nan")}])
+    first = records.path("round1").read_bytes()
+    records.append("round1", [{"job": "a", "x": 2.0}])
+    data = records.path("round1").read_bytes()
+    assert data.startswith(first) and len(data) > len(first)
+    fresh = RunRecords(tmp_path)
+    assert fresh.books() == ["round1"] and list(fresh.records("round1")) == ["a", "b"]
+    assert fresh.get("round1", "a") == {"job": "a", "x": 2.0} and math.isnan(fresh.get("round1", "b")["x"])
+    assert fresh.get("round1", "c") is None and fresh.get("round2", "a") is None
+    records.path("round1").write_bytes(data + data[len(first):][:-5])  # a member still being written
+    assert RunRecords(tmp_path).get("round1", "a") == {"job": "a", "x": 2.0}
+
+
+@pytest.mark.parametrize("page", ["docs", "docs/first_pass"], ids=["map", "first_pass"])
+def test_grid_map_json_is_what_the_shipped_records_render(page, tmp_path):
+    """Re-rendering from the records in docs/grid_runs with the command grid_map.json names gives grid_map.json
+    again (its render time and output folder aside)."""
+    shipped = json.loads((ROOT / page / "grid_map.json").read_text())
+    argv = shipped["command"].split("benchmarks/grid.py ", 1)[1].split()
+    if "--docs" in argv:
+        del argv[argv.index("--docs"):argv.index("--docs") + 2]
+    grid_map.main(argv + ["--runs", str(ROOT / shipped["runs_folder"]), "--docs", str(tmp_path)])
+    rendered = json.loads((tmp_path / "grid_map.json").read_text())
+    for key in ("command", "rendered", "runs_folder"):
+        rendered.pop(key), shipped.pop(key)
+    assert rendered == shipped
 
 
 @pytest.mark.parametrize("page", ["docs", "docs/first_pass"], ids=["map", "first_pass"])
