@@ -159,7 +159,7 @@ class Job:
     seed: int
     momentum: float = RECIPE_MOMENTUM
     #: the main runs' round: a cell's paired comparisons are only made between runs of one round, run together
-    #: (wall-clock ratios between sessions are off by the machine's drift, 12-22 % per step measured here)
+    #: (wall-clock ratios between sittings are off by the machine's drift, 12-22 % per step measured here)
     round: int = 1
 
     @property
@@ -217,7 +217,7 @@ def plan_main(cells: Sequence[Cell], arms: Sequence[Arm], seeds: Sequence[int],
     the (cell, arm) pairs that have none yet (their sweep is unfinished). Within a cell the order is seed, then
     arm: the runs a paired interval compares (same cell and seed) run back to back, so slow drift of a shared
     machine hits both sides alike. A new round (the sweep's choices changed) reruns every arm, not only the arms
-    whose setting changed, so that no ratio compares runs of two sessions."""
+    whose setting changed, so that no ratio compares runs of two sittings."""
     jobs, waiting = [], []
     for cell in cells:
         ready = []
