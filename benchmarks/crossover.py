@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
