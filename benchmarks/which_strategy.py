@@ -123,7 +123,7 @@ def render(table: dict[str, Any]) -> str:
     for row in [*table["rows"], table["default"]]:
         use = f"`{row['strategy']}`"
         if row["strategy"] == "ddp":
-            use = "keep `ddp`" if row is table["default"] else "keep `ddp` (no scheme beat it in every cell)"
+            use = "keep `ddp`" if row is table["default"] else "keep `ddp` (no scheme beat it and `dgd` in every cell)"
         path, anchor = row["evidence"].split("#", 1)
         lines.append(f"| {row['pattern']} | {row['bound']} | {row['data']} | {use} | {_setting(row)} | "
                      f"[{Path(path).name}#{anchor}]({row['evidence']}) |")
