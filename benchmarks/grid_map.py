@@ -7,7 +7,7 @@ Plans (:mod:`crossover`) a sweep (``--lrs`` at the recipe's momentum and the sam
 main runs (``--seeds``, ``--steps``) of every arm in every cell (``--delays`` x ``--costs``) at the setting the
 sweep chose, as round ``--round`` (a new round reruns every arm of a cell together), runs the jobs that have no
 record yet (at most ``--max-jobs`` of them this invocation; sweep first), one at a time through
-:func:`lightning_pgc.experiments.launch`, and stores each finished job as one JSON file in ``--runs``
+:func:`lightning_pgc.experiments.launch`, and appends each finished job as one record to ``--runs``
 (``docs/grid_runs/``, one JSON Lines file per round; reused while its spec is unchanged). Then renders, from every record there: the crossover
 map (``docs/grid_map.png``), ``docs/grid_map.json`` and the block of ``docs/benchmarks.md`` between the
 ``gridmap`` markers. Cells whose runs are not all finished are marked incomplete. Interrupt it at any time and

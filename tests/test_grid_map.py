@@ -1,5 +1,5 @@
-"""The map grid (benchmarks/grid.py): learning-rate rule, cell statistics, incomplete cells, rendering from per-run
-files, and a 2-step smoke run of real jobs."""
+"""The map grid (benchmarks/grid.py): learning-rate rule, cell statistics, incomplete cells, rendering from the run
+records (append-only, one file per round), and a 2-step smoke run of real jobs."""
 
 from __future__ import annotations
 
@@ -200,7 +200,7 @@ ARGV = ["--devices", "2", "--c", "2", "--families", "ddp", "dgd", "pgc_cr", "--a
         "--sweep-seeds", "0", "--target", "0.5", "--no-wandb"]
 
 
-def test_report_renders_from_per_run_files_and_marks_incomplete_cells(tmp_path):
+def test_report_renders_from_run_records_and_marks_incomplete_cells(tmp_path):
     """Fake sweep and main records in the store; the report chooses the rates, names the winner of the complete
     cell and marks the other one incomplete."""
     argv = ARGV + ["--runs", str(tmp_path / "runs"), "--docs", str(tmp_path / "docs"), "--out", str(tmp_path / "o")]
