@@ -7,16 +7,16 @@ STAMP  := $(VENV)/.installed
 export WANDB_MODE ?= offline
 export WANDB_SILENT ?= true
 
-.PHONY: demo test bench bench-grid clean venv
+.PHONY: demo test test-fast lint bench bench-grid clean venv
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	# torch/torchvision pinned to the releases this machine's pip can install from local disk
+	# torch/torchvision: the versions the test suite is run against (pyproject.toml states the supported range)
 	$(PY) -m pip install --quiet "torch==2.14.1" "torchvision==0.29.1"
-	# every extra: the CLI and example data, W&B, the demo/benchmark tools, the test runner
+	# every extra: the CLI and example data, W&B, the demo/benchmark tools, the test runner and linters
 	$(PY) -m pip install --quiet -e ".[examples,wandb,bench,test]"
 	touch $(STAMP)
 
@@ -26,6 +26,15 @@ demo: $(STAMP)
 # two workers, whole files each (module-scoped jobs are shared by a file's tests); `pytest -q` runs serially
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --dist loadfile
+
+# everything but the tests that start real ranks or take long (markers in tests/conftest.py)
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not realrank and not slow"
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+	$(PY) -m mypy
 
 bench: $(STAMP)
 	$(PY) benchmarks/step_time.py

@@ -1,4 +1,4 @@
-"""First comparison of bounded staleness (the idea card) with pgc_cr, dgd and ddp on the digits job.
+"""First comparison of bounded staleness with pgc_cr, dgd and ddp on the digits job.
 
     python benchmarks/bounded_staleness.py [--steps 200] [--seeds 0 1 2] [--windows 2 4]
     python benchmarks/bounded_staleness.py --choices round_robin oldest     # the partition-choice comparison
@@ -8,7 +8,7 @@ Runs, one after the other, the digits CNN job (:func:`lightning_pgc.experiments.
 straggler conditions, with the same delay realisation for every strategy of a seed:
 
 - ``slow rank``: log-normal jitter on every rank plus one persistently slow rank (the last);
-- ``stalls``: the seeds' stall model at CPU scale (log-normal jitter plus rare stalls on any rank), the same as
+- ``stalls``: the cluster stall model at CPU scale (log-normal jitter plus rare stalls on any rank), the same as
   ``benchmarks/grid.py``'s default without its slow rank.
 
 Every partition gradient evaluation also sleeps ``--compute-per-eval`` seconds (simulated compute, as in the
@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import platform
 import statistics
 import sys

@@ -4,9 +4,9 @@ The grid is cells (straggler model x cost of a gradient evaluation) times arms (
 own learning rate and momentum) times seeds. :func:`plan_sweep` lists the short sweep over rates and momenta,
 :func:`choose_setting` picks each arm's setting by a rule fixed before any result (lowest mean final validation
 loss over the sweep's seeds; ties: the smaller rate), :func:`plan_main` lists the main runs at those settings.
-Every finished job is one small JSON file in a :class:`Store` (``docs/grid_runs/``), keyed by the job's name and
-checked against its spec, so the grid runs incrementally across sessions and the report re-renders from whatever
-is finished.
+Every finished job is one record in a :class:`Store` (``docs/grid_runs/``, one JSON Lines file per round), keyed
+by the job's name and checked against its spec, so the grid runs incrementally and the report re-renders from
+whatever is finished.
 :func:`summarize_cell` turns a cell's records into per-arm statistics (paired t intervals against ``dgd`` and
 ``ddp`` from :mod:`lightning_pgc.experiments.stats`) and the cell's winner with its margin, or marks the cell
 incomplete. ``benchmarks/grid.py`` runs the jobs and writes the report.
@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from lightning_pgc.experiments.results import RunRecords
 from lightning_pgc.experiments.stats import (PairedInterval, equal_wall_time, paired_t_interval, time_to_target,
                                              value_at_wall)
 from sim_grid import DELAYS
@@ -158,7 +158,7 @@ class Job:
     seed: int
     momentum: float = RECIPE_MOMENTUM
     #: the main runs' round: a cell's paired comparisons are only made between runs of one round, run together
-    #: (wall-clock ratios between sessions are off by the machine's drift, 12-22 % per step measured here)
+    #: (wall-clock ratios between sittings are off by the machine's drift, 12-22 % per step measured here)
     round: int = 1
 
     @property
@@ -216,7 +216,7 @@ def plan_main(cells: Sequence[Cell], arms: Sequence[Arm], seeds: Sequence[int],
     the (cell, arm) pairs that have none yet (their sweep is unfinished). Within a cell the order is seed, then
     arm: the runs a paired interval compares (same cell and seed) run back to back, so slow drift of a shared
     machine hits both sides alike. A new round (the sweep's choices changed) reruns every arm, not only the arms
-    whose setting changed, so that no ratio compares runs of two sessions."""
+    whose setting changed, so that no ratio compares runs of two sittings."""
     jobs, waiting = [], []
     for cell in cells:
         ready = []
@@ -232,41 +232,41 @@ def plan_main(cells: Sequence[Cell], arms: Sequence[Arm], seeds: Sequence[int],
 
 # ================================================================================================ the store
 class Store:
-    """The raw per-run records, one JSON file per finished job, named by :attr:`Job.name`.
+    """The raw per-run records, named by :attr:`Job.name`, in append-only JSON Lines files
+    (:class:`~lightning_pgc.experiments.results.RunRecords`): one file per round of main runs (``round<r>``) and one
+    for the sweep (``sweep``).
 
     A record is reused only when its spec equals the job's (``wandb`` and ``out`` ignored), so changing a setting
-    reruns exactly the affected jobs.
+    reruns exactly the affected jobs; the rerun's record is appended and supersedes the earlier one.
     """
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
+        self.records = RunRecords(self.folder)
+
+    @staticmethod
+    def book(job: Job) -> str:
+        """The file a job's record goes to: ``sweep``, or the main runs' ``round<r>``."""
+        return "sweep" if job.phase == "sweep" else f"round{job.round}"
 
     def path(self, job: Job) -> Path:
-        return self.folder / f"{job.name}.json"
+        return self.records.path(self.book(job))
 
     @staticmethod
     def comparable(spec: Mapping[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in spec.items() if k not in ("wandb", "out", "start_method")}
 
     def load(self, job: Job, spec: Optional[Mapping[str, Any]] = None) -> Optional[dict[str, Any]]:
-        """The record of ``job`` (None if missing, unreadable, or run with another spec than ``spec``)."""
-        try:
-            record = json.loads(self.path(job).read_text())
-        except (OSError, ValueError):
+        """The record of ``job`` (None if missing, or run with another spec than ``spec``)."""
+        record = self.records.get(self.book(job), job.name)
+        if record is None:
             return None
         if spec is not None and record.get("spec") != json.loads(json.dumps(self.comparable(spec))):
             return None
         return record
 
     def save(self, job: Job, spec: Mapping[str, Any], record: Mapping[str, Any]) -> Path:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.path(job)
-        # written whole, then renamed: a render or a commit that reads the folder while a job ends never sees half
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps({"job": job.name, "spec": self.comparable(spec), **record}, indent=None,
-                                  default=float, allow_nan=True) + "\n")
-        os.replace(tmp, path)
-        return path
+        return self.records.append(self.book(job), [{"job": job.name, "spec": self.comparable(spec), **record}])
 
 
 def compact_record(row: Mapping[str, Any], val: Iterable[Sequence[float]], ok: bool, error: str = "") -> dict[str, Any]:
@@ -496,7 +496,7 @@ def render_markdown(result: Mapping[str, Any]) -> str:
     cells = result["cells"]
     complete = [k for k, c in cells.items() if c["status"] != "incomplete"]
     lines = [MARK_BEGIN, "",
-             f"Rendered {result['rendered']} from the per-run files in `{result['runs_folder']}` "
+             f"Rendered {result['rendered']} from the run records in `{result['runs_folder']}` "
              f"({result['records']} records) by `{result['command']}`; everything below is in "
              "[grid_map.json](grid_map.json).", "",
              f"- **Complete cells: {len(complete)} of {len(cells)}**"

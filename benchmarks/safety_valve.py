@@ -158,6 +158,12 @@ def main() -> None:
         f"check_every_n_steps={VALVE['check_every_n_steps']}, min_scale=1/64)`. One value per repeat (seed 0 / 1 / ...). "
         "Every number below is in [safety_valve.json](safety_valve.json) (`summary`).",
         "",
+        ("<!-- numbers: "
+         "2=docs/safety_valve.json#summary.*.val_acc 3=docs/safety_valve.json#summary.*.val_loss "
+         "4=docs/safety_valve.json#summary.*.train_loss_last20 5=docs/safety_valve.json#summary.*.final_lr "
+         "6=docs/safety_valve.json#summary.*.valve_actions 6=docs/safety_valve.json#summary.*.first_action_step "
+         "-->"),
+        "",
         "| configuration | val acc | val loss | train loss (last 20) | final lr | valve actions (first at step) | "
         "replicas identical | valve decisions equal on all ranks |",
         "|---|---|---|---|---|---|---|---|",

@@ -1,4 +1,4 @@
-"""The seeds' experiment: ResNet-18 on CIFAR-10, 8 workers, log-normal jitter and 10-30 s stalls, c in {2, 4, 8}.
+"""The ResNet-18 / CIFAR-10 experiment: ResNet-18 on CIFAR-10, 8 workers, log-normal jitter and 10-30 s stalls, c in {2, 4, 8}.
 
     # on an 8-GPU SLURM node: write one sbatch script per (arm, seed) and submit them
     python benchmarks/seed_experiment.py --launcher slurm --out /scratch/pgc_seed --data-dir /data/cifar10 --submit
@@ -176,7 +176,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=None, help="per rank and partition (default: the recipe's 128)")
     p.add_argument("--val-every", type=int, default=44, help="steps between validations on rank 0 (44: an epoch)")
     p.add_argument("--target", type=float, default=0.6, help="target validation loss")
-    p.add_argument("--delay-scale", type=float, default=1.0, help="multiplies the seeds' delays (1: 10-30 s stalls)")
+    p.add_argument("--delay-scale", type=float, default=1.0, help="multiplies the cluster delays (1: 10-30 s stalls)")
     p.add_argument("--data-dir", default="data/cifar10")
     p.add_argument("--synthetic-data", action="store_true",
                    help="write a CIFAR-shaped random set into --data-dir first (smoke runs)")

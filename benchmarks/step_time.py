@@ -35,7 +35,7 @@ MODELS = {  # name -> (input, hidden, classes, batch per rank)
     "1m": (1024, 1000, 4, 32),
 }
 
-TARGETS = {  # issue 7
+TARGETS = {  # the step-cost targets the runtime is held to
     "tiny: pgc / ddp": 1.10,
     "10m: pgc / ddp": 1.15,
     "10m: pgc_slow / ddp_slow": 0.40,

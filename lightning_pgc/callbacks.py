@@ -21,7 +21,7 @@ same decision on every rank and no collective.
 
 Under ``scheme="bounded"`` the leader's rank also logs ``pgc/bounded/...``: every step the window ``c`` in effect,
 coverage waits, widenings, table displacements, duplicated evaluations and the delay histogram ``t - s(t,i)``; at the probe cadence the
-card's error decomposition of the aggregate with its cross terms and the stale/fresh gradient correlation, both on
+bounded-staleness error decomposition of the aggregate with its cross terms and the stale/fresh gradient correlation, both on
 the probe batch (see :func:`lightning_pgc.codes.bounded.error_decomposition`).
 """
 
@@ -284,7 +284,7 @@ class PGCDiagnostics(Callback):
 
     def _bounded_probe_metrics(self, pl_module: LightningModule, pending: tuple[int, Tensor, Tensor],
                                record: BoundedRecord, info: Any, metrics: Mapping[str, float]) -> dict[str, float]:
-        """The card's decomposition of this aggregate's error on the probe batch (``grad F`` := probe gradient)."""
+        """The bounded-staleness error decomposition of this aggregate's error on the probe batch (``grad F`` := probe gradient)."""
         version, params, gradient = pending
         present = [(i, e) for i, e in enumerate(record.entries) if e is not None]  # (a partition may be left out)
         versions = [e.version for _, e in present]

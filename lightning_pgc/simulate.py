@@ -26,7 +26,7 @@ import heapq
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Optional, Sequence, Union
+from typing import Optional, Union
 
 import torch
 

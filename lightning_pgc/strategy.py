@@ -86,7 +86,7 @@ REGISTERED: dict[str, tuple[str, Optional[int], str]] = {
     "ignore_stragglers": ("ignore", 1, "Average the fastest n-1 gradients, ignore the slowest rank"),
     "dgd": ("dgd", 0, "Distributed gradient descent through the PGC runtime (waits for all ranks)"),
     "bounded_staleness": ("bounded", None, "Bounded-staleness table: replication 2, newest entry per partition "
-                                           "younger than c=2 (the idea card)"),
+                                           "younger than c=2"),
 }
 
 @dataclass

@@ -11,6 +11,7 @@ the ``popen`` path users run.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +36,35 @@ def whole_log(out: Path | str) -> str:
     """The job's whole log. ``JobResult.log_tail`` keeps the last 8000 characters, and tracebacks (longer under
     CI's longer paths) can push the line a test looks for out of it."""
     return (Path(out) / "job.log").read_text(errors="replace")
+
+
+MAX_LAG = 3
+
+
+SOAK_RSS_GROWTH = 16 << 20
+
+
+def soak(tmp_path, shard_bytes=None):
+    """The soak job and its checks (``shard_bytes``: ``PGCStrategy(shard_bytes=...)``, default if None)."""
+    kwargs = {"max_lag": MAX_LAG, **({"shard_bytes": shard_bytes} if shard_bytes else {})}
+    job = run_job(
+        tmp_path, "soak", strategy="pgc_cr", devices=4, max_steps=300, check_val_every_n_epoch=100,
+        delay="lognormal(median=0.003, sigma=0.5)", strategy_kwargs=kwargs,
+        faults=[{"kind": "Stall", "rank": r, "step": k, "seconds": 1.0} for r, k in ((1, 60), (2, 140), (3, 220))],
+        resources=[50, 150],
+    )
+    ranks = job["ranks"]
+    assert {r["global_step"] for r in ranks} == {300} and len({r["checksum"] for r in ranks}) == 1
+    assert all(r["pgc_threads_after_fit"] == [] for r in ranks)
+    table = ranks[0]["rank_stats"]
+    assert all(table[k]["rejoined"] >= 1 for k in (1, 2, 3)), table
+    assert max(r["buffers"]["mailbox_high_water"] for r in ranks) <= MAX_LAG + 1
+    losses = [loss for _, _, loss in job["curve"]]
+    assert len(losses) == 300 and all(math.isfinite(x) for x in losses)
+    assert sum(losses[-20:]) / 20 < 0.25 * sum(losses[:10]) / 10
+    for r in ranks:
+        first, *later = r["resources"]
+        assert first["step"] == 50 and [s["step"] for s in later] == [150, 300], r["resources"]
+        for sample in later:
+            assert sample["threads"] <= first["threads"], (r["rank"], r["resources"])
+            assert sample["rss_bytes"] - first["rss_bytes"] <= SOAK_RSS_GROWTH, (r["rank"], r["resources"])

@@ -17,10 +17,22 @@ import torch
 from lightning_pgc.codes import BoundedScheme, Entry
 from lightning_pgc.runtime.bounded import BoundedLeader
 from lightning_pgc.runtime.messages import Header, Kind
-from tests.test_bounded import D, make_runtimes, payload, submit
-from tests.test_dead_ranks import _bury, _collect, _die, _kill, _resume_and_rejoin, _step_all
-from tests.test_leader_failover import _ReachesOnlyRank3, _two_miss_the_last_aggregate_and_rejoin, _Unpublished
-from tests.test_runtime import FrozenTransport, _eventually, _release_receivers, _stop_all
+from tests.bounded_scenarios import D, make_runtimes, payload, submit
+from tests.runtime_scenarios import (
+    _bury,
+    _collect,
+    _die,
+    _eventually,
+    FrozenTransport,
+    _kill,
+    _ReachesOnlyRank3,
+    _release_receivers,
+    _resume_and_rejoin,
+    _step_all,
+    _stop_all,
+    _two_miss_the_last_aggregate_and_rejoin,
+    _Unpublished,
+)
 
 
 def _step(rts, version, ranks):

@@ -174,7 +174,7 @@ def test_digits_recipe_fit_then_validate_checkpoint(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("strategy", ["pgc_fr_gradual", "ddp", "bounded_staleness"])
 def test_seeds_fragment_and_strategy_fragments(tmp_path: Path, strategy: str) -> None:
-    """The documented comparison: recipe + the seeds' stragglers (tiny scale) + a strategy fragment, either PGC
+    """The documented comparison: recipe + the cluster stragglers (tiny scale) + a strategy fragment, either PGC
     by class_path or the ddp baseline; the same delay draws in both."""
     fragment = f"strategies/{strategy}.yaml"
     out = check_ok(run_cli(

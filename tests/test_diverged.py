@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import re
 import threading
-import time
 
 import pytest
 
@@ -18,8 +17,7 @@ from lightning_pgc.runtime import DivergedError, Leader
 from lightning_pgc.runtime.bounded import BoundedLeader
 from lightning_pgc.runtime.messages import Header, Kind
 from tests.jobs import run_job, whole_log
-from tests.test_dead_ranks import _bury, _die, _step_all
-from tests.test_runtime import FrozenTransport, _stop_all, make_runtimes, submit
+from tests.runtime_scenarios import _bury, _die, FrozenTransport, make_runtimes, _step_all, _stop_all, submit
 
 
 def _code(leader: Leader, rank: int, version: int, now: float) -> None:
@@ -116,15 +114,15 @@ def test_bounded_staleness_fails_without_enough_fresh_codes_and_leaves_out_a_par
 
 def test_every_runtime_fails_fast_when_every_code_of_a_version_is_rejected():
     """3 in-process runtimes (pgc_cr, s = 1), every rank rejects version 1: the leader raises, every worker gets the
-    error from the leader (ABORT) within a second instead of waiting for a version that cannot close."""
+    error from the leader (ABORT) instead of waiting for a version that cannot close. The timeout is longer than
+    the test's own limit and heartbeats keep every rank alive, so only the divergence can end the waits."""
     scheme = make_scheme("pgc_cr", 3, 1)
-    rts = make_runtimes(scheme, timeout=60.0, heartbeat=(0.05, 20))
+    rts = make_runtimes(scheme, timeout=3600.0, heartbeat=(0.05, 20))
     try:
         for rt in rts:
             submit(rt, 0, ages=(0, 0))
         for rt in rts:
             rt.release(rt.wait(0))
-        started = time.monotonic()
         for rt in rts:
             rt.reject(1)
         with pytest.raises(DivergedError, match=r"Training diverged: ranks \[\d, \d(, \d)?\]'s gradients for version 1"):
@@ -132,7 +130,6 @@ def test_every_runtime_fails_fast_when_every_code_of_a_version_is_rejected():
         for rt in rts[1:]:
             with pytest.raises(RuntimeError, match=r"leader failed: DivergedError: Training diverged"):
                 rt.wait(1)
-        assert time.monotonic() - started < 3.0  # (the timeout is 60 s and heartbeats keep every rank alive)
     finally:
         _stop_all(rts, timeout=0.5)
 
@@ -176,14 +173,12 @@ def test_a_new_leader_is_told_again_of_the_rejected_codes_of_the_open_version():
 @pytest.mark.parametrize("strategy", ["pgc", "bounded_staleness"])
 def test_a_real_job_whose_every_gradient_turns_nan_fails_fast_saying_it_diverged(tmp_path, strategy):
     """4 CPU ranks, every rank's gradient NaN at step 5 (``nonfinite="skip"``, the default; heartbeats keep every
-    rank alive and ``timeout`` is 600 s): the job exits non-zero within seconds, each worker with the leader's
-    "Training diverged" error, instead of hanging until the launcher's limit."""
-    started = time.monotonic()
+    rank alive and ``timeout`` is 600 s, longer than the harness's 120 s limit): the job exits non-zero, each worker
+    with the leader's "Training diverged" error, instead of hanging until the harness kills it."""
     with pytest.raises(JobFailed) as failed:
         run_job(tmp_path, "nan", strategy=strategy, devices=4, max_steps=40, check_val_every_n_epoch=100,
                 strategy_kwargs={"timeout": 600.0, "heartbeat_interval": 0.1, "heartbeat_misses": 10},
                 faults=[{"kind": "NaNGradient", "rank": r, "step": 5} for r in range(4)], timeout=120)
-    assert time.monotonic() - started < 90
     log = whole_log(failed.value.result.out)
     # (it fails as soon as the ranks left cannot decode: after the second rejection under s = 1)
     assert re.search(r"Training diverged: ranks \[\d(, \d)+\]'s gradients for version 5 are NaN or inf", log), \

@@ -14,9 +14,8 @@ import pytest
 import torch
 
 from lightning_pgc.faults import Freeze, Kill, NaNGradient, Stall
-from tests.jobs import run_job, whole_log
+from tests.jobs import MAX_LAG, run_job, soak, whole_log
 
-MAX_LAG = 3
 
 #: How far apart the survivors of a lost job may be gone: detection takes at most twice the heartbeat window (1 s
 #: here, so 2 s), the rest is interpreter and gloo teardown, which on CI's 2 loaded cores has taken 4.7 s. The bound
@@ -59,9 +58,6 @@ def test_a_long_stall_costs_nobody_and_the_stalled_rank_rejoins_by_state_transfe
     assert "rank 3 is missing (no heartbeat" in job["stderr"] and "rank 3 is alive again" in job["stderr"]
 
 
-SOAK_RSS_GROWTH = 16 << 20
-
-
 def test_a_300_step_soak_with_jitter_and_stalls_neither_hangs_nor_grows(tmp_path):
     """4 ranks, pgc_cr s = 1, 300 steps with log-normal jitter (median 3 ms) and a 1 s stall on each of ranks 1, 2
     and 3 (steps 60, 140, 220: tens of versions, far past ``max_lag``). The job finishes (the harness timeout
@@ -71,32 +67,6 @@ def test_a_300_step_soak_with_jitter_and_stalls_neither_hangs_nor_grows(tmp_path
     tensor kept per step) adds 25-28 MiB over the 250 steps and trips the bound. (tests/test_owner_faults.py runs
     the same with every rank owning a shard.)"""
     soak(tmp_path)
-
-
-def soak(tmp_path, shard_bytes=None):
-    """The soak job and its checks (``shard_bytes``: ``PGCStrategy(shard_bytes=...)``, default if None)."""
-    kwargs = {"max_lag": MAX_LAG, **({"shard_bytes": shard_bytes} if shard_bytes else {})}
-    job = run_job(
-        tmp_path, "soak", strategy="pgc_cr", devices=4, max_steps=300, check_val_every_n_epoch=100,
-        delay="lognormal(median=0.003, sigma=0.5)", strategy_kwargs=kwargs,
-        faults=[{"kind": "Stall", "rank": r, "step": k, "seconds": 1.0} for r, k in ((1, 60), (2, 140), (3, 220))],
-        resources=[50, 150],
-    )
-    ranks = job["ranks"]
-    assert {r["global_step"] for r in ranks} == {300} and len({r["checksum"] for r in ranks}) == 1
-    assert all(r["pgc_threads_after_fit"] == [] for r in ranks)
-    table = ranks[0]["rank_stats"]
-    assert all(table[k]["rejoined"] >= 1 for k in (1, 2, 3)), table
-    assert max(r["buffers"]["mailbox_high_water"] for r in ranks) <= MAX_LAG + 1
-    losses = [loss for _, _, loss in job["curve"]]
-    assert len(losses) == 300 and all(math.isfinite(x) for x in losses)
-    assert sum(losses[-20:]) / 20 < 0.25 * sum(losses[:10]) / 10
-    for r in ranks:
-        first, *later = r["resources"]
-        assert first["step"] == 50 and [s["step"] for s in later] == [150, 300], r["resources"]
-        for sample in later:
-            assert sample["threads"] <= first["threads"], (r["rank"], r["resources"])
-            assert sample["rss_bytes"] - first["rss_bytes"] <= SOAK_RSS_GROWTH, (r["rank"], r["resources"])
 
 
 def test_fault_callbacks_validate_their_arguments_and_fire_once():

@@ -1,5 +1,5 @@
-"""The map grid (benchmarks/grid.py): learning-rate rule, cell statistics, incomplete cells, rendering from per-run
-files, and a 2-step smoke run of real jobs."""
+"""The map grid (benchmarks/grid.py): learning-rate rule, cell statistics, incomplete cells, rendering from the run
+records (append-only, one file per round), and a 2-step smoke run of real jobs."""
 
 from __future__ import annotations
 
@@ -200,7 +200,7 @@ ARGV = ["--devices", "2", "--c", "2", "--families", "ddp", "dgd", "pgc_cr", "--a
         "--sweep-seeds", "0", "--target", "0.5", "--no-wandb"]
 
 
-def test_report_renders_from_per_run_files_and_marks_incomplete_cells(tmp_path):
+def test_report_renders_from_run_records_and_marks_incomplete_cells(tmp_path):
     """Fake sweep and main records in the store; the report chooses the rates, names the winner of the complete
     cell and marks the other one incomplete."""
     argv = ARGV + ["--runs", str(tmp_path / "runs"), "--docs", str(tmp_path / "docs"), "--out", str(tmp_path / "o")]
@@ -225,7 +225,7 @@ def test_report_renders_from_per_run_files_and_marks_incomplete_cells(tmp_path):
         if job.cell.key == "slowrank-sleep" and job.arm.key == "dgd" and job.seed == 2:
             continue  # not finished yet
         store.save(job, grid_map.job_spec(job, args, args.steps), _record(times[job.arm.key][job.seed]))
-    assert not list((tmp_path / "runs").glob("*.tmp"))  # each record is written whole, then renamed
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == ["round2.jsonl.gz", "sweep.jsonl.gz"]
     # a record run with another spec (e.g. other steps) is not reused
     other = grid_map.parse_args(argv + ["--steps", "50"])
     assert store.load(main_jobs[0], grid_map.job_spec(main_jobs[0], other, other.steps)) is None
@@ -256,19 +256,52 @@ def test_smoke_grid_two_steps_per_cell_real_jobs(tmp_path):
             "--start-method", "fork", "--no-wandb", "--timeout", "120", "--runs", str(tmp_path / "runs"),
             "--docs", str(tmp_path / "docs"), "--out", str(tmp_path / "out")]
     result = grid_map.main(argv)
-    files = sorted((tmp_path / "runs").glob("main__*.json"))
-    assert [f.name for f in files] == ["main__exp-sleep__dgd__lr0.05__r2__seed0.json",  # the default round
-                                      "main__exp-sleep__pgc_cr_c2__lr0.05__r2__seed0.json"]
-    for f in files:
-        record = json.loads(f.read_text())
+    store = cx.Store(tmp_path / "runs")
+    records = store.records.records("round2")  # the default round
+    assert list(records) == ["main__exp-sleep__dgd__lr0.05__r2__seed0", "main__exp-sleep__pgc_cr_c2__lr0.05__r2__seed0"]
+    for record in records.values():
         assert record["ok"], record["error"]
         assert record["row"]["replicas_identical"] and record["row"]["steps"] == 2
         assert [p[1] for p in record["val"]] == [0, 1, 2]
         assert record["row"]["grad_evals_per_step"] > 0 and "error_decomposition" in record["row"]
     assert result["cells"]["exp-sleep"]["status"] != "incomplete"
-    stamps = [f.stat().st_mtime_ns for f in files]
-    grid_map.main(argv)  # everything reused: no job runs, the records are untouched
-    assert [f.stat().st_mtime_ns for f in files] == stamps
+    before = store.records.path("round2").read_bytes()
+    grid_map.main(argv)  # everything reused: no job runs, nothing is appended
+    assert store.records.path("round2").read_bytes() == before
+
+
+def test_records_are_appended_and_the_newest_line_of_a_name_wins(tmp_path):
+    """The store only appends: a rerun's record supersedes the earlier one, a fresh reader sees the same, and a
+    last member cut short while it is being written is ignored."""
+    from lightning_pgc.experiments.results import RunRecords
+
+    records = RunRecords(tmp_path)
+    records.append("round1", [{"job": "a", "x": 1.0}, {"job": "b", "x": float("nan")}])
+    first = records.path("round1").read_bytes()
+    records.append("round1", [{"job": "a", "x": 2.0}])
+    data = records.path("round1").read_bytes()
+    assert data.startswith(first) and len(data) > len(first)
+    fresh = RunRecords(tmp_path)
+    assert fresh.books() == ["round1"] and list(fresh.records("round1")) == ["a", "b"]
+    assert fresh.get("round1", "a") == {"job": "a", "x": 2.0} and math.isnan(fresh.get("round1", "b")["x"])
+    assert fresh.get("round1", "c") is None and fresh.get("round2", "a") is None
+    records.path("round1").write_bytes(data + data[len(first):][:-5])  # a member still being written
+    assert RunRecords(tmp_path).get("round1", "a") == {"job": "a", "x": 2.0}
+
+
+@pytest.mark.parametrize("page", ["docs", "docs/first_pass"], ids=["map", "first_pass"])
+def test_grid_map_json_is_what_the_shipped_records_render(page, tmp_path):
+    """Re-rendering from the records in docs/grid_runs with the command grid_map.json names gives grid_map.json
+    again (its render time and output folder aside)."""
+    shipped = json.loads((ROOT / page / "grid_map.json").read_text())
+    argv = shipped["command"].split("benchmarks/grid.py ", 1)[1].split()
+    if "--docs" in argv:
+        del argv[argv.index("--docs"):argv.index("--docs") + 2]
+    grid_map.main(argv + ["--runs", str(ROOT / shipped["runs_folder"]), "--docs", str(tmp_path)])
+    rendered = json.loads((tmp_path / "grid_map.json").read_text())
+    for key in ("command", "rendered", "runs_folder"):
+        rendered.pop(key), shipped.pop(key)
+    assert rendered == shipped
 
 
 @pytest.mark.parametrize("page", ["docs", "docs/first_pass"], ids=["map", "first_pass"])
@@ -282,46 +315,29 @@ def test_benchmarks_map_block_is_what_grid_renders_from_grid_map_json(page):
     assert block == cx.render_markdown(result)
 
 
-#: The README table's columns: every complete cell of docs/grid_map.json, with its header label.
-README_COLUMNS = {"stalls-sleep": "log-normal jitter + rare stalls", "slowrank-sleep": "one slow rank",
-                  "exp-sleep": "exponential", "stalls-comm": "rare stalls, comm-bound",
-                  "slowrank-comm": "one slow rank, comm-bound", "exp-comm": "exponential, comm-bound",
-                  "stalls-real": "rare stalls, real compute",
-                  "slowrank-real": "one slow rank, real compute", "exp-real": "exponential, real compute"}
+NUMBER_WORDS = ["no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine"]
 
 
-def test_the_readmes_map_table_is_rows_of_the_rendered_per_arm_table():
-    """README's "where each scheme wins and loses" table: its columns are the complete cells of docs/grid_map.json
-    (a cell that completes must join it), and each of its rows is that arm's row of the per-arm table rendered
-    from the file."""
-    result = json.loads((ROOT / "docs" / "grid_map.json").read_text())
-    cells = result["cells"]
-    assert set(README_COLUMNS) == {k for k, c in cells.items() if c["status"] != "incomplete"}
-    keys = list(README_COLUMNS)
-    rendered = {line.split(" | ")[0]: line.split(" | ", 1)[1]
-                for line in cx.arms_table(cells, keys).splitlines()[2:]}
-    readme = (ROOT / "README.md").read_text()
-    header = "| arm | " + " | ".join(README_COLUMNS.values()) + " |"
-    assert header in readme
-    lines = readme[readme.index(header):].splitlines()[2:]
-    rows = [line for line in lines[:next(i for i, line in enumerate(lines) if not line.startswith("|"))]]
-    assert len(rows) >= 8
-    for row in rows:
-        arm, rest = row.split(" | ", 1)
-        assert rendered[arm] == rest, row
-
-
-def test_the_summaries_count_of_separated_winners_is_the_maps():
-    """README and docs/benchmarks.md say how many complete cells have a winner separated from its runner-up (the
-    margin's interval excludes 1) and name it; a re-render that changes either must change the sentence."""
+def test_the_summarys_count_of_separated_winners_is_the_maps():
+    """docs/benchmarks.md says how many complete cells have a winner separated from its runner-up (the margin's
+    interval excludes 1) and names each such cell's winner and runner-up with the margin; all of it is derived from
+    docs/grid_map.json here, so a re-render that changes the count, a winner or a margin fails until the summary
+    is updated."""
     cells = json.loads((ROOT / "docs" / "grid_map.json").read_text())["cells"]
     complete = {k: c for k, c in cells.items() if c["status"] == "complete"}
-    separated = [k for k, c in complete.items() if c["margin"]["high"] < 1]
-    assert separated == ["exp-real"] and complete["exp-real"]["winner"] == "ignore_c2"
-    assert complete["exp-real"]["runner_up"] == "gc_fr_c2"
-    sentence = f"Only one of the {len(complete)} cells has a winner separated from its runner-up"
-    for doc in (ROOT / "README.md", ROOT / "docs" / "benchmarks.md"):
-        assert sentence in " ".join(doc.read_text().replace("**", "").split()), doc
+    separated = {k: c for k, c in complete.items() if c["margin"]["high"] < 1}
+    text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().replace("**", "").split()).lower()
+    plural = "cell has" if len(separated) == 1 else "cells have"
+    assert f"{NUMBER_WORDS[len(separated)]} of the {len(complete)} {plural} a winner separated from its runner-up" \
+        in text.replace(f"of the {len(complete)} cells has", f"of the {len(complete)} cell has")
+
+    def named(arm: str) -> str:  # an arm key as the summary writes it: `gc_fr` c = 2
+        family, _, c = arm.rpartition("_c")
+        return f"`{family}` c = {c}" if family else f"`{arm}`"
+
+    for key, cell in separated.items():
+        sentence = f"{named(cell['winner'])} took {cx._interval(cell['margin'])} of {named(cell['runner_up'])}'s time"
+        assert sentence.lower() in text, (key, sentence)
 
 
 def test_the_runner_waits_while_the_pause_file_exists(tmp_path):

@@ -14,21 +14,28 @@ import torch
 
 from lightning_pgc.codes import make_scheme
 from lightning_pgc.runtime import Channel
-from lightning_pgc.runtime.messages import Kind, read_header
-from tests.test_dead_ranks import (
+from tests.runtime_scenarios import (
     _ask_after_detach,
     _bury,
     _cr_mean,
     _die,
     _DiesWhileDonating,
+    _eventually,
     _finish_rejoin,
+    FrozenTransport,
     _go_on_exact,
     _kill,
+    make_runtimes,
+    _NoSend,
+    _ReachesOnlyRank3,
     _resume_and_rejoin,
     _step_all,
+    _stop_all,
+    submit,
     _together,
+    _two_miss_the_last_aggregate_and_rejoin,
+    _Unpublished,
 )
-from tests.test_runtime import FrozenTransport, _eventually, _NoSend, _stop_all, make_runtimes, submit
 
 
 def test_a_dead_leader_between_versions_is_replaced_by_the_lowest_live_rank(caplog):
@@ -131,17 +138,6 @@ def test_without_failover_a_dead_leader_still_ends_the_job_on_every_rank():
         _bury(rts, 0)
 
 
-class _Unpublished(FrozenTransport):
-    """The leader closes version 2 and tells the other owners, but dies before any of its shard 0 of it leaves."""
-
-    def isend(self, channel, peer, message):
-        if channel == Channel.AGG:
-            header = read_header(message)
-            if header.kind == Kind.AGGREGATE and header.version >= 2:
-                return _NoSend()
-        return super().isend(channel, peer, message)
-
-
 def test_a_version_the_dead_leader_closed_but_never_published_is_decided_again_by_its_successor(caplog):
     """pgc_cr, n = 4, s = 1, 4 shards. Rank 0 closes version 2 (with three of the four codes) and the other owners
     publish shards 1-3 of it, but rank 0 dies before its shard 0 leaves. Nobody completed version 2, so the new
@@ -176,44 +172,6 @@ def test_a_version_the_dead_leader_closed_but_never_published_is_decided_again_b
             assert all(torch.equal(a, got[0]) for a in got)
     finally:
         _bury(rts, 0)
-
-
-class _ReachesOnlyRank3(FrozenTransport):
-    """A leader that dies while serving version 2: its aggregate of version >= 2 reaches rank 3, not ranks 1-2."""
-
-    def isend(self, channel, peer, message):
-        if channel == Channel.AGG and peer in (1, 2) and read_header(message).version >= 2:
-            return _NoSend()
-        return super().isend(channel, peer, message)
-
-
-def _two_miss_the_last_aggregate_and_rejoin(rts, state, send):
-    """Versions 0-2 on all four ranks (``send(rt, v)`` submits), rank 0 (a :class:`_ReachesOnlyRank3`) dies while
-    sending version 2; ranks 1 and 2, detached, rejoin at version 3 with rank 3's ``state`` while rank 3 waits for
-    it. Returns the aggregates of version 3 by rank."""
-    for v in range(2):
-        _step_all(rts, v, send=send)
-    for rt in rts:
-        send(rt, 2)
-    rts[3].release(rts[3].wait(2))
-    _die(rts, 0)
-    assert _eventually(lambda: rts[1].detached(2) and rts[2].detached(2))
-    got: dict = {}
-
-    def rejoin(rank):
-        u, received = rts[rank].rejoin(2)
-        assert u == 3 and torch.equal(received, state)
-        send(rts[rank], 3)
-        got[rank] = rts[rank].wait(3).clone()
-
-    send(rts[3], 3)
-    threads = [threading.Thread(target=rejoin, args=(r,)) for r in (1, 2)]
-    for t in threads:
-        t.start()
-    got[3] = rts[3].wait(3, donate=lambda: state).clone()
-    for t in threads:
-        t.join(10)
-    return got
 
 
 def test_two_ranks_that_missed_the_dead_leaders_last_aggregate_rejoin_at_one_version_from_one_donor(caplog):

@@ -10,8 +10,7 @@ import re
 import pytest
 import torch
 
-from tests.jobs import run_job
-from tests.test_faults import soak
+from tests.jobs import run_job, soak
 
 
 @pytest.mark.parametrize("strategy", ["pgc", "bounded_staleness"])

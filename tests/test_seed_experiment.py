@@ -1,5 +1,5 @@
 """benchmarks/seed_experiment.py without running a job: the arms come from the packaged fragments, every job of
-the set gets the seeds' delays and its own seed, and the SLURM / torchrun launchers write runnable scripts."""
+the set gets the cluster delays and its own seed, and the SLURM / torchrun launchers write runnable scripts."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""What the convergence theory assumes, checked exactly: the review's objections on the real codes API, the idea
-card's mechanism checks on a quadratic, the exact error decomposition, the in-run machinery and the safety valve.
+"""What the convergence theory assumes, checked exactly: the review's objections on the real codes API, the
+bounded-staleness mechanism checks on a quadratic, the exact error decomposition, the in-run machinery and the safety valve.
 
 Pure math first (fast, exhaustive on small cases), then single-process Lightning checks of the callbacks, then ONE
 real 4-process job (the in-run estimates are logged and consistent, replicas stay identical with the valve on).
@@ -361,13 +361,13 @@ def test_copy_statistics_on_a_hand_made_case():
     assert th.gamma_hat(torch.tensor([1.0, 0.0]), torch.tensor([0.0, 0.0])) == pytest.approx(1.0)
 
 
-# ============================================================== idea card: delayed-gradient stability and delay^2
+# ==================================================== bounded staleness: delayed-gradient stability and delay^2
 @pytest.mark.parametrize("tau", range(9))
 def test_delayed_gradient_stability_boundary_matches_theory(tau):
     theory_a = th.pure_delay_threshold(tau)
     weights = np.eye(tau + 1)[tau]
     assert th.stability_threshold(weights) == pytest.approx(theory_a, rel=1e-9)
-    assert th.simulated_threshold(weights, steps=3000) == pytest.approx(theory_a, rel=1e-3)  # the card: 0.08 %
+    assert th.simulated_threshold(weights, steps=3000) == pytest.approx(theory_a, rel=1e-3)  # the method states 0.08 %
     # Just below the boundary a run decays; just above it grows.
     assert abs(th.simulate_delayed(0.97 * theory_a, weights, 3000)[-200:]).max() < 1.0
     assert abs(th.simulate_delayed(1.03 * theory_a, weights, 3000)[-200:]).max() > 1.0

@@ -1,4 +1,4 @@
-"""Bounded-staleness aggregation (the idea card ``000_...``): pure math, no Lightning, no torch.distributed.
+"""Bounded-staleness aggregation (the bounded-staleness coordinator's table): pure math, no Lightning, no torch.distributed.
 
 Each of ``n`` ranks holds ``r`` partitions (cyclic placement), evaluates ONE of them per step at its model version
 and sends that gradient uncoded. A table keeps the newest ``(rank, version)`` per partition; version ``t`` closes
@@ -280,16 +280,16 @@ def adapt_step(ratio: float, *, threshold: float, recover_below: Optional[float]
 def error_decomposition(grad_now: Tensor, grad_at: Mapping[int, Tensor], versions: Sequence[int],
                         weights: Sequence[float], aggregate: Tensor, params_now: Optional[Tensor] = None,
                         params_at: Optional[Mapping[int, Tensor]] = None) -> dict[str, float]:
-    """The card's error decomposition of one aggregate, with the cross terms it drops (float64).
+    """The bounded-staleness method's error decomposition of one aggregate, with the cross terms it drops (float64).
 
     With ``a = grad F(beta_t)`` (``grad_now``), ``m = sum_i w_i grad F(beta_{s(t,i)})`` (``grad_at[v]`` is
     ``grad F`` at version ``v``; ``versions[i] = s(t,i)``) and ``g = g_hat`` (``aggregate``):
 
     - ``total = |a - g|^2 = staleness + noise + cross`` exactly, with ``staleness = |a - m|^2``,
       ``noise = |m - g|^2`` and ``cross = -2 <a - m, g - m>``;
-    - the card's Lemma 1 reads ``card_rhs = |a - m|^2 - |m|^2 + |g|^2``; ``card_gap = total - card_rhs =
+    - the method's stated Lemma 1 reads ``card_rhs = |a - m|^2 - |m|^2 + |g|^2``; ``card_gap = total - card_rhs =
       -2 <a, g - m>``, zero only in expectation and only if ``E[g | s] = m``;
-    - ``staleness_mean = sum_i w_i |a - grad F(beta_{s(t,i)})|^2`` (the card's per-partition staleness term) and,
+    - ``staleness_mean = sum_i w_i |a - grad F(beta_{s(t,i)})|^2`` (the method's per-partition staleness term) and,
       given parameters, ``displacement = sum_i w_i |beta_t - beta_{s(t,i)}|^2`` (its Lipschitz bound is
       ``L^2 displacement``);
     - ``cos_min`` / ``cos_mean``: cosine between ``a`` and the stale gradients (oldest / weighted mean).

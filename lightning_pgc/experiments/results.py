@@ -22,12 +22,15 @@ The writers are the callbacks of :mod:`lightning_pgc.experiments.callbacks`; the
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
-__all__ = ["FILES", "JobResult", "read_result", "rank_file", "valve_file"]
+__all__ = ["FILES", "JobResult", "RunRecords", "read_result", "rank_file", "valve_file"]
 
 FILES: dict[str, str] = {
     "spec": "spec.json",
@@ -164,3 +167,76 @@ def read_result(out: Path | str, devices: Optional[int] = None) -> JobResult:
         return result
     result.ok = True
     return result
+
+
+class RunRecords:
+    """Finished runs' records, kept as append-only JSON Lines, one gzip-compressed file per book.
+
+    A book is a set of runs that belong together (e.g. one round of a benchmark grid): ``<folder>/<book>.jsonl.gz``.
+    Each line is one record, a JSON object whose ``"job"`` field names the run. Saving appends a line (a gzip
+    member written in one call), so a file only grows; the newest line of a name is its record. A reader that finds
+    a last member still being written ignores it.
+    """
+
+    SUFFIX = ".jsonl.gz"
+
+    def __init__(self, folder: Path | str) -> None:
+        self.folder = Path(folder)
+        self._books: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def path(self, book: str) -> Path:
+        """The file of ``book``."""
+        return self.folder / f"{book}{self.SUFFIX}"
+
+    def books(self) -> list[str]:
+        """The books present in the folder, sorted."""
+        return sorted(p.name[: -len(self.SUFFIX)] for p in self.folder.glob(f"*{self.SUFFIX}"))
+
+    def records(self, book: str) -> dict[str, dict[str, Any]]:
+        """Every record of ``book`` by run name (the newest line of each name), in first-written order."""
+        if book not in self._books:
+            found: dict[str, dict[str, Any]] = {}
+            try:
+                data = self.path(book).read_bytes()
+            except OSError:
+                data = b""
+            for member in _gzip_members(data):
+                for line in member.decode().splitlines():
+                    if line.strip():
+                        record = json.loads(line)
+                        found[record["job"]] = record
+            self._books[book] = found
+        return self._books[book]
+
+    def get(self, book: str, name: str) -> Optional[dict[str, Any]]:
+        """The record of run ``name`` in ``book`` (None if there is none)."""
+        return self.records(book).get(name)
+
+    def append(self, book: str, records: list[dict[str, Any]]) -> Path:
+        """Add ``records`` (each with a ``"job"`` name) at the end of ``book``'s file, in one write."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        text = "".join(json.dumps(r, default=float, allow_nan=True) + "\n" for r in records)
+        buffer = io.BytesIO()
+        with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0) as gz:  # mtime 0: reproducible bytes
+            gz.write(text.encode())
+        path = self.path(book)
+        known = self.records(book)
+        with open(path, "ab") as f:
+            f.write(buffer.getvalue())
+        for r in records:
+            known[r["job"]] = json.loads(json.dumps(r, default=float, allow_nan=True))
+        return path
+
+
+def _gzip_members(data: bytes) -> Iterator[bytes]:
+    """The decompressed members of a (multi-member) gzip stream; a truncated last member is left out."""
+    while data:
+        inflater = zlib.decompressobj(wbits=31)
+        try:
+            out = inflater.decompress(data)
+        except zlib.error:
+            return
+        if not inflater.eof:
+            return
+        yield out
+        data = inflater.unused_data
