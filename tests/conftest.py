@@ -27,6 +27,7 @@ REALRANK = {
     "test_packaging.py",
     "test_resume.py",
     "test_strategy.py",
+    "test_trainer_calls.py",
     "test_bounded.py::test_real_ranks_persistent_slow_rank_bounded_ages_identical_replicas_and_window_valve",
     "test_compat.py::test_features_work_with_identical_replicas",
     "test_compat.py::test_bf16_and_max_time_work_and_diagnostics_ignore_log_every_n_steps",
