@@ -209,9 +209,10 @@ def scan_training_step(cls: type) -> ScanResult:
         tree = _method_ast(cls, name)
         if tree is None:
             continue
-        func = tree.body[0] if isinstance(tree, ast.Module) and tree.body else tree
-        body = func.body if isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)) else [func]
-        for node, reached in _calls(body, certain):
+        func = tree.body[0] if isinstance(tree, ast.Module) and tree.body else None
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node, reached in _calls(func.body, certain):
             for kw in node.keywords:
                 if kw.arg == "sync_dist" and not (isinstance(kw.value, ast.Constant) and kw.value.value is False):
                     literal = isinstance(kw.value, ast.Constant) and kw.value.value is True

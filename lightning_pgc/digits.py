@@ -47,9 +47,11 @@ class DigitsDataModule(pl.LightningDataModule):
             self.train_set, self.val_set = load_digits_tensors(self.val_fraction, self.seed)
 
     def train_dataloader(self) -> DataLoader:
+        assert self.train_set is not None, "setup() loads the data"
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers)
 
     def val_dataloader(self) -> DataLoader:
+        assert self.val_set is not None, "setup() loads the data"
         return DataLoader(self.val_set, batch_size=256, num_workers=self.num_workers)
 
 

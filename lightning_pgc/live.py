@@ -53,7 +53,9 @@ class LiveRouting:
             from torchmetrics import Metric
         except ImportError:  # no torchmetrics: nothing to route
             return
-        modules = self.strategy.lightning_module.modules()
+        module = self.strategy.lightning_module
+        assert module is not None
+        modules = module.modules()
         self.metric_syncs = [(m, m.dist_sync_fn) for m in modules if isinstance(m, Metric)]
         for metric, _ in self.metric_syncs:
             metric.dist_sync_fn = self.gather_metric_state

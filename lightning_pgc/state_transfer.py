@@ -84,6 +84,7 @@ class StateTransfer:
     def state_bytes(self) -> Tensor:
         """This rank's training state (module state dict and every optimizer's) serialized for a state transfer."""
         module = self.strategy.lightning_module
+        assert module is not None
         buf = io.BytesIO()
         torch.save({"model": module.state_dict(),
                     "optimizers": [opt.state_dict() for opt in module.trainer.optimizers]}, buf)
@@ -95,6 +96,8 @@ class StateTransfer:
         if state.numel() == 0:
             raise RuntimeError(f"PGC rank {st.global_rank}: the donor sent no training state")
         loaded = torch.load(io.BytesIO(state.numpy().tobytes()), map_location=st.root_device, weights_only=True)
-        st.lightning_module.load_state_dict(loaded["model"])
-        for opt, sd in zip(st.lightning_module.trainer.optimizers, loaded["optimizers"]):
+        module = st.lightning_module
+        assert module is not None
+        module.load_state_dict(loaded["model"])
+        for opt, sd in zip(module.trainer.optimizers, loaded["optimizers"]):
             opt.load_state_dict(sd)

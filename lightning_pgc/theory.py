@@ -549,7 +549,7 @@ def simulate_pgc_quadratic(
             step_versions[k] = {j: versions[j] for j in valid}
             step_copies[k] = {j: g.reshape(d, width) for j, g in valid.items()}
             weights = code_weights(scheme, k, tuple(valid))
-            codes[k] = sum(weights[j] * g for j, g in valid.items())
+            codes[k] = torch.stack([weights[j] * g for j, g in valid.items()]).sum(0)
         order = list(arrival(t))
         prefix: list[int] = []
         for k in order:
