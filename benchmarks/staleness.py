@@ -1,0 +1,271 @@
+"""Staleness corrections measured: steps and time to target of PGC c = 2 with each correction, against ``dgd``.
+
+    WANDB_MODE=offline python benchmarks/staleness.py [--tune-seeds 10] [--seeds 0 1 2] [--max-jobs N]
+
+The map grid's real-compute job (``DigitsCNN(width=256)``, 1.7M parameters, batch 16 per partition, real
+convolution compute, no sleep) on ``--devices`` CPU ranks under one straggler model (``--delay``, default the map's
+``one slow rank``). Arms: ``dgd`` and ``--scheme`` (default ``pgc_fr``, ``c = 2``) with each
+``staleness_correction``. Every arm is tuned the same way: each ``(effective rate, momentum)`` of the grid
+(``lr = rate * (1 - momentum)``), ``--tune-steps`` steps on the ``--tune-seeds`` (disjoint from the evaluation
+seeds), scored by time to the target validation loss (not reached: last; ties: final validation loss). The chosen
+setting then runs ``--steps`` steps on every ``--seeds``. For a seed every arm sees the same delays, initial weights,
+split and mini-batch streams. Under ``momentum`` the grid's momentum is the one the user sets; the strategy lowers it.
+
+Each finished job is a JSON record in ``--runs`` (reused while its spec is unchanged; interrupt and rerun to go
+on). Writes ``docs/staleness.json`` and ``docs/staleness.md`` (the table, paired ratios to ``dgd`` with 95 % t
+intervals over the evaluation seeds, the tuning scores, the machine and the wall time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import grid as single  # noqa: E402
+from sim_grid import DELAYS  # noqa: E402
+
+from lightning_pgc.experiments.stats import paired_t_interval  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CORRECTIONS = ("none", "momentum", "lookahead", "delay_compensation")
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--devices", type=int, default=4)
+    p.add_argument("--scheme", default="pgc_fr", choices=["pgc_fr", "pgc_cr"])
+    p.add_argument("--c", type=int, default=2)
+    p.add_argument("--corrections", nargs="+", default=list(CORRECTIONS), choices=CORRECTIONS)
+    p.add_argument("--delay", default="one slow rank", choices=list(DELAYS))
+    p.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.0], help="effective rates lr / (1 - momentum)")
+    p.add_argument("--momenta", type=float, nargs="+", default=[0.0, 0.9])
+    p.add_argument("--tune-seeds", type=int, nargs="+", default=[10])
+    p.add_argument("--tune-steps", type=int, default=100)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--val-every", type=int, default=5)
+    p.add_argument("--target", type=float, default=0.3)
+    p.add_argument("--max-jobs", type=int, default=None)
+    p.add_argument("--timeout", type=float, default=900.0)
+    p.add_argument("--runs", default=str(ROOT / "outputs" / "staleness" / "records"))
+    p.add_argument("--out", default=str(ROOT / "outputs" / "staleness" / "jobs"))
+    p.add_argument("--docs", default=str(ROOT / "docs"))
+    p.add_argument("--render-only", action="store_true")
+    return p.parse_args(argv)
+
+
+def arms(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
+    """``(label, strategy, strategy_kwargs)`` of every arm."""
+    out = [("dgd", "dgd", {})]
+    for kind in args.corrections:
+        out.append((f"{args.scheme} c={args.c} {kind}", args.scheme,
+                    {"stragglers": args.c - 1, "staleness_correction": kind}))
+    return out
+
+
+def spec_of(args: argparse.Namespace, strategy: str, kwargs: dict[str, Any], lr: float, momentum: float, seed: int,
+            steps: int, name: str) -> dict[str, Any]:
+    return {
+        "strategy": strategy, "strategy_kwargs": {"seed": seed, **kwargs}, "devices": args.devices,
+        "delay": DELAYS[args.delay].format(last=args.devices - 1), "delay_seed": seed, "compute_s_per_eval": 0.0,
+        "seed": seed, "max_steps": steps, "batch_size": 16, "lr": lr,
+        "model": {"sync_train_loss": False, "width": 256, "momentum": momentum},
+        "check_val_every_n_epoch": 100_000, "val_every_n_steps": args.val_every, "sync_loss": False,
+        "measure": True, "start_method": "popen", "out": str(Path(args.out).resolve() / name),
+    }
+
+
+def job_name(label: str, lr: float, momentum: float, seed: int, phase: str) -> str:
+    return f"{phase}__{label.replace(' ', '_').replace('=', '')}__lr{lr:g}__m{momentum:g}__seed{seed}"
+
+
+def run_or_load(args: argparse.Namespace, name: str, spec: dict[str, Any], budget: list[int]) -> Optional[dict]:
+    """The record of a job: read back if its spec is unchanged, else run it (while the budget lasts)."""
+    path = Path(args.runs) / f"{name}.json"
+    if path.exists():
+        record = json.loads(path.read_text())
+        if record["spec"] == {k: v for k, v in spec.items() if k != "out"}:
+            return record
+    if args.render_only or (budget[0] is not None and budget[0] <= 0):
+        return None
+    from lightning_pgc.experiments import launch
+
+    if budget[0] is not None:
+        budget[0] -= 1
+    started = time.monotonic()
+    result = launch(spec, check=False, timeout=args.timeout)
+    cfg = single.Config(spec["strategy"], spec["strategy_kwargs"].get("stragglers", 0),
+                        spec["strategy_kwargs"].get("stragglers", 0) + 1)
+    run = single.read_run(cfg, spec["seed"], result)
+    row = single.run_row(run, args.target, None)
+    keep = ("status", "reached", "time_to_target_s", "steps_to_target", "fit_wall_s", "steps", "final_val_loss",
+            "final_val_acc", "replicas_identical", "mean_age", "max_age", "job_wall_s")
+    record = {"name": name, "spec": {k: v for k, v in spec.items() if k != "out"},
+              "row": {k: row.get(k) for k in keep}, "error": run.error,
+              "val": [[round(w, 3), s, round(l, 5)] for w, s, l, _ in run.val], "ran_s": time.monotonic() - started}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, default=str))
+    r = record["row"]
+    print(f"{name}: ok={r['status']} steps_to_target={r.get('steps_to_target')} time_to_target={r.get('time_to_target_s')} "
+          f"final={r.get('final_val_loss')} identical={r.get('replicas_identical')} ({record['ran_s']:.0f} s)", flush=True)
+    return record
+
+
+def score(record: Optional[dict]) -> tuple[float, float]:
+    """Tuning score: time to target, then final validation loss (lower is better; failed or missing: worst)."""
+    if record is None or record["row"]["status"] != "ok":
+        return (math.inf, math.inf)
+    r = record["row"]
+    t = r["time_to_target_s"] if r.get("reached") else math.inf
+    loss = r["final_val_loss"] if r["final_val_loss"] is not None and math.isfinite(r["final_val_loss"]) else math.inf
+    return (t, loss)
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    budget = [args.max_jobs]
+    started = time.monotonic()
+    grid = [(round(rate * (1.0 - m), 10), m) for m in args.momenta for rate in args.rates]
+    result: dict[str, Any] = {
+        "command": "WANDB_MODE=offline python benchmarks/staleness.py " + " ".join(argv or sys.argv[1:]),
+        "machine": f"{os.cpu_count()} CPU cores shared with other work, no GPU",
+        "settings": {k: v for k, v in vars(args).items() if k not in ("runs", "out", "docs", "render_only",
+                                                                      "max_jobs", "timeout")},
+        "delay_model": DELAYS[args.delay].format(last=args.devices - 1),
+        "grid": grid, "arms": [], "complete": True,
+    }
+    for label, strategy, kwargs in arms(args):
+        tuning = []
+        for lr, m in grid:
+            recs = [run_or_load(args, job_name(label, lr, m, s, "tune"),
+                                spec_of(args, strategy, kwargs, lr, m, s, args.tune_steps,
+                                        job_name(label, lr, m, s, "tune")), budget) for s in args.tune_seeds]
+            scores = [score(r) for r in recs]
+            mean_score = (statistics.fmean(s[0] for s in scores), statistics.fmean(s[1] for s in scores))
+            tuning.append({"lr": lr, "momentum": m, "score": mean_score, "done": all(r is not None for r in recs),
+                           "steps_to_target": [r["row"]["steps_to_target"] if r else None for r in recs]})
+        arm = {"label": label, "strategy": strategy, "kwargs": kwargs, "tuning": tuning, "runs": []}
+        result["arms"].append(arm)
+        if not all(t["done"] for t in tuning):
+            result["complete"] = False
+            continue
+        best = min(tuning, key=lambda t: t["score"])
+        arm["chosen"] = {"lr": best["lr"], "momentum": best["momentum"]}
+        for s in args.seeds:
+            name = job_name(label, best["lr"], best["momentum"], s, "eval")
+            rec = run_or_load(args, name, spec_of(args, strategy, kwargs, best["lr"], best["momentum"], s,
+                                                  args.steps, name), budget)
+            if rec is None:
+                result["complete"] = False
+                continue
+            arm["runs"].append({"seed": s, **rec["row"], "val": rec["val"]})
+    summarize(result, args)
+    result["wall_s_this_invocation"] = time.monotonic() - started
+    docs = Path(args.docs)
+    (docs / "staleness.json").write_text(json.dumps(result, indent=1, default=str))
+    (docs / "staleness.md").write_text(render(result))
+    print(render(result))
+    return result
+
+
+def summarize(result: dict[str, Any], args: argparse.Namespace) -> None:
+    """Per arm: mean steps / time to target over the seeds; paired ratios to dgd with 95 % t intervals."""
+    base = next((a for a in result["arms"] if a["label"] == "dgd"), None)
+    for arm in result["arms"]:
+        runs = arm["runs"]
+        arm["reached"] = sum(1 for r in runs if r.get("reached"))
+        for key in ("steps_to_target", "time_to_target_s", "final_val_loss", "fit_wall_s"):
+            vals = [r[key] for r in runs if _finite(r.get(key))]
+            arm[key] = statistics.fmean(vals) if vals else None
+        arm["replicas_identical"] = all(r.get("replicas_identical") for r in runs) if runs else None
+        arm["step_cost_s"] = (statistics.fmean(r["fit_wall_s"] / r["steps"] for r in runs if r.get("steps"))
+                              if runs else None)
+        if base is None or arm is base:
+            continue
+        for key, out in (("steps_to_target", "steps_ratio"), ("time_to_target_s", "time_ratio"),
+                         ("step_cost_s", "step_cost_ratio")):
+            pairs = []
+            for r in runs:
+                b = next((x for x in base["runs"] if x["seed"] == r["seed"]), None)
+                if b is None:
+                    continue
+                mine = r["fit_wall_s"] / r["steps"] if key == "step_cost_s" else r.get(key)
+                theirs = b["fit_wall_s"] / b["steps"] if key == "step_cost_s" else b.get(key)
+                if _finite(mine) and _finite(theirs) and mine > 0 and theirs > 0:
+                    pairs.append((mine, theirs))
+            if len(pairs) >= 2:
+                iv = paired_t_interval([p[0] for p in pairs], [p[1] for p in pairs], ratio=True)
+                arm[out] = {"mean": iv.mean, "low": iv.low, "high": iv.high, "seeds": len(pairs)}
+            else:
+                arm[out] = None
+
+
+def _f(x: Any, spec: str = ".1f") -> str:
+    return format(x, spec) if _finite(x) else "-"
+
+
+def _ratio(iv: Optional[dict]) -> str:
+    if not iv:
+        return "-"
+    return f"{iv['mean']:.2f}x [{iv['low']:.2f}, {iv['high']:.2f}]"
+
+
+def render(result: dict[str, Any]) -> str:
+    s = result["settings"]
+    lines = [
+        "# Staleness corrections, measured",
+        "",
+        "<!-- generated by benchmarks/staleness.py from docs/staleness.json; rerun it to update -->",
+        "",
+        f"Command: `{result['command']}`" + ("" if result["complete"] else " (**incomplete**: some jobs not run)"),
+        "",
+        f"- {s['devices']} CPU ranks (gloo) on {result['machine']}; the map grid's real-compute job "
+        "(`DigitsCNN(width=256)`, 1.7M parameters, batch 16 per rank and partition, no sleep).",
+        f"- Delay model (`{s['delay']}`, delay seed = seed): `{result['delay_model']}`.",
+        f"- Tuning, the same for every arm: effective rates {s['rates']} x momenta {s['momenta']} "
+        f"(`lr = rate * (1 - momentum)`), {s['tune_steps']} steps on seed(s) {s['tune_seeds']}, scored by time to "
+        f"validation loss {s['target']} (then final loss). Evaluation: the chosen setting, {s['steps']} steps, seeds "
+        f"{s['seeds']} (disjoint from the tuning seeds). Validation every {s['val_every']} steps.",
+        "- Ratios: paired per seed against `dgd`, geometric mean with a 95 % t interval over the evaluation seeds.",
+        "",
+        "| arm | chosen lr, momentum | reached | steps to target | time to target (s) | steps vs dgd | "
+        "time vs dgd | step cost vs dgd | replicas identical |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for a in result["arms"]:
+        chosen = a.get("chosen")
+        setting = f"{chosen['lr']:g}, {chosen['momentum']:g}" if chosen else "-"
+        lines.append(
+            f"| {a['label']} | {setting} | "
+            f"{a.get('reached', 0)}/{len(a['runs'])} | {_f(a.get('steps_to_target'))} | "
+            f"{_f(a.get('time_to_target_s'))} | {_ratio(a.get('steps_ratio'))} | {_ratio(a.get('time_ratio'))} | "
+            f"{_ratio(a.get('step_cost_ratio'))} | {a.get('replicas_identical')} |")
+    lines += ["", "Tuning scores (time to target in s on the tuning seeds; `inf`: not reached):", "",
+              "| arm | " + " | ".join(f"lr {lr:g}, m {m:g}" for lr, m in result["grid"]) + " |",
+              "|---|" + "---:|" * len(result["grid"])]
+    for a in result["arms"]:
+        cells = []
+        for t in a["tuning"]:
+            cells.append(("-" if not t["done"] else
+                          (f"{t['score'][0]:.1f}" if math.isfinite(t["score"][0]) else
+                           f"inf (loss {t['score'][1]:.2f})")))
+        lines.append(f"| {a['label']} | " + " | ".join(cells) + " |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
