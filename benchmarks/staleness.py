@@ -239,7 +239,8 @@ def render(result: dict[str, Any]) -> str:
         f"(`lr = rate * (1 - momentum)`), {s['tune_steps']} steps on seed(s) {s['tune_seeds']}, scored by time to "
         f"validation loss {s['target']} (then final loss). Evaluation: the chosen setting, {s['steps']} steps, seeds "
         f"{s['seeds']} (disjoint from the tuning seeds). Validation every {s['val_every']} steps.",
-        "- Ratios: paired per seed against `dgd`, geometric mean with a 95 % t interval over the evaluation seeds.",
+        "- Ratios: paired per seed against `dgd`, geometric mean with a 95 % t interval over the evaluation seeds. "
+        "Every number here is in `docs/staleness.json`.",
         "",
         "| arm | chosen lr, momentum | reached | steps to target | time to target (s) | steps vs dgd | "
         "time vs dgd | step cost vs dgd | replicas identical |",

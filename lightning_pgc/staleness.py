@@ -11,7 +11,7 @@ Pure tensor math on flat parameter and gradient vectors (no Lightning, no ``torc
   so that each gradient's mean age of use is zero (:meth:`StalenessCorrection.shifted`);
 - ``"delay_compensation"``: every cached entry of age ``t - v > 0`` is sent as
   ``g + lam * g * g * (beta_t - beta_v)`` (:func:`delay_compensate`), the diagonal ``g * g`` standing in for the
-  Hessian. It keeps the parameter vectors of the versions still cached (at most ``c - 1`` besides the model).
+  Hessian. It keeps the parameters of the last ``c`` versions (the versions a cached entry can have).
 
 Every replica applies the same aggregates, so ``beta_t - beta_v`` is known locally, with no communication. The
 theory (stability boundaries and rates on the quadratic model) is in :mod:`lightning_pgc.theory_corrections` and

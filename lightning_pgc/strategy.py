@@ -166,9 +166,9 @@ class PGCStrategy(DDPStrategy):
             measurements in ``docs/staleness.md`` support); ``"momentum"``: at fit start every param group's
             momentum ``m`` (``momentum``, or ``betas[0]``) becomes ``max(0, m - D / (1 + D))``, ``D`` the window's
             mean age (``(c - 1) / 2``), an optimizer without either is refused; ``"lookahead"``: the fresh gradient is
-            computed at ``beta_t + lookahead_steps * (beta_t - beta_(t-1))`` (one parameter vector of memory);
+            computed at ``beta_t + lookahead_steps * (beta_t - beta_(t-1))`` (two parameter vectors of memory);
             ``"delay_compensation"``: each cached gradient of version ``v`` is sent as
-            ``g + dc_lambda * g * g * (beta_t - beta_v)`` (up to ``c - 1`` parameter vectors of memory plus, while
+            ``g + dc_lambda * g * g * (beta_t - beta_v)`` (``c`` parameter vectors of memory plus, while
             encoding, a corrected copy of each stale entry; not for ``bounded``, whose stale entries are reused by
             the aggregator). The decode is unchanged (exact schemes stay exact for the entries they are sent).
         lookahead_steps: ``"lookahead"`` only: the extrapolation ``k``; default the window's mean age (each
