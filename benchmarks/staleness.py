@@ -45,6 +45,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--scheme", default="pgc_fr", choices=["pgc_fr", "pgc_cr"])
     p.add_argument("--c", type=int, default=2)
     p.add_argument("--corrections", nargs="+", default=list(CORRECTIONS), choices=CORRECTIONS)
+    p.add_argument("--lookahead-steps", type=float, nargs="*", default=[],
+                   help="extra look-ahead arms with these lookahead_steps (the plain arm uses the default)")
     p.add_argument("--delay", default="one slow rank", choices=list(DELAYS))
     p.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.0], help="effective rates lr / (1 - momentum)")
     p.add_argument("--momenta", type=float, nargs="+", default=[0.0, 0.9])
@@ -69,6 +71,9 @@ def arms(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
     for kind in args.corrections:
         out.append((f"{args.scheme} c={args.c} {kind}", args.scheme,
                     {"stragglers": args.c - 1, "staleness_correction": kind}))
+    for k in args.lookahead_steps:
+        out.append((f"{args.scheme} c={args.c} lookahead k={k:g}", args.scheme,
+                    {"stragglers": args.c - 1, "staleness_correction": "lookahead", "lookahead_steps": k}))
     return out
 
 
@@ -85,7 +90,8 @@ def spec_of(args: argparse.Namespace, strategy: str, kwargs: dict[str, Any], lr:
 
 
 def job_name(label: str, lr: float, momentum: float, seed: int, phase: str) -> str:
-    return f"{phase}__{label.replace(' ', '_').replace('=', '')}__lr{lr:g}__m{momentum:g}__seed{seed}"
+    return (f"{phase}__{label.replace(' ', '_').replace('=', '').replace('.', 'p')}__lr{lr:g}__m{momentum:g}"
+            f"__seed{seed}")
 
 
 def run_or_load(args: argparse.Namespace, name: str, spec: dict[str, Any], budget: list[int]) -> Optional[dict]:
