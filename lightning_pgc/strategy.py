@@ -165,7 +165,8 @@ class PGCStrategy(DDPStrategy):
             ``docs/theory.md``); refused for the schemes without stale entries. ``"none"`` (default, the one the
             measurements in ``docs/staleness.md`` support); ``"momentum"``: at fit start every param group's
             momentum ``m`` (``momentum``, or ``betas[0]``) becomes ``max(0, m - D / (1 + D))``, ``D`` the window's
-            mean age (``(c - 1) / 2``), an optimizer without either is refused; ``"lookahead"``: the fresh gradient is
+            mean age (``(c - 1) / 2``; ``bounded``: ``(n - fresh) / n``), an optimizer without either is refused;
+            ``"lookahead"``: the fresh gradient is
             computed at ``beta_t + lookahead_steps * (beta_t - beta_(t-1))`` (two parameter vectors of memory);
             ``"delay_compensation"``: each cached gradient of version ``v`` is sent as
             ``g + dc_lambda * g * g * (beta_t - beta_v)`` (``c`` parameter vectors of memory plus, while

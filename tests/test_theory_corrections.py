@@ -97,7 +97,8 @@ def test_c2_rates_at_momentum_09_lookahead_nearly_restores_momentum_and_accounti
 
 def test_at_c2_momentum_buys_no_rate_the_best_is_gradient_descent_s():
     """Over every (lr, m) of the grid the c = 2 window's best rate is no better than plain gradient descent's
-    optimum (kappa - 1) / (kappa + 1), while fresh gradients reach heavy ball's (sqrt(kappa) - 1) / (sqrt(kappa) + 1)."""
+    optimum (kappa - 1) / (kappa + 1), while fresh gradients reach heavy ball's
+    (sqrt(kappa) - 1) / (sqrt(kappa) + 1)."""
     kappa = 100.0
     r_window, _, _ = tc.best_rate(tc.window_filter(2), kappa)
     r_fresh, _, _ = tc.best_rate(tc.window_filter(1), kappa)
