@@ -97,12 +97,16 @@ def job_name(label: str, lr: float, momentum: float, seed: int, phase: str) -> s
             f"__seed{seed}")
 
 
+JOB_SECONDS: list[float] = []  # launch-to-exit seconds of every job this report uses
+
+
 def run_or_load(args: argparse.Namespace, name: str, spec: dict[str, Any], budget: list[int]) -> Optional[dict]:
     """The record of a job: read back if its spec is unchanged, else run it (while the budget lasts)."""
     path = Path(args.runs) / f"{name}.json"
     if path.exists():
         record = json.loads(path.read_text())
         if record["spec"] == {k: v for k, v in spec.items() if k != "out"}:
+            JOB_SECONDS.append(record["ran_s"])
             return record
     if args.render_only or (budget[0] is not None and budget[0] <= 0):
         return None
@@ -124,6 +128,7 @@ def run_or_load(args: argparse.Namespace, name: str, spec: dict[str, Any], budge
               "val": [[round(w, 3), s, round(l, 5)] for w, s, l, _ in run.val], "ran_s": time.monotonic() - started}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, default=str))
+    JOB_SECONDS.append(record["ran_s"])
     r = record["row"]
     print(f"{name}: ok={r['status']} steps_to_target={r.get('steps_to_target')} "
           f"time_to_target={r.get('time_to_target_s')} final={r.get('final_val_loss')} "
@@ -151,7 +156,8 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     started = time.monotonic()
     grid = [(round(rate * (1.0 - m), 10), m) for m in args.momenta for rate in args.rates]
     result: dict[str, Any] = {
-        "command": "WANDB_MODE=offline python benchmarks/staleness.py " + " ".join(argv or sys.argv[1:]),
+        "command": "WANDB_MODE=offline python benchmarks/staleness.py " + " ".join(
+            a for a in (argv or sys.argv[1:]) if a != "--render-only"),
         "machine": f"{os.cpu_count()} CPU cores shared with other work, no GPU",
         "settings": {k: v for k, v in vars(args).items() if k not in ("runs", "out", "docs", "render_only",
                                                                       "max_jobs", "timeout")},
@@ -185,6 +191,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             arm["runs"].append({"seed": s, **rec["row"], "val": rec["val"]})
     summarize(result, args)
     result["wall_s_this_invocation"] = time.monotonic() - started
+    result["jobs"] = len(JOB_SECONDS)
+    result["jobs_wall_s_sum"] = sum(JOB_SECONDS)
+    result["rendered"] = time.strftime("%Y-%m-%d %H:%M")
     docs = Path(args.docs)
     (docs / f"{args.report}.json").write_text(json.dumps(result, indent=1, default=str))
     (docs / f"{args.report}.md").write_text(render(result))
@@ -192,9 +201,29 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     return result
 
 
+def _paired(arm: dict[str, Any], base: dict[str, Any], key: str) -> Optional[dict[str, float]]:
+    """Geometric-mean ratio ``arm / base`` of ``key`` (``step_cost_s``: fit wall / steps) over the seeds both have,
+    with its 95 % paired t interval (None below 2 seeds)."""
+    pairs = []
+    for r in arm["runs"]:
+        b = next((x for x in base["runs"] if x["seed"] == r["seed"]), None)
+        if b is None:
+            continue
+        mine = r["fit_wall_s"] / r["steps"] if key == "step_cost_s" else r.get(key)
+        theirs = b["fit_wall_s"] / b["steps"] if key == "step_cost_s" else b.get(key)
+        if _finite(mine) and _finite(theirs) and mine > 0 and theirs > 0:
+            pairs.append((mine, theirs))
+    if len(pairs) < 2:
+        return None
+    iv = paired_t_interval([p[0] for p in pairs], [p[1] for p in pairs], ratio=True)
+    return {"mean": iv.estimate, "low": iv.low, "high": iv.high, "seeds": len(pairs)}
+
+
 def summarize(result: dict[str, Any], args: argparse.Namespace) -> None:
-    """Per arm: mean steps / time to target over the seeds; paired ratios to dgd with 95 % t intervals."""
+    """Per arm: mean steps / time to target over the seeds; paired ratios to dgd and to the uncorrected arm, with
+    95 % t intervals (seeds that did not reach the target drop out of the to-target ratios)."""
     base = next((a for a in result["arms"] if a["label"] == "dgd"), None)
+    plain = next((a for a in result["arms"] if a["kwargs"].get("staleness_correction") == "none"), None)
     for arm in result["arms"]:
         runs = arm["runs"]
         arm["reached"] = sum(1 for r in runs if r.get("reached"))
@@ -204,24 +233,13 @@ def summarize(result: dict[str, Any], args: argparse.Namespace) -> None:
         arm["replicas_identical"] = all(r.get("replicas_identical") for r in runs) if runs else None
         arm["step_cost_s"] = (statistics.fmean(r["fit_wall_s"] / r["steps"] for r in runs if r.get("steps"))
                               if runs else None)
-        if base is None or arm is base:
-            continue
-        for key, out in (("steps_to_target", "steps_ratio"), ("time_to_target_s", "time_ratio"),
-                         ("step_cost_s", "step_cost_ratio")):
-            pairs = []
-            for r in runs:
-                b = next((x for x in base["runs"] if x["seed"] == r["seed"]), None)
-                if b is None:
-                    continue
-                mine = r["fit_wall_s"] / r["steps"] if key == "step_cost_s" else r.get(key)
-                theirs = b["fit_wall_s"] / b["steps"] if key == "step_cost_s" else b.get(key)
-                if _finite(mine) and _finite(theirs) and mine > 0 and theirs > 0:
-                    pairs.append((mine, theirs))
-            if len(pairs) >= 2:
-                iv = paired_t_interval([p[0] for p in pairs], [p[1] for p in pairs], ratio=True)
-                arm[out] = {"mean": iv.mean, "low": iv.low, "high": iv.high, "seeds": len(pairs)}
-            else:
-                arm[out] = None
+        if base is not None and arm is not base:
+            arm["steps_ratio"] = _paired(arm, base, "steps_to_target")
+            arm["time_ratio"] = _paired(arm, base, "time_to_target_s")
+            arm["step_cost_ratio"] = _paired(arm, base, "step_cost_s")
+        if plain is not None and arm is not plain and arm is not base:
+            arm["steps_vs_none"] = _paired(arm, plain, "steps_to_target")
+            arm["time_vs_none"] = _paired(arm, plain, "time_to_target_s")
 
 
 def _f(x: Any, spec: str = ".1f") -> str:
@@ -243,6 +261,8 @@ def render(result: dict[str, Any]) -> str:
         "",
         f"Command: `{result['command']}`" + ("" if result["complete"] else " (**incomplete**: some jobs not run)"),
         "",
+        f"- {result['jobs']} jobs, {result['jobs_wall_s_sum'] / 60:.1f} minutes of machine time in all (launch to exit, "
+        f"one job at a time), rendered {result['rendered']}.",
         f"- {s['devices']} CPU ranks (gloo) on {result['machine']}; the map grid's real-compute job "
         "(`DigitsCNN(width=256)`, 1.7M parameters, batch 16 per rank and partition, no sleep).",
         f"- Delay model (`{s['delay']}`, delay seed = seed): `{result['delay_model']}`.",
@@ -254,8 +274,8 @@ def render(result: dict[str, Any]) -> str:
         f"Every number here is in `docs/{s['report']}.json`.",
         "",
         "| arm | chosen lr, momentum | reached | steps to target | time to target (s) | steps vs dgd | "
-        "time vs dgd | step cost vs dgd | replicas identical |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "time vs dgd | step cost vs dgd | steps vs none | time vs none | final val loss | replicas identical |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for a in result["arms"]:
         chosen = a.get("chosen")
@@ -264,7 +284,8 @@ def render(result: dict[str, Any]) -> str:
             f"| {a['label']} | {setting} | "
             f"{a.get('reached', 0)}/{len(a['runs'])} | {_f(a.get('steps_to_target'))} | "
             f"{_f(a.get('time_to_target_s'))} | {_ratio(a.get('steps_ratio'))} | {_ratio(a.get('time_ratio'))} | "
-            f"{_ratio(a.get('step_cost_ratio'))} | {a.get('replicas_identical')} |")
+            f"{_ratio(a.get('step_cost_ratio'))} | {_ratio(a.get('steps_vs_none'))} | "
+            f"{_ratio(a.get('time_vs_none'))} | {_f(a.get('final_val_loss'), '.3f')} | {a.get('replicas_identical')} |")
     lines += ["", "Tuning scores (time to target in s on the tuning seeds; `inf`: not reached):", "",
               "| arm | " + " | ".join(f"lr {lr:g}, m {m:g}" for lr, m in result["grid"]) + " |",
               "|---|" + "---:|" * len(result["grid"])]
