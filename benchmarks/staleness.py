@@ -194,11 +194,48 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     result["jobs"] = len(JOB_SECONDS)
     result["jobs_wall_s_sum"] = sum(JOB_SECONDS)
     result["rendered"] = time.strftime("%Y-%m-%d %H:%M")
+    result["overhead"] = correction_overhead_ms()
     docs = Path(args.docs)
     (docs / f"{args.report}.json").write_text(json.dumps(result, indent=1, default=str))
     (docs / f"{args.report}.md").write_text(render(result))
     print(render(result))
     return result
+
+
+def correction_overhead_ms(width: int = 256, steps: int = 20) -> dict[str, float]:
+    """Milliseconds per step that the look-ahead and delay-compensation bookkeeping add on one rank (1 thread), at the
+    job's model size: snapshot, shift and restore; snapshot and one corrected stale entry (c = 2)."""
+    import torch
+
+    from lightning_pgc.digits import DigitsCNN
+    from lightning_pgc.staleness import StalenessCorrection
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    params = list(DigitsCNN(width=width).parameters())
+    numel = sum(p.numel() for p in params)
+    out = {"parameters": float(numel)}
+    try:
+        look = StalenessCorrection("lookahead", 0.5)
+        dc = StalenessCorrection("delay_compensation", 0.5, window=2)
+        entries = {0: torch.randn(numel + 1), 1: torch.randn(numel + 1)}
+        for t in range(2):
+            look.begin_step(t, params)
+            dc.begin_step(t, params)
+        start = time.perf_counter()
+        for t in range(2, 2 + steps):
+            look.begin_step(t, params)
+            with look.shifted(t, params):
+                pass
+        out["lookahead_ms"] = 1000 * (time.perf_counter() - start) / steps
+        start = time.perf_counter()
+        for t in range(2, 2 + steps):
+            dc.begin_step(t, params)
+            dc.compensate(entries, {0: t - 1, 1: t}, t, numel)
+        out["delay_compensation_ms"] = 1000 * (time.perf_counter() - start) / steps
+    finally:
+        torch.set_num_threads(threads)
+    return out
 
 
 def _paired(arm: dict[str, Any], base: dict[str, Any], key: str) -> Optional[dict[str, float]]:
@@ -270,6 +307,9 @@ def render(result: dict[str, Any]) -> str:
         f"(`lr = rate * (1 - momentum)`), {s['tune_steps']} steps on seed(s) {s['tune_seeds']}, scored by time to "
         f"validation loss {s['target']} (then final loss). Evaluation: the chosen setting, {s['steps']} steps, seeds "
         f"{s['seeds']} (disjoint from the tuning seeds). Validation every {s['val_every']} steps.",
+        f"- Bookkeeping per step and rank, measured at rendering on this machine ({result['overhead']['parameters']:.0f} "
+        f"parameters, 1 thread): look-ahead {result['overhead']['lookahead_ms']:.1f} ms, delay compensation "
+        f"{result['overhead']['delay_compensation_ms']:.1f} ms.",
         "- Ratios: paired per seed against `dgd`, geometric mean with a 95 % t interval over the evaluation seeds. "
         f"Every number here is in `docs/{s['report']}.json`.",
         "",
