@@ -161,7 +161,13 @@ class StalenessCorrection:
 
     # ------------------------------------------------------------------------------------------ per step
     def begin_step(self, version: int, params: Sequence[Tensor]) -> None:
-        """Record ``beta_version`` (the parameters before this step's update) if the correction needs it."""
+        """Record ``beta_version`` (the parameters before this step's update) if the correction needs it.
+
+        Called where the parameters are ``beta_version``: when the rank computes a gradient for ``version`` or
+        applies a published aggregate without computing. A rank catching up by state transfer records nothing
+        meanwhile: it then has no ``beta_(t-1)`` to look ahead with, and sends entries of versions it has no
+        parameters for uncorrected.
+        """
         if self.kind not in ("lookahead", "delay_compensation"):
             return
         keep = 2 if self.kind == "lookahead" else self.window

@@ -658,7 +658,6 @@ class PGCStrategy(DDPStrategy):
         start = self._warm_start_step()
         self._evaluations = self.scheme.evaluations(self.global_rank, version, start=start)
         self._sampled = self._evaluations
-        self._staleness.begin_step(version, self._params)
         if isinstance(self.scheme, BoundedScheme):  # under "oldest": from the table as of the close of version - 1
             self._evaluations, self._sampled = self._choices.choose(self.scheme, self.global_rank, version, start)
 
@@ -694,6 +693,7 @@ class PGCStrategy(DDPStrategy):
         else:
             self.skipped_steps += 1
             runtime.skipped = self.skipped_steps
+            self._staleness.begin_step(version, self._params)  # the parameters are beta_version here too
             aggregate = runtime.wait(version, donate=transfer.state_bytes)
         recipients = runtime.donation(version)
         self._choices.record(version, runtime.table(version))
@@ -721,6 +721,7 @@ class PGCStrategy(DDPStrategy):
         assert runtime is not None and cache is not None and scheme is not None
         self._fresh = set()
         self._zero_grad()  # param.grad may view the previous aggregate: never accumulate into it
+        self._staleness.begin_step(version, self._params)  # beta_version (not recorded while catching up)
         with self._staleness.shifted(version, self._params):  # look-ahead: computed at an extrapolated point
             closure()
         loss = closure_loss(closure)
