@@ -7,6 +7,7 @@ from numbers import Integral, Real
 from typing import Any, Optional, Union
 
 from lightning_pgc.codes import CHOICES, SCHEMES
+from lightning_pgc.staleness import CORRECTIONS, STALE_SCHEMES
 
 #: Scheme names PGCStrategy accepts: the coded schemes plus ``bounded`` (:class:`~lightning_pgc.codes.BoundedScheme`).
 STRATEGY_SCHEMES: tuple[str, ...] = SCHEMES + ("bounded",)
@@ -17,6 +18,7 @@ def check_options(
     widen_after: Optional[float], max_staleness: Optional[int], choice: Optional[str], warmup: str, timeout: float,
     max_lag: Optional[int], heartbeat_interval: float, heartbeat_misses: int, nonfinite: str, shard_bytes: int,
     seed: int, diagnostics: bool, diagnostics_every: int, max_condition: float, failover: Optional[bool] = None,
+    staleness_correction: str = "none", lookahead_steps: Optional[float] = None, dc_lambda: Optional[float] = None,
 ) -> None:
     """Check PGCStrategy's own arguments (types first, then values).
 
@@ -77,6 +79,29 @@ def check_options(
         raise ValueError(f"shard_bytes must be >= 1, got {shard_bytes}")
     if diagnostics_every < 1:
         raise ValueError(f"diagnostics_every must be >= 1, got {diagnostics_every}")
+    _check_correction(scheme, staleness_correction, lookahead_steps, dc_lambda)
+
+
+def _check_correction(scheme: str, kind: Any, lookahead_steps: Any, dc_lambda: Any) -> None:
+    """``staleness_correction`` and its parameters (:mod:`lightning_pgc.staleness`)."""
+    _check_type("staleness_correction", kind, str)
+    _check_type("lookahead_steps", lookahead_steps, (Real, type(None)))
+    _check_type("dc_lambda", dc_lambda, (Real, type(None)))
+    if kind not in CORRECTIONS:
+        raise ValueError(f"staleness_correction must be one of {', '.join(CORRECTIONS)}, got {kind!r}")
+    if kind != "none" and scheme not in STALE_SCHEMES:
+        raise ValueError(f"staleness_correction={kind!r}: scheme {scheme!r} uses fresh gradients only, there is no "
+                         f"staleness to correct (the corrections apply to {', '.join(STALE_SCHEMES)})")
+    if kind == "delay_compensation" and scheme == "bounded":
+        raise ValueError("staleness_correction='delay_compensation' corrects the stale entries a rank encodes; under "
+                         "scheme='bounded' a rank sends only its fresh gradient and the aggregator reuses the stale "
+                         "ones: use 'momentum' or 'lookahead'")
+    if lookahead_steps is not None and (kind != "lookahead" or lookahead_steps < 0):
+        raise ValueError(f"lookahead_steps must be >= 0 and applies to staleness_correction='lookahead' only, got "
+                         f"{lookahead_steps} with {kind!r}")
+    if dc_lambda is not None and (kind != "delay_compensation" or dc_lambda < 0):
+        raise ValueError(f"dc_lambda must be >= 0 and applies to staleness_correction='delay_compensation' only, got "
+                         f"{dc_lambda} with {kind!r}")
 
 
 def _check_type(name: str, value: Any, types: Union[type, tuple[type, ...]]) -> None:

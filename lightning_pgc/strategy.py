@@ -72,6 +72,7 @@ from lightning_pgc.options import STRATEGY_SCHEMES, check_options  # noqa: F401 
 from lightning_pgc.runtime import GlooTransport, PGCDetached, PGCRuntime, ShardLayout, choose_num_shards
 from lightning_pgc.runtime.bounded import BoundedLeader
 from lightning_pgc.runtime.transport import payload_dtype_for
+from lightning_pgc.staleness import StalenessCorrection
 from lightning_pgc.state_transfer import StateTransfer
 
 log = logging.getLogger(__name__)
@@ -158,6 +159,21 @@ class PGCStrategy(DDPStrategy):
         diagnostics: attach :class:`~lightning_pgc.PGCDiagnostics` unless one is already there.
         diagnostics_every: steps between the probe-batch diagnostics (displacement, ``L_hat``).
         max_condition: largest worst-case condition number accepted for Tandon-coded cyclic schemes.
+        staleness_correction: how the schemes that reuse stale gradients (``pgc_fr``, ``pgc_cr``, ``pgc_cr_naive``,
+            ``bounded``) compensate for their age (:mod:`lightning_pgc.staleness`, ``docs/guide.md``, theory in
+            ``docs/theory.md``); refused for the schemes without stale entries. ``"none"`` (default, the one the
+            measurements in ``docs/staleness.md`` support); ``"momentum"``: at fit start every param group's
+            momentum ``m`` (``momentum``, or ``betas[0]``) becomes ``max(0, m - D / (1 + D))``, ``D`` the window's
+            mean age (``(c - 1) / 2``; ``bounded``: ``(n - fresh) / n``), an optimizer without either is refused;
+            ``"lookahead"``: the fresh gradient is
+            computed at ``beta_t + lookahead_steps * (beta_t - beta_(t-1))`` (two parameter vectors of memory);
+            ``"delay_compensation"``: each cached gradient of version ``v`` is sent as
+            ``g + dc_lambda * g * g * (beta_t - beta_v)`` (``c`` parameter vectors of memory plus, while
+            encoding, a corrected copy of each stale entry; not for ``bounded``, whose stale entries are reused by
+            the aggregator). The decode is unchanged (exact schemes stay exact for the entries they are sent).
+        lookahead_steps: ``"lookahead"`` only: the extrapolation ``k``; default the window's mean age (each
+            gradient's mean age of use becomes zero).
+        dc_lambda: ``"delay_compensation"`` only: ``lambda`` (default 0.04).
         process_group_timeout: timeout of Lightning's default process group (as ``DDPStrategy(timeout=...)``).
         start_method: how Lightning launches the ranks, as for ``ddp``; with any of them a dead rank does not make
             the launcher kill the others (up to ``s`` dead workers are survived, see docs/guide.md).
@@ -194,6 +210,9 @@ class PGCStrategy(DDPStrategy):
         diagnostics: bool = True,
         diagnostics_every: int = 25,
         max_condition: float = 1e8,
+        staleness_correction: Literal["none", "momentum", "lookahead", "delay_compensation"] = "none",
+        lookahead_steps: Optional[float] = None,
+        dc_lambda: Optional[float] = None,
         accelerator: Optional["pl.accelerators.Accelerator"] = None,
         parallel_devices: Optional[list[torch.device]] = None,
         cluster_environment: Optional[ClusterEnvironment] = None,
@@ -209,7 +228,8 @@ class PGCStrategy(DDPStrategy):
                       timeout=timeout, max_lag=max_lag, heartbeat_interval=heartbeat_interval,
                       heartbeat_misses=heartbeat_misses, nonfinite=nonfinite, shard_bytes=shard_bytes, seed=seed,
                       diagnostics=diagnostics, diagnostics_every=diagnostics_every, max_condition=max_condition,
-                      failover=failover)
+                      failover=failover, staleness_correction=staleness_correction,
+                      lookahead_steps=lookahead_steps, dc_lambda=dc_lambda)
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -240,6 +260,10 @@ class PGCStrategy(DDPStrategy):
         self.diagnostics_every = diagnostics_every
         self.max_condition = max_condition
         self.failover = failover
+        self.staleness_correction = staleness_correction
+        self.lookahead_steps = lookahead_steps
+        self.dc_lambda = 0.04 if dc_lambda is None else float(dc_lambda)
+        self._staleness = StalenessCorrection("none", 0.0)  # rebuilt for each fit (_start_runtime)
         self.scheme: Optional[Scheme] = None
         self.runtime: Optional[PGCRuntime] = None
         self.cache: Optional[StaleCache] = None
@@ -460,6 +484,8 @@ class PGCStrategy(DDPStrategy):
         self._rank_stats = []
         self._transfer.pending = None
         self._choices.reset()
+        self._staleness = StalenessCorrection.for_fit(self.staleness_correction, scheme, trainer.optimizers,
+                                                      lookahead=self.lookahead_steps, dc_lambda=self.dc_lambda)
 
     def _pinned(self) -> bool:
         """Stage CUDA gradients through pinned host buffers (asynchronous copies; gloo moves host memory)."""
@@ -667,6 +693,7 @@ class PGCStrategy(DDPStrategy):
         else:
             self.skipped_steps += 1
             runtime.skipped = self.skipped_steps
+            self._staleness.begin_step(version, self._params)  # the parameters are beta_version here too
             aggregate = runtime.wait(version, donate=transfer.state_bytes)
         recipients = runtime.donation(version)
         self._choices.record(version, runtime.table(version))
@@ -694,7 +721,9 @@ class PGCStrategy(DDPStrategy):
         assert runtime is not None and cache is not None and scheme is not None
         self._fresh = set()
         self._zero_grad()  # param.grad may view the previous aggregate: never accumulate into it
-        closure()
+        self._staleness.begin_step(version, self._params)  # beta_version (not recorded while catching up)
+        with self._staleness.shifted(version, self._params):  # look-ahead: computed at an extrapolated point
+            closure()
         loss = closure_loss(closure)
         if hasattr(closure, "_result") and loss is None:
             raise RuntimeError("PGCStrategy needs a loss from every training_step; it returned None")
@@ -722,6 +751,7 @@ class PGCStrategy(DDPStrategy):
         # step evaluated plus the valid cache entries.
         if scheme.cache_max_age is None and len(valid) < len(cache.partitions):
             return time.monotonic()
+        valid = self._staleness.compensate(valid, cache.versions(), version, self._grad_numel)
         code = runtime.new_code(version)
         scheme.encode(self.global_rank, valid, out=code.shards)
         if self._buffers:
