@@ -36,6 +36,7 @@ REALRANK = {
     "test_grid_map.py::test_smoke_grid_two_steps_per_cell_real_jobs",
     "test_readme.py::test_the_readme_example_runs_as_pasted",
     "test_seed_experiment.py::test_slurm_and_torchrun_scripts",
+    "test_staleness.py::test_each_correction_on_4_real_ranks_keeps_replicas_identical_and_trains",
     "test_stragglers.py::test_injector_with_two_process_ddp",
     "test_theory.py::test_in_run_theory_estimates_and_valve_on_a_real_4_process_job",
 }
