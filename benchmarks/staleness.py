@@ -13,7 +13,8 @@ split and mini-batch streams. Under ``momentum`` the grid's momentum is the one 
 
 Each finished job is a JSON record in ``--runs`` (reused while its spec is unchanged; interrupt and rerun to go
 on). Writes ``docs/staleness.json`` and ``docs/staleness.md`` (the table, paired ratios to ``dgd`` with 95 % t
-intervals over the evaluation seeds, the tuning scores, the machine and the wall time).
+intervals over the evaluation seeds, the tuning scores, the machine and the wall time). ``--render`` rewrites only
+the page from the shipped JSON (no job, no record), e.g. after a change of the page's layout.
 """
 
 from __future__ import annotations
@@ -63,7 +64,10 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--runs", default=str(ROOT / "outputs" / "staleness" / "records"))
     p.add_argument("--out", default=str(ROOT / "outputs" / "staleness" / "jobs"))
     p.add_argument("--docs", default=str(ROOT / "docs"))
-    p.add_argument("--render-only", action="store_true")
+    p.add_argument("--render-only", action="store_true",
+                   help="no new jobs: rebuild the report from the job records in --runs")
+    p.add_argument("--render", action="store_true",
+                   help="no jobs and no records: rewrite docs/<report>.md from the shipped docs/<report>.json")
     return p.parse_args(argv)
 
 
@@ -152,6 +156,10 @@ def _finite(x: Any) -> bool:
 
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     args = parse_args(argv)
+    if args.render:
+        saved = json.loads((Path(args.docs) / f"{args.report}.json").read_text())
+        (Path(args.docs) / f"{args.report}.md").write_text(render(saved))
+        return saved
     budget = [args.max_jobs]
     started = time.monotonic()
     grid = [(round(rate * (1.0 - m), 10), m) for m in args.momenta for rate in args.rates]
@@ -159,7 +167,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         "command": "WANDB_MODE=offline python benchmarks/staleness.py " + " ".join(
             a for a in (argv or sys.argv[1:]) if a != "--render-only"),
         "machine": f"{os.cpu_count()} CPU cores shared with other work, no GPU",
-        "settings": {k: v for k, v in vars(args).items() if k not in ("runs", "out", "docs", "render_only",
+        "settings": {k: v for k, v in vars(args).items() if k not in ("runs", "out", "docs", "render_only", "render",
                                                                       "max_jobs", "timeout")},
         "delay_model": DELAYS[args.delay].format(last=args.devices - 1),
         "grid": grid, "arms": [], "complete": True,
@@ -289,8 +297,23 @@ def _ratio(iv: Optional[dict]) -> str:
     return f"{iv['mean']:.2f}x [{iv['low']:.2f}, {iv['high']:.2f}]"
 
 
+#: The main table's columns (1-based) and the key under ``arms.*`` each one's numbers come from
+ARM_COLUMNS = {2: "chosen", 3: "reached", 4: "steps_to_target", 5: "time_to_target_s", 6: "steps_ratio",
+               7: "time_ratio", 8: "step_cost_ratio", 9: "steps_vs_none", 10: "time_vs_none", 11: "final_val_loss"}
+
+
+def citations(report: str, result: dict[str, Any]) -> tuple[str, str]:
+    """The ``<!-- numbers: ... -->`` comments of the main table and the tuning table: every column bound to the
+    key of ``docs/<report>.json`` its numbers are read from (tests/test_docs_numbers.py checks them)."""
+    path = f"docs/{report}.json"
+    main = " ".join(f"{col}={path}#arms.*.{key}" for col, key in ARM_COLUMNS.items())
+    tuning = " ".join(f"{col}={path}#arms.*.tuning.{i}.score" for i, col in enumerate(range(2, 2 + len(result["grid"]))))
+    return f"<!-- numbers: {main} -->", f"<!-- numbers: {tuning} -->"
+
+
 def render(result: dict[str, Any]) -> str:
     s = result["settings"]
+    cite_arms, cite_tuning = citations(s["report"], result)
     lines = [
         "# Staleness corrections, measured",
         "",
@@ -313,6 +336,8 @@ def render(result: dict[str, Any]) -> str:
         "- Ratios: paired per seed against `dgd`, geometric mean with a 95 % t interval over the evaluation seeds. "
         f"Every number here is in `docs/{s['report']}.json`.",
         "",
+        cite_arms,
+        "",
         "| arm | chosen lr, momentum | reached | steps to target | time to target (s) | steps vs dgd | "
         "time vs dgd | step cost vs dgd | steps vs none | time vs none | final val loss | replicas identical |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
@@ -326,7 +351,7 @@ def render(result: dict[str, Any]) -> str:
             f"{_f(a.get('time_to_target_s'))} | {_ratio(a.get('steps_ratio'))} | {_ratio(a.get('time_ratio'))} | "
             f"{_ratio(a.get('step_cost_ratio'))} | {_ratio(a.get('steps_vs_none'))} | "
             f"{_ratio(a.get('time_vs_none'))} | {_f(a.get('final_val_loss'), '.3f')} | {a.get('replicas_identical')} |")
-    lines += ["", "Tuning scores (time to target in s on the tuning seeds; `inf`: not reached):", "",
+    lines += ["", "Tuning scores (time to target in s on the tuning seeds; `inf`: not reached):", "", cite_tuning, "",
               "| arm | " + " | ".join(f"lr {lr:g}, m {m:g}" for lr, m in result["grid"]) + " |",
               "|---|" + "---:|" * len(result["grid"])]
     for a in result["arms"]:

@@ -27,9 +27,10 @@ spectral radius); :func:`boundary` the largest stable ``a``; :func:`rate` the wo
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 from lightning_pgc.staleness import accounted_momentum
 
@@ -38,14 +39,14 @@ __all__ = ["window_filter", "lookahead_filter", "compensated_filter", "filter_me
 
 
 # =============================================================================================== gradient filters
-def window_filter(c: int) -> np.ndarray:
+def window_filter(c: int) -> NDArray[np.float64]:
     """``f_j = 1/c`` for ``j = 0..c-1``: the pipeline's aggregate on identical partitions (ages ``0..c-1``)."""
     if c < 1:
         raise ValueError(f"c must be >= 1, got {c}")
     return np.full(c, 1.0 / c)
 
 
-def lookahead_filter(weights: Sequence[float], k: float) -> np.ndarray:
+def lookahead_filter(weights: ArrayLike, k: float) -> NDArray[np.float64]:
     """Each gradient computed at ``x_u + k (x_u - x_(u-1))``: ``f_j = (1 + k) w_j - k w_(j-1)``."""
     w = np.asarray(weights, dtype=np.float64)
     f = np.zeros(len(w) + 1)
@@ -54,7 +55,7 @@ def lookahead_filter(weights: Sequence[float], k: float) -> np.ndarray:
     return f
 
 
-def compensated_filter(weights: Sequence[float], lam: float) -> np.ndarray:
+def compensated_filter(weights: ArrayLike, lam: float) -> NDArray[np.float64]:
     """An entry of age ``d`` corrected by ``lam h (x_t - x_(t-d))``: ``f_0 += lam (1 - w_0)``, ``f_d *= 1 - lam``."""
     w = np.asarray(weights, dtype=np.float64)
     f = (1.0 - lam) * w
@@ -62,14 +63,14 @@ def compensated_filter(weights: Sequence[float], lam: float) -> np.ndarray:
     return f
 
 
-def filter_mean_age(f: Sequence[float]) -> float:
+def filter_mean_age(f: ArrayLike) -> float:
     """``sum_j j f_j / sum_j f_j``: the mean age of use (``(c - 1) / 2`` for the window, ``0`` after look-ahead by
     the mean age, ``(1 - lam) (c - 1) / 2`` after compensation)."""
-    f = np.asarray(f, dtype=np.float64)
-    return float(np.arange(len(f)) @ f / f.sum())
+    arr = np.asarray(f, dtype=np.float64)
+    return float(np.arange(len(arr)) @ arr / arr.sum())
 
 
-def corrected_filter(correction: str, c: int, *, k: Optional[float] = None, lam: float = 1.0) -> np.ndarray:
+def corrected_filter(correction: str, c: int, *, k: Optional[float] = None, lam: float = 1.0) -> NDArray[np.float64]:
     """The filter of ``correction`` (``none``, ``momentum``, ``lookahead``, ``delay_compensation``) at window ``c``.
 
     ``momentum`` changes the momentum, not the filter: its filter is the window's.
@@ -85,23 +86,23 @@ def corrected_filter(correction: str, c: int, *, k: Optional[float] = None, lam:
 
 
 # ============================================================================================ spectra, boundaries
-def characteristic(a: float, m: float, f: Sequence[float]) -> np.ndarray:
+def characteristic(a: float, m: float, f: ArrayLike) -> NDArray[np.float64]:
     """Coefficients (highest power first) of ``z^(D+1) - (1 + m) z^D + m z^(D-1) + a sum_j f_j z^(D-j)``."""
-    f = np.asarray(f, dtype=np.float64)
-    D = max(len(f), 2)
+    arr = np.asarray(f, dtype=np.float64)
+    D = max(len(arr), 2)
     coef = np.zeros(D)  # coefficient of x_(t-j) in x_(t+1)
     coef[0] += 1.0 + m
     coef[1] -= m
-    coef[: len(f)] -= a * f
+    coef[: len(arr)] -= a * arr
     return np.concatenate([[1.0], -coef])
 
 
-def spectral_radius(a: float, m: float, f: Sequence[float]) -> float:
+def spectral_radius(a: float, m: float, f: ArrayLike) -> float:
     """Largest modulus of the roots (the companion matrix's spectral radius): below 1 iff the recursion is stable."""
     return float(np.abs(np.roots(characteristic(a, m, f))).max())
 
 
-def boundary(m: float, f: Sequence[float], hi: float = 16.0, tol: float = 1e-10) -> float:
+def boundary(m: float, f: ArrayLike, hi: float = 16.0, tol: float = 1e-10) -> float:
     """The largest ``a`` such that every ``a' in (0, a)`` is stable: a fine scan for the first unstable ``a``, then
     bisection (``inf`` if none up to ``hi``)."""
     grid = np.linspace(hi / 20000, hi, 20000)
@@ -129,35 +130,35 @@ def window_boundary_c2(m: float) -> float:
     return 2.0 * (1.0 - m)
 
 
-def rate(aL: float, m: float, f: Sequence[float], kappa: float, points: int = 40) -> float:
+def rate(aL: float, m: float, f: ArrayLike, kappa: float, points: int = 40) -> float:
     """Worst spectral radius over the spectrum ``a in [aL / kappa, aL]`` (log grid, ends included): the per-step
     contraction of the slowest direction; steps to shrink the error ``e``-fold: ``-1 / log(rate)``."""
     return max(spectral_radius(aL * h, m, f) for h in np.geomspace(1.0 / kappa, 1.0, points))
 
 
-def best_rate(f: Sequence[float], kappa: float, momenta: Optional[Sequence[float]] = None,
+def best_rate(f: ArrayLike, kappa: float, momenta: Optional[Sequence[float]] = None,
               rates: Optional[Sequence[float]] = None) -> tuple[float, float, float]:
     """``(rate, aL, m)``: the best :func:`rate` over a grid of momenta (default ``0, 0.02, ..., 0.98``) and of
     ``aL = lr L`` (default 60 values from 1e-2 to 8, log-spaced)."""
-    momenta = np.linspace(0.0, 0.98, 50) if momenta is None else momenta
-    rates = np.geomspace(1e-2, 8.0, 60) if rates is None else rates
+    momentum_grid: Iterable[float] = np.linspace(0.0, 0.98, 50) if momenta is None else momenta
+    rate_grid: Iterable[float] = np.geomspace(1e-2, 8.0, 60) if rates is None else rates
     best = (math.inf, math.nan, math.nan)
-    for m in momenta:
-        for aL in rates:
+    for m in momentum_grid:
+        for aL in rate_grid:
             r = rate(aL, float(m), f, kappa, points=25)
             if r < best[0]:
                 best = (r, float(aL), float(m))
     return best
 
 
-def simulate(a: float, m: float, f: Sequence[float], steps: int, x0: float = 1.0) -> np.ndarray:
+def simulate(a: float, m: float, f: ArrayLike, steps: int, x0: float = 1.0) -> NDArray[np.float64]:
     """``x_(t+1) = (1 + m) x_t - m x_(t-1) - a sum_j f_j x_(t-j)`` from ``x_0 = x0`` (history before 0 clamped)."""
-    f = np.asarray(f, dtype=np.float64)
+    arr = np.asarray(f, dtype=np.float64)
     x = np.empty(steps + 1)
     x[0] = x0
     with np.errstate(over="ignore", invalid="ignore"):
         for t in range(steps):
-            g = sum(f[j] * x[max(t - j, 0)] for j in range(len(f)))
+            g = sum(arr[j] * x[max(t - j, 0)] for j in range(len(arr)))
             x[t + 1] = x[t] + m * (x[t] - x[max(t - 1, 0)]) - a * g
     return x
 
@@ -169,12 +170,12 @@ def momentum_accounting(m: float, c: int) -> float:
 
 # ================================================================================================ the summary table
 def correction_table(cs: Sequence[int] = range(2, 9), momenta: Sequence[float] = (0.0, 0.9), kappa: float = 100.0,
-                     dc_lambda: float = 0.5) -> list[dict[str, float]]:
+                     dc_lambda: float = 0.5) -> list[dict[str, Any]]:
     """Per ``c``, momentum ``m`` (the one the user sets) and correction: the stability boundary in ``a = lr h``, the
     boundary in effective-rate units ``a / (1 - m_applied)``, the best rate over ``aL`` (the grid of
     :func:`best_rate`) on a spectrum of condition number ``kappa`` and its steps per ``e``-fold error reduction.
     Fresh gradients (``dgd``) are the row ``c = 1``."""
-    rows = []
+    rows: list[dict[str, Any]] = []
     for c in [1, *cs]:
         for m in momenta:
             for correction in (("none",) if c == 1 else ("none", "momentum", "lookahead", "delay_compensation")):

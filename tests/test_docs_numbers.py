@@ -366,3 +366,12 @@ def test_measured_pages_are_what_their_benchmark_renders_from_their_json(name: s
     monkeypatch.setattr(module, "DOCS", tmp_path)
     module.write_markdown(json.loads((DOCS / f"{name}.json").read_text()))
     assert (tmp_path / f"{name}.md").read_text() == (DOCS / f"{name}.md").read_text()
+
+
+@pytest.mark.parametrize("report", ["staleness", "staleness_bounded"])
+def test_staleness_pages_are_what_the_benchmark_renders_from_their_json(report: str) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import staleness
+
+    saved = json.loads((DOCS / f"{report}.json").read_text())
+    assert staleness.render(saved) == (DOCS / f"{report}.md").read_text()
