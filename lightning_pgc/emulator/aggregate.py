@@ -72,9 +72,11 @@ class AggregatePlan:
             out.extend((versions[j], j, w * b) for j, b in coeffs.items())
         return out
 
-    def combine(self, terms: Sequence[tuple[int, int, float]], gradients: Mapping[int, torch.Tensor]) -> torch.Tensor:
-        """``sum coefficient * gradients[v][j]`` in float64; ``gradients[v]`` is ``[n, numel]`` (row ``j``:
-        partition ``j``'s flat gradient, with the loss appended, at model version ``v``)."""
+    def combine(self, terms: Sequence[tuple[int, int, float]], gradients: Mapping[int, torch.Tensor],
+                dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """``sum coefficient * gradients[v][j]`` in ``dtype`` (float64: as exact as a real run's float32 sums, or
+        more); ``gradients[v]`` is ``[n, numel]`` (row ``j``: partition ``j``'s flat gradient, with the loss appended,
+        at model version ``v``)."""
         by_version: dict[int, tuple[list[int], list[float]]] = {}
         for v, j, a in terms:
             if v not in gradients:
@@ -86,7 +88,7 @@ class AggregatePlan:
         for v, (js, coeffs) in sorted(by_version.items()):
             row = torch.zeros(self.scheme.n, dtype=torch.float64).index_add_(
                 0, torch.tensor(js), torch.tensor(coeffs, dtype=torch.float64))
-            part = row @ gradients[v].to(torch.float64)
+            part = row.to(dtype) @ gradients[v].to(dtype)
             out = part if out is None else out + part
         assert out is not None, "an aggregate with no terms"
         return out

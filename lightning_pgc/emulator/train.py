@@ -145,3 +145,85 @@ def emulate(scheme: Scheme, schedule: Sequence[Version], task: Task, streams: Pa
                 break
     run.params = torch.cat([p.detach().reshape(-1) for p in params])
     return run
+
+
+def emulate_grid(scheme: Scheme, schedule: Sequence[Version], task: Task, streams: PartitionStreams,
+                 configs: Sequence[tuple[float, float]], stop_below: Optional[float] = None,
+                 start: int = 0) -> list[EmulatedRun]:
+    """:func:`emulate` for several ``(lr, momentum)`` configurations of SGD at once, on the same schedule.
+
+    Every configuration starts from ``task.model``'s parameters (left untouched) and follows its own trajectory; the
+    gradients of all configurations and partitions of a version are one ``vmap`` over configurations of a ``vmap``
+    over partitions. SGD with momentum is applied as ``torch.optim.SGD`` does (``buf = m buf + g``, first step
+    ``buf = g``; ``theta -= lr buf``). The validation loss is taken after every version. A configuration whose loss
+    becomes non-finite is marked ``diverged``; the batch stops once every configuration is at or below
+    ``stop_below`` or diverged.
+    """
+    if streams.n != scheme.n:
+        raise ValueError(f"streams split the data into {streams.n} partitions, the scheme has n={scheme.n}")
+    if not configs:
+        raise ValueError("configs must list at least one (lr, momentum)")
+    model = task.model
+    names = [name for name, _ in model.named_parameters()]
+    shapes = [p.shape for p in model.parameters()]
+    sizes = [p.numel() for p in model.parameters()]
+    m = len(configs)
+    theta = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).repeat(m, 1)  # [m, P]
+    lr = torch.tensor([float(c[0]) for c in configs]).reshape(m, 1)
+    mom = torch.tensor([float(c[1]) for c in configs]).reshape(m, 1)
+    buf: Optional[Tensor] = None
+    buffers = {name: t for name, t in model.named_buffers()}
+
+    def unflat(flat: Tensor) -> dict[str, Tensor]:
+        return {name: t.view(shape) for name, t, shape in zip(names, flat.split(sizes), shapes)}
+
+    def loss_fn(flat: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        return F.cross_entropy(functional_call(model, (unflat(flat), buffers), (x,)), y)
+
+    grads_fn = vmap(vmap(grad_and_value(loss_fn), in_dims=(None, 0, 0)), in_dims=(0, None, None))
+    val_fn = vmap(loss_fn, in_dims=(0, None, None))
+    plan = AggregatePlan(scheme, start)
+    keep = scheme.c + 1
+    n, b = scheme.n, task.batch_size
+    runs = [EmulatedRun() for _ in range(m)]
+    done = [False] * m
+
+    def validate(steps: int, when: float) -> None:
+        with torch.no_grad():
+            losses = val_fn(theta, task.x_val, task.y_val).tolist()
+        for k, run in enumerate(runs):
+            if done[k]:
+                continue
+            run.val_steps.append(steps)
+            run.val_times.append(when)
+            run.val_loss.append(losses[k])
+            if not math.isfinite(losses[k]):
+                run.diverged = done[k] = True
+            elif stop_below is not None and losses[k] <= stop_below:
+                done[k] = True
+
+    validate(0, 0.0)
+    gradients: dict[int, Tensor] = {}
+    for i, entry in enumerate(schedule):
+        if all(done):
+            break
+        t = entry.version
+        if t != start + i:
+            raise ValueError(f"schedule entry {i} is version {t}, expected {start + i} (versions in order, none missing)")
+        index = torch.tensor([streams.batch(j, t, b) for j in range(n)])
+        grads, losses = grads_fn(theta, task.x_train[index], task.y_train[index])  # [m, n, P], [m, n]
+        gradients[t] = torch.cat([grads, losses.unsqueeze(-1)], dim=-1).transpose(0, 1).reshape(n, -1)  # [n, m(P+1)]
+        gradients.pop(t - keep, None)
+        terms = plan.terms(t, entry.admitted, entry.ages)
+        aggregate = plan.combine(terms, gradients, dtype=torch.float32).reshape(m, -1)
+        g = aggregate[:, :-1].to(theta.dtype)
+        buf = g.clone() if buf is None else buf.mul_(mom).add_(g)
+        theta = theta - lr * buf
+        for k, run in enumerate(runs):
+            if not done[k]:
+                run.times.append(entry.time_s)
+                run.train_loss.append(float(aggregate[k, -1]))
+        validate(i + 1, entry.time_s)
+    for k, run in enumerate(runs):
+        run.params = theta[k].clone()
+    return runs
