@@ -42,9 +42,19 @@ def mirror_costs() -> tuple[float, float, float, float]:
     return (c["compute_s"] - fit["compute_per_eval"] + 0.025, c["overhead_s"], c["code_s"], c["aggregate_s"])
 
 
+#: our arm label -> the real map's arm key (its ``dgd`` is our ddp: the same mathematics)
+REAL_ARMS = {"ddp": "dgd", "ignore_stragglers c=2": "ignore_c2", "gc_fr c=2": "gc_fr_c2", "gc_cr c=2": "gc_cr_c2",
+             "pgc_fr c=2": "pgc_fr_c2", "pgc_cr c=2": "pgc_cr_c2"}
+
+
 def mirror_cells() -> list[Cell]:
+    """The real map's three sleep-cost cells at n = 4: its delays, model, batch, and each arm's chosen lr and
+    momentum (no tuning here), on the simulated clock fitted to real runs."""
     costs = mirror_costs()
-    return [Cell(4, f"real map: {name}", "compute", task="cnn", delay=spec, costs=costs, cs=(2,))
+    chosen = json.loads((DOCS / "grid_map.json").read_text())["chosen_setting"]
+    fixed = tuple((ours, chosen[f"sleep/{theirs}"]["lr"], chosen[f"sleep/{theirs}"]["momentum"])
+                  for ours, theirs in REAL_ARMS.items())
+    return [Cell(4, f"real map: {name}", "compute", task="cnn", delay=spec, costs=costs, cs=(2,), fixed=fixed)
             for name, (_, spec) in REAL_DELAYS.items()]
 
 

@@ -69,6 +69,7 @@ class Cell:
     delay: Optional[str] = None  # explicit delay spec (the cells that mirror real runs)
     costs: Optional[tuple[float, float, float, float]] = None  # compute, overhead, code, aggregate seconds
     cs: Optional[tuple[int, ...]] = None  # the arms' c (default: see arms_for)
+    fixed: Optional[tuple[tuple[str, float, float], ...]] = None  # (arm label, lr, momentum): no tuning, these settings
 
     def cluster(self) -> Cluster:
         costs = None if self.costs is None else Costs(*self.costs)
@@ -169,11 +170,17 @@ def run_arm(cell: Cell, arm: Arm, protocol: Protocol = Protocol()) -> dict[str, 
     early, late = protocol.targets
     settings = [(lr, m) for lr in protocol.lrs for m in protocol.momenta]
     late_times: dict[tuple[float, float], list[Optional[float]]] = {s: [] for s in settings}
-    for seed in protocol.tuning_seeds:
-        for setting, run in zip(settings, _runs(cell, arm, seed, settings, protocol, budget)):
-            late_times[setting].append(None if run is None else run.time_to(late))
-    scores = {s: tuning_score(t, budget) for s, t in late_times.items()}
-    chosen = min(settings, key=lambda s: (scores[s], -s[0], -s[1]))  # ties: the larger lr, then momentum
+    if cell.fixed is not None:  # the settings a real run used: evaluate those, no tuning
+        fixed = {label: (lr, m) for label, lr, m in cell.fixed}
+        if arm.label not in fixed:
+            raise ValueError(f"cell {cell.pattern!r} fixes settings for {sorted(fixed)}, not for {arm.label!r}")
+        chosen, settings, scores = fixed[arm.label], [], {}
+    else:
+        for seed in protocol.tuning_seeds:
+            for setting, run in zip(settings, _runs(cell, arm, seed, settings, protocol, budget)):
+                late_times[setting].append(None if run is None else run.time_to(late))
+        scores = {s: tuning_score(t, budget) for s, t in late_times.items()}
+        chosen = min(settings, key=lambda s: (scores[s], -s[0], -s[1]))  # ties: the larger lr, then momentum
     evaluation: dict[str, list[Any]] = {"time_early": [], "time_late": [], "versions_late": [], "diverged": []}
     for seed in protocol.eval_seeds:
         run = _runs(cell, arm, seed, [chosen], protocol, budget)[0]

@@ -79,7 +79,11 @@ def run_round(path: Path | str, cells: Iterable[Cell], protocol: Protocol = Prot
 
     bar = tqdm(total=len(items), initial=len(items) - len(todo), disable=not progress, unit="arm",
                desc=path.name, dynamic_ncols=True)
+    torn = path.exists() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
     with open(path, "a") as f:
+        if torn:  # a line cut short by a killed run: end it, so the next record starts on its own line
+            f.write("\n")
+
         def write(record: dict[str, Any]) -> None:
             f.write(json.dumps(record) + "\n")
             f.flush()
