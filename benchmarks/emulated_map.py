@@ -62,9 +62,10 @@ def rounds() -> dict[str, list[Cell]]:
     patterns = list(PATTERNS)
     core = ["none", "lognormal", "slow node", "node stalls"]
     reduced = (mirror_cells()
-               + [Cell(n, p, b) for n in (4, 16) for b in ("compute", "comm") for p in core]
-               + [Cell(16, p, "compute", data="dirichlet") for p in ("none", "lognormal", "slow node")]
-               + [Cell(64, "lognormal", "compute")])
+               + [Cell(4, p, b) for b in ("compute", "comm") for p in core]
+               + [Cell(16, p, "compute") for p in core] + [Cell(16, "slow node", "comm")]
+               + [Cell(16, p, "compute", data="dirichlet") for p in ("none", "slow node")]
+               + [Cell(64, "lognormal", "compute", cs=(2,))])
     full = (mirror_cells()
             + [Cell(n, p, b) for n in (4, 16, 64) for b in ("compute", "comm") for p in patterns]
             + [Cell(n, p, "compute", data="dirichlet") for n in (16, 64) for p in ("none", "lognormal", "slow node")]
