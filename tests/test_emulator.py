@@ -199,3 +199,13 @@ def test_costs_state_the_ratio():
         costs_for(0.0)
     with pytest.raises(ValueError, match="pattern"):
         delay_model("gremlins", 8)
+
+
+def test_import_lightning_pgc_does_not_load_the_emulator():
+    import subprocess
+    import sys
+
+    code = ("import sys, lightning_pgc, lightning_pgc.cli; "
+            "print(sorted(m for m in sys.modules if m.startswith('lightning_pgc.emulator')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
