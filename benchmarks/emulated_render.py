@@ -131,6 +131,12 @@ def render(summary: dict[str, Any], source: str, grid: dict[str, Any]) -> str:
             ddp = c["ddp"]
             out.append(f"| {c['cell']['pattern']} | {c['cell']['bound']} | {data} | {win} | {c['fastest']} | {slower} | "
                        f"{ddp['lr']:g}, {ddp['momentum']:g} |")
+    tuned = [a for c in cells if c["cell"]["pattern"] not in REAL_CELLS for a in c["arms"]]
+    edge = [a for a in tuned if a["lr_at_grid_edge"] and a["lr"] == max(a2["lr"] for a2 in tuned)]
+    if tuned:
+        out += ["", f"Tuning edge: {len(edge)} of {len(tuned)} tuned arms chose the largest learning rate of the grid "
+                f"({max(a['lr'] for a in tuned):g}), ddp among them in {sum(a['strategy'] == 'ddp' for a in edge)} of "
+                f"{sum(a['strategy'] == 'ddp' for a in tuned)} cells: there the grid, not the arm, may cap the speed."]
     out += ["", '<a id="emulated-crossover-map-schemes"></a>', "", "**Where each scheme wins and loses** (emulated; "
             "cells of the table above, mirror cells left out):", ""]
     for strategy in ("ignore_stragglers", "gc_fr", "gc_cr", "pgc_fr", "pgc_cr"):
