@@ -7,8 +7,8 @@ One row per straggler pattern x compute/communication bound x data condition of 
 bound or the data condition are merged into "any"). A row's strategy is the winner of its cell at the largest n the
 map has for it: an arm faster than ddp with a Holm-corrected p below the map's alpha; without one, ddp ("no arm
 beats ddp separably"; for the pattern with no stragglers, "keep ddp"). lr and momentum are the winner's tuned
-starting values. The default (pattern "don't know") is the arm that wins the most cells among those never
-separably slower than ddp in any cell; ddp when none wins any.
+starting values. The default (pattern "don't know") is an arm that wins at least half of the cells it ran in and is
+never separably slower than ddp (the one with the most wins); ddp when no arm does.
 """
 
 from __future__ import annotations
@@ -82,7 +82,9 @@ def build(summary: dict[str, Any], source: str) -> dict[str, Any]:
     order = list(PATTERNS)
     rows.sort(key=lambda r: (order.index(r["_key"]), r["bound"], r["data"]))
     never_slower = {a["arm"] for c in cells for a in c["arms"]} - {a for c in cells for a in c["slower_than_ddp"]}
+    ran = Counter(a["arm"] for c in cells for a in c["arms"])
     wins = Counter(c["winner"]["arm"] for c in cells if c["winner"] and c["winner"]["arm"] in never_slower)
+    wins = Counter({arm: k for arm, k in wins.items() if 2 * k >= ran[arm]})
     default: Optional[dict[str, Any]] = None
     if wins:
         arm = wins.most_common(1)[0][0]
