@@ -94,3 +94,22 @@ def test_step_trace_callback_records_own_times(tmp_path):
     own = data["own_s"][0]
     assert len(own) == 10
     assert min(own) >= 0.05  # the injected delay after backward counts as the rank's own time
+
+
+def test_step_trace_under_ddp_names_the_slow_rank(tmp_path):
+    import os
+    import statistics
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    path = tmp_path / "trace.json"
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
+    subprocess.run([sys.executable, str(root / "tests" / "step_trace_job.py"), str(path)], check=True, env=env,
+                   cwd=tmp_path, timeout=240, capture_output=True)
+    data = json.loads(path.read_text())
+    assert data["n"] == 2 and data["strategy"] == "DDPStrategy"
+    fast, slow = (statistics.median(r) for r in data["own_s"])
+    assert slow - fast >= 0.08  # rank 1's own 0.1 s per step, not the wait it causes rank 0
+    assert load_trace(path).shape == (2, 12)
