@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 export WANDB_MODE ?= offline
 export WANDB_SILENT ?= true
 
-.PHONY: demo test test-fast lint bench bench-grid clean venv
+.PHONY: demo test test-fast lint bench bench-grid emulated-map clean venv
 
 venv: $(STAMP)
 
@@ -41,6 +41,12 @@ bench: $(STAMP)
 
 bench-grid: $(STAMP)
 	$(PY) benchmarks/grid.py
+
+# the whole emulated crossover map (resumable; its cost: docs/emulator.md), its tables and the guide rows
+emulated-map: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) benchmarks/emulated_map.py --round full --workers 2
+	$(PY) benchmarks/emulated_render.py --summary docs/emulated_map_full.json
+	$(PY) benchmarks/which_strategy.py --summary docs/emulated_map_full.json
 
 clean:
 	rm -rf $(VENV) outputs lightning_logs wandb

@@ -9,6 +9,12 @@
      "default": {...the same fields}}
 
 ``python benchmarks/which_strategy.py`` re-renders README.md's block (between the ``which`` markers) from the file.
+``--summary docs/emulated_map_<round>.json`` first rewrites the file from a summary of the emulated map instead
+(:func:`build`): one row per straggler pattern x bound x data condition of that map (rows that agree over the bound
+or the data condition merge into "any"); a row's strategy is the winner of its cell at the largest n the map has
+for it (an arm faster than ddp with a Holm-corrected p below the map's alpha), else ddp; lr and momentum are the
+winner's tuned values. The default (pattern "don't know") is an arm that wins at least half of the cells it ran in
+and is never separably slower than ddp (the one with the most wins), else ddp.
 ``--derive`` first rewrites the file from the real 4-rank map (docs/grid_map.json) by a rule fixed before reading
 it: for each straggler pattern and bound (``compute``: the ``sleep`` and ``real`` costs together; ``comm``), the
 arm recommended is the fastest (geometric mean time to the target) among the arms whose time is separably below
@@ -25,6 +31,7 @@ import json
 import math
 import re
 from pathlib import Path
+from collections import Counter
 from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,6 +100,86 @@ def derive(grid_map: dict[str, Any], source: str = "docs/grid_map.json") -> dict
     return {"source": source, "rows": rows, "default": dict(DEFAULT)}
 
 
+#: straggler pattern of the map -> how a user would describe it
+USER_WORDS = {
+    "none": "no stragglers",
+    "lognormal": "every worker jitters a lot (log-normal, sigma 1.5)",
+    "pareto": "rare very slow steps on any worker (Pareto tail)",
+    "slow node": "one node is persistently slower",
+    "node stalls": "whole nodes stall together now and then",
+    "lognormal + stalls": "single workers stall for 10-30 s now and then",
+}
+EMULATED_EVIDENCE = "docs/benchmarks.md#emulated-crossover-map"
+
+
+def _row(cell: dict[str, Any]) -> dict[str, Any]:
+    c = cell["cell"]
+    pattern, bound, data = c["pattern"], c["bound"], "iid" if c["data"] == "iid" else "skewed"
+    win, ddp = cell["winner"], cell["ddp"]
+    if win is not None:
+        strategy, s, lr, momentum = win["strategy"], win["s"], win["lr"], win["momentum"]
+    else:
+        strategy, s, lr, momentum = "ddp", None, ddp["lr"], ddp["momentum"]
+    words = USER_WORDS.get(pattern, pattern)
+    if pattern == "none" and strategy == "ddp":
+        words = "no stragglers: keep ddp"
+    return {"pattern": words, "bound": bound, "data": data, "strategy": strategy, "s": s, "lr": lr,
+            "momentum": momentum, "evidence": f"{EMULATED_EVIDENCE}-n{c['n']}", "_key": pattern, "_n": c["n"]}
+
+
+def _merge(rows: list[dict[str, Any]], field: str) -> list[dict[str, Any]]:
+    """Rows that differ only in ``field`` and agree on the advice become one row with ``field = "any"``."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        key = tuple((k, r[k]) for k in ("_key", "bound", "data") if k != field)
+        groups.setdefault(key, []).append(r)
+    out = []
+    for group in groups.values():
+        advice = {(r["strategy"], r["s"]) for r in group}
+        if len(group) > 1 and len(advice) == 1:
+            merged = dict(max(group, key=lambda r: r["_n"]))
+            merged[field] = "any"
+            out.append(merged)
+        else:
+            out.extend(group)
+    return out
+
+
+def build(summary: dict[str, Any], source: str) -> dict[str, Any]:
+    """The table from a summary of the emulated map (``benchmarks/emulated_map.py``), by the rule in the module
+    docstring."""
+    from lightning_pgc.emulator.cluster import PATTERNS as EMULATED_PATTERNS
+
+    cells = [c for c in summary["cells"] if c["complete"] and c["cell"]["pattern"] in EMULATED_PATTERNS]
+    largest: dict[tuple, dict[str, Any]] = {}
+    for cell in cells:
+        c = cell["cell"]
+        key = (c["pattern"], c["bound"], c["data"])
+        if key not in largest or c["n"] > largest[key]["cell"]["n"]:
+            largest[key] = cell
+    rows = _merge(_merge([_row(c) for c in largest.values()], "bound"), "data")
+    order = list(EMULATED_PATTERNS)
+    rows.sort(key=lambda r: (order.index(r["_key"]), r["bound"], r["data"]))
+    never_slower = {a["arm"] for c in cells for a in c["arms"]} - {a for c in cells for a in c["slower_than_ddp"]}
+    ran = Counter(a["arm"] for c in cells for a in c["arms"])
+    wins = Counter(c["winner"]["arm"] for c in cells if c["winner"] and c["winner"]["arm"] in never_slower)
+    wins = Counter({arm: k for arm, k in wins.items() if 2 * k >= ran[arm]})
+    default: Optional[dict[str, Any]] = None
+    if wins:
+        arm = wins.most_common(1)[0][0]
+        example = next(a for c in cells for a in c["arms"] if a["arm"] == arm)
+        default = {"strategy": example["strategy"], "s": example["s"], "lr": example["lr"],
+                   "momentum": example["momentum"]}
+    if default is None:
+        ddps = [c["ddp"] for c in cells]
+        common = Counter((d["lr"], d["momentum"]) for d in ddps).most_common(1)[0][0]
+        default = {"strategy": "ddp", "s": None, "lr": common[0], "momentum": common[1]}
+    for r in rows:
+        del r["_key"], r["_n"]
+    return {"source": source, "rows": rows,
+            "default": {"pattern": "don't know", "bound": "any", "data": "any", **default, "evidence": EMULATED_EVIDENCE}}
+
+
 def check(table: dict[str, Any], strategies: set[str]) -> None:
     """Raise ValueError if ``table`` does not follow the schema (``strategies``: the registered names)."""
     if set(table) != {"source", "rows", "default"}:
@@ -142,10 +229,16 @@ def replace_block(text: str, block: str) -> str:
 def main(argv: Optional[list[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--derive", action="store_true", help="rewrite docs/which_strategy.json from docs/grid_map.json")
+    p.add_argument("--summary", type=Path, help="rewrite docs/which_strategy.json from this emulated map summary")
     args = p.parse_args(argv)
     if args.derive:
         grid_map = json.loads((ROOT / "docs" / "grid_map.json").read_text())
         TABLE.write_text(json.dumps(derive(grid_map), indent=1) + "\n")
+        print(f"wrote {TABLE}")
+    elif args.summary is not None:
+        summary = json.loads(args.summary.read_text())
+        source = args.summary.resolve().relative_to(ROOT).as_posix()
+        TABLE.write_text(json.dumps(build(summary, source), indent=1) + "\n")
         print(f"wrote {TABLE}")
     table = json.loads(TABLE.read_text())
     from lightning_pgc.strategy import REGISTERED

@@ -7,6 +7,7 @@ Usage (recipes are shipped inside the package; ``lightning-pgc recipes`` lists t
     lightning-pgc fit --config digits_cnn.yaml --config wandb.yaml          # + a W&B run (offline)
     lightning-pgc validate --config digits_cnn.yaml --ckpt_path path/to/last.ckpt
     lightning-pgc recipes
+    lightning-pgc advise trace.json        # which strategy and s, from a StepTimeTrace of a real run
     lightning-pgc --version
     python -m lightning_pgc fit --help
 
@@ -233,6 +234,13 @@ def main(args: ArgsType = None) -> None:
             return
         if list(argv[:1]) == ["recipes"]:
             print_recipes()
+            return
+        if list(argv[:1]) == ["advise"]:  # the emulator is research code: imported only for this subcommand
+            from lightning_pgc.emulator.advise import main as advise_main
+
+            code = advise_main([str(a) for a in argv[1:]])
+            if code:
+                raise SystemExit(code)
             return
         argv = resolve_configs([str(a) for a in argv])
     build_cli(argv)

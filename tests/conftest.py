@@ -38,6 +38,8 @@ REALRANK = {
     "test_seed_experiment.py::test_slurm_and_torchrun_scripts",
     "test_staleness.py::test_each_correction_on_4_real_ranks_keeps_replicas_identical_and_trains",
     "test_stragglers.py::test_injector_with_two_process_ddp",
+    "test_emulator_validation.py",
+    "test_advise.py::test_step_trace_under_ddp_names_the_slow_rank",
     "test_theory.py::test_in_run_theory_estimates_and_valve_on_a_real_4_process_job",
 }
 SLOW = {

@@ -41,7 +41,8 @@ SEPARATOR = re.compile(r"^\s*\|[-:| ]+\|\s*$")
 #: Tables checked by exact regeneration instead: page -> the marker names of its generated blocks ("*": the page)
 GENERATED: dict[str, set[str]] = {
     "README.md": {"which"},  # tests/test_readme.py
-    "docs/benchmarks.md": {"gridmap", "grid"},  # tests/test_grid_map.py; below
+    "docs/benchmarks.md": {"gridmap", "grid", "emulated"},  # tests/test_grid_map.py; below
+    "docs/emulator.md": {"emulated-cost"},  # below
     "docs/bounded_staleness.md": {"bounded", "bounded-choice"},  # below
     "docs/simulation.md": {"sim", "simgrid"},  # below
     "docs/demo.md": {"*"},  # below
@@ -344,6 +345,18 @@ def test_bounded_staleness_blocks_are_what_the_benchmark_renders_from_their_json
     text = (DOCS / "bounded_staleness.md").read_text()
     for name, results in (("bounded", "bounded_staleness.json"), ("bounded-choice", "bounded_choice.json")):
         assert _block(text, *bs.MARKS[name]) == bs.render_markdown(json.loads((DOCS / results).read_text())), name
+
+
+def test_emulated_map_blocks_are_what_the_renderer_makes_from_their_json() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import emulated_render as er
+
+    source = "docs/emulated_map_reduced.json"
+    summary = json.loads((ROOT / source).read_text())
+    grid = json.loads((DOCS / "grid_map.json").read_text())
+    assert _block((DOCS / "benchmarks.md").read_text(), er.BEGIN, er.END) == er.render(summary, source, grid)
+    cost = _block((DOCS / "emulator.md").read_text(), er.COST_BEGIN, er.COST_END)
+    assert cost == er.render_cost(summary["cost"], source)
 
 
 def test_simulation_blocks_are_what_the_simulator_scripts_render_from_their_json() -> None:

@@ -1,0 +1,216 @@
+"""The cells and arms of the emulated crossover map, and one (cell, arm) run of the tuning protocol.
+
+A *cell* is a cluster (``n``, straggler pattern, compute- or communication-bound) and a data condition (iid or a
+Dirichlet label skew) on a proxy task. An *arm* is a strategy with its ``s`` (``c = s + 1``). :func:`run_arm`
+carries out the protocol for one arm in one cell:
+
+1. tuning: every ``(lr, momentum)`` of :data:`LRS` x :data:`MOMENTA` on the tuning seeds (disjoint from the
+   evaluation seeds), scored by the restricted mean time to the late target (misses censored at the budget);
+2. evaluation: the chosen setting on every evaluation seed, times to both targets recorded (``None``: missed).
+
+The budget of a cell is a fixed virtual time, ``BUDGET_STEPS`` ideal steps (one gradient plus the step's
+communication, no delay); every arm's schedule is cut there, so slow steps buy fewer versions. A seed fixes the
+delay realisation, the partition split and mini-batch streams, and the model's initial weights.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from lightning_pgc.codes import make_scheme
+from lightning_pgc.digits import DigitsCNN, load_digits_tensors
+from lightning_pgc.emulator.cluster import Cluster
+from lightning_pgc.emulator.data import DataCondition, partition_streams
+from lightning_pgc.emulator.schedule import from_records
+from lightning_pgc.emulator.scoring import tuning_score
+from lightning_pgc.emulator.train import Task, emulate_grid
+from lightning_pgc.simulate import Costs, simulate
+
+__all__ = ["Arm", "Cell", "LRS", "MOMENTA", "Protocol", "arms_for", "run_arm"]
+
+LRS: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4, 0.8)
+MOMENTA: tuple[float, ...] = (0.0, 0.5, 0.7, 0.8, 0.9)
+#: strategy name (as registered, ``ddp`` for the synchronous baseline) -> scheme of the codes package
+STRATEGIES: dict[str, str] = {"ddp": "dgd", "ignore_stragglers": "ignore", "gc_fr": "gc_fr", "gc_cr": "gc_cr",
+                              "pgc_fr": "pgc_fr", "pgc_cr": "pgc_cr"}
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """The tuning protocol's constants (recorded with every result)."""
+
+    targets: tuple[float, float] = (0.5, 0.3)  # validation loss: early, late
+    budget_steps: int = 300
+    max_versions: int = 400
+    tuning_seeds: tuple[int, ...] = (1000, 1001)
+    eval_seeds: tuple[int, ...] = tuple(range(10))
+    lrs: tuple[float, ...] = LRS
+    momenta: tuple[float, ...] = MOMENTA
+
+
+@dataclass(frozen=True)
+class Cell:
+    """A cluster, a data condition and a proxy task (``mlp``: digits MLP 64-64-10, 8 samples per partition
+    evaluation; ``cnn``: the digits CNN of the real 4-rank runs, 16 samples)."""
+
+    n: int
+    pattern: str
+    bound: str = "compute"
+    data: str = "iid"
+    alpha: float = 0.1
+    task: str = "mlp"
+    delay: Optional[str] = None  # explicit delay spec (the cells that mirror real runs)
+    costs: Optional[tuple[float, float, float, float]] = None  # compute, overhead, code, aggregate seconds
+    cs: Optional[tuple[int, ...]] = None  # the arms' c (default: see arms_for)
+    fixed: Optional[tuple[tuple[str, float, float], ...]] = None  # (arm label, lr, momentum): no tuning, these settings
+
+    def cluster(self) -> Cluster:
+        costs = None if self.costs is None else Costs(*self.costs)
+        return Cluster(self.n, self.pattern, self.bound, self.delay, costs)
+
+    def condition(self) -> DataCondition:
+        return DataCondition(self.data, self.alpha)
+
+    def key(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+@dataclass(frozen=True)
+class Arm:
+    strategy: str
+    c: int = 1
+
+    @property
+    def s(self) -> int:
+        return self.c - 1
+
+    @property
+    def label(self) -> str:
+        return self.strategy if self.strategy == "ddp" else f"{self.strategy} c={self.c}"
+
+    def scheme(self, n: int) -> Any:
+        return _scheme(STRATEGIES[self.strategy], n, self.s)
+
+
+@functools.lru_cache(maxsize=64)
+def _scheme(name: str, n: int, s: int) -> Any:
+    """Schemes are built once per (name, n, s): Tandon's code searches for a well-conditioned B, which takes long."""
+    return make_scheme(name, n, s)
+
+
+#: gc_cr is left out above this n: building Tandon's code searches over received sets (about a minute at n = 64 on
+#: this machine), and its worst-case conditioning grows with n (docs/math.md)
+GC_CR_MAX_N = 16
+
+
+def arms_for(n: int, cs: Optional[list[int]] = None) -> tuple[list[Arm], list[str]]:
+    """The arms of a cell with ``n`` workers (``c`` in ``cs``, default 2 and ``n / 8`` for ``n >= 32``) and the reasons
+    for arms left out (a scheme that refuses ``(n, s)``)."""
+    if cs is None:
+        cs = [2] + ([n // 8] if n >= 32 else [4] if n >= 16 else [])
+    cs = list(cs)
+    arms, skipped = [Arm("ddp")], []
+    for c in cs:
+        for strategy in ("ignore_stragglers", "gc_fr", "gc_cr", "pgc_fr", "pgc_cr"):
+            arm = Arm(strategy, c)
+            if strategy == "gc_cr" and n > GC_CR_MAX_N:
+                skipped.append(f"{arm.label}: left out for n > {GC_CR_MAX_N} (building Tandon's code takes minutes, "
+                               "and its decoding conditions worsen with n)")
+                continue
+            try:
+                arm.scheme(n)
+            except ValueError as err:
+                skipped.append(f"{arm.label}: {str(err).splitlines()[0][:120]}")
+                continue
+            arms.append(arm)
+    return arms, skipped
+
+
+_DATA: dict[str, Any] = {}
+
+
+def _digits() -> tuple[torch.Tensor, ...]:
+    if "digits" not in _DATA:
+        train, val = load_digits_tensors()
+        _DATA["digits"] = (*train.tensors, *val.tensors)
+    return _DATA["digits"]
+
+
+def _model(task: str, seed: int) -> tuple[nn.Module, int]:
+    torch.manual_seed(seed)
+    if task == "mlp":
+        return nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)), 8
+    if task == "cnn":
+        return DigitsCNN().net, 16
+    raise ValueError(f"unknown proxy task {task!r}; valid: mlp, cnn")
+
+
+def budget_s(cell: Cell, protocol: Protocol) -> float:
+    """The cell's budget in virtual seconds: ``budget_steps`` ideal ddp steps (one gradient, the step's messages)."""
+    costs = cell.cluster().clock_costs()
+    return protocol.budget_steps * (costs.compute_s + costs.code_s + costs.aggregate_s + costs.overhead_s)
+
+
+def _schedule(cell: Cell, arm: Arm, seed: int, protocol: Protocol, budget: float) -> tuple[Any, list[Any]]:
+    cluster = cell.cluster()
+    scheme = arm.scheme(cell.n)
+    res = simulate(scheme, protocol.max_versions, cluster.delay_model(seed), cluster.clock_costs(), delay_seed=seed)
+    versions = from_records(res.records, res.applied[0])
+    return scheme, [v for v in versions if v.time_s <= budget]
+
+
+def _runs(cell: Cell, arm: Arm, seed: int, settings: list[tuple[float, float]], protocol: Protocol,
+          budget: float) -> list[Any]:
+    scheme, schedule = _schedule(cell, arm, seed, protocol, budget)
+    x, y, xv, yv = _digits()
+    model, batch = _model(cell.task, seed)
+    streams = partition_streams(y.numpy(), cell.n, seed, cell.condition())
+    if not schedule:  # not one version within the budget
+        return [None] * len(settings)
+    return emulate_grid(scheme, schedule, Task(model, x, y, xv, yv, batch), streams, settings,
+                        stop_below=min(protocol.targets))
+
+
+def run_arm(cell: Cell, arm: Arm, protocol: Protocol = Protocol()) -> dict[str, Any]:
+    """The tuning protocol for ``arm`` in ``cell``: one JSON-ready record."""
+    started = time.process_time()
+    budget = budget_s(cell, protocol)
+    early, late = protocol.targets
+    settings = [(lr, m) for lr in protocol.lrs for m in protocol.momenta]
+    late_times: dict[tuple[float, float], list[Optional[float]]] = {s: [] for s in settings}
+    if cell.fixed is not None:  # the settings a real run used: evaluate those, no tuning
+        fixed = {label: (lr, m) for label, lr, m in cell.fixed}
+        if arm.label not in fixed:
+            raise ValueError(f"cell {cell.pattern!r} fixes settings for {sorted(fixed)}, not for {arm.label!r}")
+        chosen, settings, scores = fixed[arm.label], [], {}
+    else:
+        for seed in protocol.tuning_seeds:
+            for setting, run in zip(settings, _runs(cell, arm, seed, settings, protocol, budget)):
+                late_times[setting].append(None if run is None else run.time_to(late))
+        scores = {s: tuning_score(t, budget) for s, t in late_times.items()}
+        chosen = min(settings, key=lambda s: (scores[s], -s[0], -s[1]))  # ties: the larger lr, then momentum
+    evaluation: dict[str, list[Any]] = {"time_early": [], "time_late": [], "versions_late": [], "diverged": []}
+    for seed in protocol.eval_seeds:
+        run = _runs(cell, arm, seed, [chosen], protocol, budget)[0]
+        t_late = None if run is None else run.time_to(late)
+        evaluation["time_early"].append(None if run is None else run.time_to(early))
+        evaluation["time_late"].append(t_late)
+        evaluation["versions_late"].append(
+            None if t_late is None else next(s for s, t in zip(run.val_steps, run.val_times) if t == t_late))
+        evaluation["diverged"].append(bool(run is not None and run.diverged))
+    return {
+        "cell": asdict(cell), "arm": {"strategy": arm.strategy, "c": arm.c, "s": arm.s, "label": arm.label},
+        "protocol": {**asdict(protocol)}, "budget_s": budget,
+        "tuning": {"scores": [{"lr": s[0], "momentum": s[1], "score_s": scores[s], "times_late": late_times[s]}
+                              for s in settings],
+                   "chosen": {"lr": chosen[0], "momentum": chosen[1]}},
+        "eval": {"seeds": list(protocol.eval_seeds), **evaluation},
+        "cpu_s": time.process_time() - started,
+    }

@@ -1,0 +1,229 @@
+"""Training on a schedule: the parameters a real cluster would hold, version by version, in one process.
+
+At every version ``t`` the emulator evaluates the mini-batch gradient of every partition ``j`` at the parameters
+``theta_t`` on that partition's stream batch of step ``t`` (what any rank evaluating ``j`` at step ``t`` computes:
+all replicas hold ``theta_t`` at step ``t``, and every holder of ``j`` draws the same batch). The ``n``
+evaluations of one version share ``theta_t``, so they run as one ``torch.func.vmap`` of ``grad`` over the
+per-partition batches. The aggregate of ``t`` then combines the gradients the version's admitted codes really
+held, of versions ``t - age`` (:class:`~lightning_pgc.emulator.aggregate.AggregatePlan`), and the optimizer applies
+it, as every replica does. The loss slot of the aggregate is the decoded training loss a real run logs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from lightning_pgc.codes import Scheme
+from lightning_pgc.data import PartitionStreams
+from lightning_pgc.emulator.aggregate import AggregatePlan
+from lightning_pgc.emulator.schedule import Version
+
+__all__ = ["EmulatedRun", "Task", "emulate"]
+
+
+@dataclass
+class Task:
+    """A classification task: ``model`` (its current parameters are the starting point), tensors of training and
+    validation samples, and the samples per partition evaluation (``batch_size``). Loss: cross-entropy."""
+
+    model: nn.Module
+    x_train: Tensor
+    y_train: Tensor
+    x_val: Tensor
+    y_val: Tensor
+    batch_size: int
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if len(self.x_train) != len(self.y_train) or len(self.x_val) != len(self.y_val):
+            raise ValueError("inputs and labels must have the same length")
+
+
+@dataclass
+class EmulatedRun:
+    """What one emulated run produced: per applied version its time and decoded training loss; the validation loss
+    at the versions it was evaluated (``val_steps``: after applying that many versions); ``diverged`` if a loss or
+    parameter became non-finite (the run stops there)."""
+
+    times: list[float] = field(default_factory=list)
+    train_loss: list[float] = field(default_factory=list)
+    val_steps: list[int] = field(default_factory=list)
+    val_times: list[float] = field(default_factory=list)
+    val_loss: list[float] = field(default_factory=list)
+    diverged: bool = False
+    params: Optional[Tensor] = None
+
+    def time_to(self, target: float) -> Optional[float]:
+        """Time at which the validation loss first reached ``target`` (``None``: never, within the run)."""
+        for t, loss in zip(self.val_times, self.val_loss):
+            if loss <= target:
+                return t
+        return None
+
+
+def _flat(tensors: Sequence[Tensor], batch_dims: int = 0) -> Tensor:
+    return torch.cat([t.reshape(*t.shape[:batch_dims], -1) for t in tensors], dim=-1)
+
+
+def emulate(scheme: Scheme, schedule: Sequence[Version], task: Task, streams: PartitionStreams, lr: float,
+            momentum: float, val_every: int = 1, stop_below: Optional[float] = None, start: int = 0,
+            optimizer: Optional[Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = None) -> EmulatedRun:
+    """Train ``task.model`` in place on ``schedule`` (one entry per version, in order) with ``scheme``.
+
+    Args:
+        streams: the per-partition mini-batch streams (``streams.n == scheme.n``).
+        lr, momentum: of ``torch.optim.SGD`` (unless ``optimizer`` builds another from the parameters).
+        val_every: versions between validation losses (1: after every version; also before the first).
+        stop_below: stop once the validation loss is at or below this (time to target is known then).
+
+    Raises:
+        ValueError: ``streams`` for another ``n``, or a schedule that does not fit the scheme.
+    """
+    if streams.n != scheme.n:
+        raise ValueError(f"streams split the data into {streams.n} partitions, the scheme has n={scheme.n}")
+    if val_every < 1:
+        raise ValueError(f"val_every must be >= 1, got {val_every}")
+    model = task.model
+    names = [name for name, p in model.named_parameters()]
+    params = [p for p in model.parameters()]
+    opt = optimizer(params) if optimizer is not None else torch.optim.SGD(params, lr=lr, momentum=momentum)
+    plan = AggregatePlan(scheme, start)
+    keep = scheme.c + 1  # entries are younger than c
+    n, b = scheme.n, task.batch_size
+    buffers = {name: t for name, t in model.named_buffers()}
+
+    def loss_fn(weights: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+        return F.cross_entropy(functional_call(model, (weights, buffers), (x,)), y)
+
+    per_partition = vmap(grad_and_value(loss_fn), in_dims=(None, 0, 0))
+    run = EmulatedRun()
+
+    def validate(steps: int, when: float) -> None:
+        with torch.no_grad():
+            loss = float(F.cross_entropy(model(task.x_val), task.y_val))
+        run.val_steps.append(steps)
+        run.val_times.append(when)
+        run.val_loss.append(loss)
+
+    validate(0, 0.0)
+    gradients: dict[int, Tensor] = {}
+    for i, entry in enumerate(schedule):
+        t = entry.version
+        if t != start + i:
+            raise ValueError(f"schedule entry {i} is version {t}, expected {start + i} (versions in order, none missing)")
+        index = torch.tensor([streams.batch(j, t, b) for j in range(n)])  # [n, b]
+        weights = {name: p.detach() for name, p in zip(names, params)}
+        grads, losses = per_partition(weights, task.x_train[index], task.y_train[index])
+        gradients[t] = torch.cat([_flat([grads[name] for name in names], 1), losses.reshape(n, 1)], dim=1)
+        gradients.pop(t - keep, None)
+        aggregate = plan.combine(plan.terms(t, entry.admitted, entry.ages), gradients)
+        loss = float(aggregate[-1])
+        offset = 0
+        for p in params:
+            p.grad = aggregate[offset : offset + p.numel()].view_as(p).to(p.dtype)
+            offset += p.numel()
+        opt.step()
+        run.times.append(entry.time_s)
+        run.train_loss.append(loss)
+        if not math.isfinite(loss) or not all(bool(torch.isfinite(p).all()) for p in params):
+            run.diverged = True
+            break
+        if (i + 1) % val_every == 0 or i + 1 == len(schedule):
+            validate(i + 1, entry.time_s)
+            if not math.isfinite(run.val_loss[-1]):
+                run.diverged = True
+                break
+            if stop_below is not None and run.val_loss[-1] <= stop_below:
+                break
+    run.params = torch.cat([p.detach().reshape(-1) for p in params])
+    return run
+
+
+def emulate_grid(scheme: Scheme, schedule: Sequence[Version], task: Task, streams: PartitionStreams,
+                 configs: Sequence[tuple[float, float]], stop_below: Optional[float] = None,
+                 start: int = 0) -> list[EmulatedRun]:
+    """:func:`emulate` for several ``(lr, momentum)`` configurations of SGD at once, on the same schedule.
+
+    Every configuration starts from ``task.model``'s parameters (left untouched) and follows its own trajectory; the
+    gradients of all configurations and partitions of a version are one ``vmap`` over configurations of a ``vmap``
+    over partitions. SGD with momentum is applied as ``torch.optim.SGD`` does (``buf = m buf + g``, first step
+    ``buf = g``; ``theta -= lr buf``). The validation loss is taken after every version. A configuration whose loss
+    becomes non-finite is marked ``diverged``; the batch stops once every configuration is at or below
+    ``stop_below`` or diverged.
+    """
+    if streams.n != scheme.n:
+        raise ValueError(f"streams split the data into {streams.n} partitions, the scheme has n={scheme.n}")
+    if not configs:
+        raise ValueError("configs must list at least one (lr, momentum)")
+    model = task.model
+    names = [name for name, _ in model.named_parameters()]
+    shapes = [p.shape for p in model.parameters()]
+    sizes = [p.numel() for p in model.parameters()]
+    m = len(configs)
+    theta = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).repeat(m, 1)  # [m, P]
+    lr = torch.tensor([float(c[0]) for c in configs]).reshape(m, 1)
+    mom = torch.tensor([float(c[1]) for c in configs]).reshape(m, 1)
+    buf: Optional[Tensor] = None
+    buffers = {name: t for name, t in model.named_buffers()}
+
+    def unflat(flat: Tensor) -> dict[str, Tensor]:
+        return {name: t.view(shape) for name, t, shape in zip(names, flat.split(sizes), shapes)}
+
+    def loss_fn(flat: Tensor, x: Tensor, y: Tensor) -> Tensor:
+        return F.cross_entropy(functional_call(model, (unflat(flat), buffers), (x,)), y)
+
+    grads_fn = vmap(vmap(grad_and_value(loss_fn), in_dims=(None, 0, 0)), in_dims=(0, None, None))
+    val_fn = vmap(loss_fn, in_dims=(0, None, None))
+    plan = AggregatePlan(scheme, start)
+    keep = scheme.c + 1
+    n, b = scheme.n, task.batch_size
+    runs = [EmulatedRun() for _ in range(m)]
+    done = [False] * m
+
+    def validate(steps: int, when: float) -> None:
+        with torch.no_grad():
+            losses = val_fn(theta, task.x_val, task.y_val).tolist()
+        for k, run in enumerate(runs):
+            if done[k]:
+                continue
+            run.val_steps.append(steps)
+            run.val_times.append(when)
+            run.val_loss.append(losses[k])
+            if not math.isfinite(losses[k]):
+                run.diverged = done[k] = True
+            elif stop_below is not None and losses[k] <= stop_below:
+                done[k] = True
+
+    validate(0, 0.0)
+    gradients: dict[int, Tensor] = {}
+    for i, entry in enumerate(schedule):
+        if all(done):
+            break
+        t = entry.version
+        if t != start + i:
+            raise ValueError(f"schedule entry {i} is version {t}, expected {start + i} (versions in order, none missing)")
+        index = torch.tensor([streams.batch(j, t, b) for j in range(n)])
+        grads, losses = grads_fn(theta, task.x_train[index], task.y_train[index])  # [m, n, P], [m, n]
+        gradients[t] = torch.cat([grads, losses.unsqueeze(-1)], dim=-1).transpose(0, 1).reshape(n, -1)  # [n, m(P+1)]
+        gradients.pop(t - keep, None)
+        terms = plan.terms(t, entry.admitted, entry.ages)
+        aggregate = plan.combine(terms, gradients, dtype=torch.float32).reshape(m, -1)
+        g = aggregate[:, :-1].to(theta.dtype)
+        buf = g.clone() if buf is None else buf.mul_(mom).add_(g)
+        theta = theta - lr * buf
+        for k, run in enumerate(runs):
+            if not done[k]:
+                run.times.append(entry.time_s)
+                run.train_loss.append(float(aggregate[k, -1]))
+        validate(i + 1, entry.time_s)
+    for k, run in enumerate(runs):
+        run.params = theta[k].clone()
+    return runs

@@ -1,0 +1,31 @@
+"""A short digits job on 4 real ranks through the pgc strategy that records its schedule for the emulator.
+
+Usage: ``python tests/emulator_job.py OUT SCHEME STEPS`` (run as a script: Lightning forks the ranks from it).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import lightning.pytorch as pl
+
+import lightning_pgc  # noqa: F401
+from lightning_pgc import PGCStrategy
+from lightning_pgc.digits import DigitsCNN, DigitsDataModule
+from lightning_pgc.emulator.record import ScheduleRecorder
+from lightning_pgc.stragglers import StragglerInjector
+
+DELAY = "lognormal(median=0.01, sigma=1.0)"  # varies the admitted sets from version to version
+BATCH = 16
+LR, MOMENTUM = 0.05, 0.9
+
+if __name__ == "__main__":
+    out, scheme, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    pl.seed_everything(0)
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=4, max_steps=steps, logger=False, enable_progress_bar=False,
+        enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=0,
+        strategy=PGCStrategy(scheme=scheme, stragglers=1, start_method="fork", diagnostics=False),
+        callbacks=[ScheduleRecorder(out), StragglerInjector(DELAY, seed=0)],
+    )
+    trainer.fit(DigitsCNN(lr=LR, momentum=MOMENTUM, sync_train_loss=False), DigitsDataModule(batch_size=BATCH))
