@@ -13,8 +13,10 @@ The store must outlive any single rank: the launching process hosts it under ``f
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
+import uuid
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -22,6 +24,9 @@ import torch.distributed as dist
 
 #: Environment variable naming the store the launching process hosts (``host:port``), inherited by the ranks.
 STORE_ENV = "PGC_STORE_ADDR"
+
+
+_HOSTED: list[dist.TCPStore] = []  # the server this process hosts (kept alive with the process)
 
 
 def host_store() -> Optional[dist.TCPStore]:
@@ -32,6 +37,7 @@ def host_store() -> Optional[dist.TCPStore]:
         return None
     server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
     os.environ[STORE_ENV] = f"127.0.0.1:{server.port}"
+    _HOSTED.append(server)
     return server
 
 
@@ -46,6 +52,21 @@ def open_store(timeout: timedelta) -> dist.Store:
     from torch.distributed.distributed_c10d import _get_default_store
 
     return _get_default_store()
+
+
+_RUNS = itertools.count()  # runtime starts in this process: every rank starts them in the same order
+
+
+def run_prefix(rank: int) -> str:
+    """A namespace for one runtime start, the same on every rank and new for every start (rank 0 draws it and
+    passes it through the default group's store)."""
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store = _get_default_store()
+    key = f"pgc/run/{next(_RUNS)}"
+    if rank == 0:
+        store.set(key, uuid.uuid4().hex)
+    return "pgc/" + store.get(key).decode()
 
 
 class Channel:

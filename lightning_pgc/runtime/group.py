@@ -34,7 +34,9 @@ class DataGroup:
         self.index = self.members.index(rank)
         self.size = len(self.members)
         self.device = device
-        sub = dist.PrefixStore(f"{prefix}/data/{number}", store.clone())  # its own connection
+        own = store.clone()  # its own connection
+        own.set_timeout(timeout)
+        sub = dist.PrefixStore(f"{prefix}/data/{number}", own)
         if device.type == "cuda":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
