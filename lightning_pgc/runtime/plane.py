@@ -142,6 +142,8 @@ class CollectiveRuntime:
         self.completed = start_version - 1
         self._next = start_version
         self._waiting = False  # the comm thread left its group and waits for the next configuration
+        self._busy = False  # the comm thread is inside a collective (it reads no message until it ends, within the
+        # group's timeout)
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._coll_cond = threading.Condition()
         self._coll_mine: dict[int, tuple[str, object]] = {}
@@ -198,7 +200,7 @@ class CollectiveRuntime:
                 requests, self._final_requests = self._final_requests, []
             for rank, version in requests:
                 self.send_state(rank, version, donate() if donate is not None else torch.zeros(0, dtype=torch.uint8))
-            if self.failure() is not None and not self.is_leader:
+            if self.failure() is not None:  # the leader failed (here, or it said so): nobody sends STOP
                 break
         self._halt()
 
@@ -362,7 +364,7 @@ class CollectiveRuntime:
             self._resumed_at = now  # this thread did not run for a while: the leader's beats may be queued
         self._last_check = now
         silent = now - max(self._leader_heard, self._resumed_at)
-        if not self.is_leader and silent > self.heartbeat_window:
+        if not self.is_leader and silent > self.heartbeat_window and not self._busy:
             raise PGCTimeoutError(f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no heartbeat for "
                                   f"{silent:.1f} s while {doing}; its process is gone or frozen")
 
@@ -500,6 +502,7 @@ class CollectiveRuntime:
             self._waiting = True
             return
         try:
+            self._busy = True
             self.group = open_group(self.store, self.prefix, number, members, self.rank, self.device,
                                     self.group_timeout)
         except Exception as exc:
@@ -508,6 +511,9 @@ class CollectiveRuntime:
         else:
             log.info("PGC rank %d: configuration %d with ranks %s from version %d", self.rank, number, members,
                      version)
+        finally:
+            self._busy = False
+            self._leader_heard = time.monotonic()
 
     def _run_version(self, version: int, plan: Sequence[tuple[int, int, int]], table: tuple[int, ...]) -> None:
         """Contribute this rank's share of ``version``'s aggregate to the all-reduce; keep the result."""
@@ -521,12 +527,16 @@ class CollectiveRuntime:
                 torch.cuda.current_stream(self.device).wait_event(code.event)
         contribute(self.scheme, plan, self.rank, {v: c.flat for v, c in codes.items()}, self.coded_numel, buf)
         try:
+            self._busy = True
             self.group.all_reduce(buf)
         except Exception as exc:
             log.warning("PGC rank %d: the all-reduce of version %d failed (%r); the data group is reconfigured",
                         self.rank, version, exc)
             self._leave_group(self._chan)
             return
+        finally:
+            self._busy = False
+            self._leader_heard = time.monotonic()  # (its messages waited in the queue meanwhile)
         self.completed, self._next = version, version + 1
         out = buf if buf.dtype == self.down_dtype else self._narrow(buf)
         event = torch.cuda.current_stream(self.device).record_event() if self._stream is not None else None
@@ -558,11 +568,15 @@ class CollectiveRuntime:
             again = seq in self._coll_saved  # run again after a reconfiguration: this rank has its result
             mine = self._coll_saved[seq] if again else self._coll_mine.get(seq)
         try:
+            self._busy = True
             got = self.group.all_gather_objects(mine)
         except Exception as exc:
             log.warning("PGC rank %d: collective %d failed (%r); the data group is reconfigured", self.rank, seq, exc)
             self._leave_group(self._chan)
             return
+        finally:
+            self._busy = False
+            self._leader_heard = time.monotonic()
         with self._coll_cond:
             if not again:
                 self._coll_saved = {seq: self._coll_mine.pop(seq, None)}
