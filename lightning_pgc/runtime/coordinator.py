@@ -70,7 +70,8 @@ class Coordinator:
         self.chan.push_all([inbox(r) for r in self.members], message)
 
     def _send_all(self, message: tuple) -> None:
-        self.chan.push_all([inbox(r) for r in range(self.rt.world_size) if r not in self.leader.dead], message)
+        """To every rank (one that left the data group may come back: it must hear the leader)."""
+        self.chan.push_all([inbox(r) for r in range(self.rt.world_size)], message)
 
     def _loop(self) -> None:
         rt, leader = self.rt, self.leader
@@ -147,13 +148,17 @@ class Coordinator:
     def _watch(self, now: float) -> None:
         """Members silent for a heartbeat window (frozen, or gone) start a reconfiguration."""
         leader = self.leader
-        missing = {r for r in self.members if r != self.rt.rank and not leader.is_alive(r, now)}
+        missing = {r for r in range(self.rt.world_size) if r != self.rt.rank and r not in leader.byes
+                   and not leader.is_alive(r, now)}
         for r in sorted(missing - self._missing):
             log.warning("PGC: rank %d is missing (no heartbeat for %.1f s, or its process is gone) at version %d", r,
                         self.rt.heartbeat_window, leader.version)
+        for r in sorted(self._missing - missing - leader.byes):
+            log.warning("PGC: rank %d is alive again at version %d", r, leader.version)
         self._missing = missing
-        if missing and self._reconf is None:
-            self._start(now, f"ranks {sorted(missing)} are silent")
+        silent = sorted(r for r in missing if r in self.members)
+        if silent and self._reconf is None:
+            self._start(now, f"ranks {silent} are silent")
 
     def _reconfigure(self, now: float) -> None:
         rt, leader, rec = self.rt, self.leader, self._reconf
@@ -168,9 +173,8 @@ class Coordinator:
         if not reporters:
             raise CoordinatorError(f"no member of the data group answered within {waited:.1f} s ({rec.why})")
         top = max(rec.reports.values())
-        for r in lost:
-            if r not in leader.byes or r in self._leaving:
-                leader.on_dead(r)
+        for r in lost:  # (a frozen one is alive again when its heartbeats come back; a dead one never is)
+            leader.drop_open(r)
             leader.detached.setdefault(r, top + 1)
             leader.forget(r, leader.version - rt.kept_versions)
         self._reopen(top + 1, set(lost), now)
@@ -211,11 +215,14 @@ class Coordinator:
         rt, leader = self.rt, self.leader
         while self._rejoins:
             rank = self._rejoins.pop(0)
-            if rank not in self.members:
-                log.warning("PGC: rank %d asks to rejoin but left the data group; it cannot rejoin this fit", rank)
-                continue
             u, donor = leader.on_rejoin(rank, rt.rank, rt._stopping.is_set())
             self._send_all(("attach", u, rank, donor))
+            if rank not in self.members:  # it left the data group (frozen): every member has every version before
+                self.config += 1  # u queued before this configuration, which takes it back from u on
+                self.members = sorted(self.members + [rank])
+                log.warning("PGC: rank %d rejoins the data group at version %d (configuration %d)", rank, u,
+                            self.config)
+                self._send_members(("conf", self.config, self.members, u))
             if rt._stopping.is_set() and donor == rt.rank:
                 with rt._lock:
                     rt._final_requests.append((rank, u))
