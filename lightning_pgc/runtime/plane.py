@@ -364,7 +364,7 @@ class CollectiveRuntime:
             self._resumed_at = now  # this thread did not run for a while: the leader's beats may be queued
         self._last_check = now
         silent = now - max(self._leader_heard, self._resumed_at)
-        if not self.is_leader and silent > self.heartbeat_window and not self._busy:
+        if not self.is_leader and silent > 2 * self.heartbeat_window and not self._busy:
             raise PGCTimeoutError(f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no heartbeat for "
                                   f"{silent:.1f} s while {doing}; its process is gone or frozen")
 
@@ -415,7 +415,6 @@ class CollectiveRuntime:
                 chan.push(LEADER_BOX, ("tick",) if self.is_leader else ("beat", self.rank, self.progress))
             except Exception as exc:  # the store is gone: the comm thread reports the lost leader
                 log.debug("PGC rank %d: heartbeat failed: %r", self.rank, exc)
-                return
 
     def _fail(self, exc: BaseException) -> None:
         if self.error is None:
@@ -445,9 +444,10 @@ class CollectiveRuntime:
             except TimeoutError:
                 if self._stopping.is_set() and self._beats_done.is_set():
                     return
-                if not self.is_leader and time.monotonic() - self._leader_heard > self.heartbeat_window:
-                    self._fail(PGCTimeoutError(f"PGC rank {self.rank} lost the leader: no message for "
-                                               f"{self.heartbeat_window:g} s"))
+                silent = time.monotonic() - self._leader_heard
+                if not self.is_leader and silent > 2 * self.heartbeat_window:
+                    self._fail(PGCTimeoutError(f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no "
+                                               f"heartbeat for {silent:.1f} s; its process is gone or frozen"))
                     return
                 continue
             kind = msg[0]
