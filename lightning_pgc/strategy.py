@@ -307,8 +307,9 @@ class PGCStrategy(DDPStrategy):
         super()._configure_launcher()
         # Lightning's launchers kill every rank when one dies; PGC survives up to s dead ranks.
         failover = self.failover is not False and self.data_plane == "sharded"
-        if self.data_plane == "collective":
-            host_store()  # the control plane's store lives in the launching process, not in a rank
+        launches = self._start_method != "popen" or not self.cluster_environment.creates_processes_externally
+        if self.data_plane == "collective" and launches:
+            host_store()  # this process starts the ranks: the control plane's store lives here, not in a rank
         wrap_launcher(self, lambda launcher: surviving_launcher(launcher, self._live.reap_grace_s(), failover))
         mark_launching_rank(self._launcher)
         if self.failover and launches_in_rank_zero(self):

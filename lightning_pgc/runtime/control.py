@@ -83,6 +83,7 @@ class Channel:
         self.store.set_timeout(timeout)
         self.prefix = prefix
         self.bytes_sent = 0
+        self.bytes_received = 0
 
     def _key(self, box: str) -> str:
         return f"{self.prefix}/{box}"
@@ -110,6 +111,7 @@ class Channel:
             if "timeout" in str(exc).lower():
                 raise TimeoutError(str(exc)) from exc
             raise
+        self.bytes_received += len(data)
         return pickle.loads(data)
 
     def drain(self, box: str) -> list[Any]:
@@ -117,9 +119,11 @@ class Channel:
         out = []
         for _ in range(self.store.queue_len(self._key(box))):
             try:
-                out.append(pickle.loads(self.store.queue_pop(self._key(box), False)))
+                data = self.store.queue_pop(self._key(box), False)
             except dist.QueueEmptyError:
                 break
+            self.bytes_received += len(data)
+            out.append(pickle.loads(data))
         return out
 
     def put_blob(self, key: str, data: bytes) -> None:

@@ -55,6 +55,7 @@ class Coordinator:
     def run(self) -> None:
         rt = self.rt
         self.chan = Channel(rt.store, rt.prefix, _window(rt))
+        rt._channels.append(self.chan)
         try:
             self._loop()
         except BaseException as exc:

@@ -136,6 +136,8 @@ class CollectiveRuntime:
         self._stopped = False
         self._threads: list[threading.Thread] = []
         self._ctl = Channel(store, self.prefix, timedelta(seconds=self.heartbeat_window))
+        self._channels = [self._ctl]  # every thread's channel (their bytes are counted)
+        self.data_bytes = 0  # bytes this rank's all-reduces sent (as many are received): a ring's 2 (m-1)/m payloads
         # comm thread state
         self.group: Optional[DataGroup] = None
         self.config = 0
@@ -384,8 +386,12 @@ class CollectiveRuntime:
         return list(self.final_stats or [])
 
     def buffer_stats(self) -> dict[str, int]:
+        control_sent = sum(c.bytes_sent for c in self._channels)
+        control_received = sum(c.bytes_received for c in self._channels)
         return {"mailbox_high_water": self.aggregates.high_water, "aggregate_buffers": self.aggregates.allocated,
-                "code_messages": self._code_count, "bytes_sent": self._ctl.bytes_sent, "rejected": self.rejected,
+                "code_messages": self._code_count, "bytes_sent": self.data_bytes + control_sent,
+                "bytes_received": self.data_bytes + control_received, "control_bytes_sent": control_sent,
+                "control_bytes_received": control_received, "rejected": self.rejected,
                 "configurations": self.config + 1}
 
     def _receives(self, rank: int, version: int) -> bool:
@@ -410,6 +416,7 @@ class CollectiveRuntime:
     def _beat(self) -> None:
         """Heartbeats to the leader with the training thread's version (the leader's own: a tick to its loop)."""
         chan = Channel(self.store, self.prefix, timedelta(seconds=self.heartbeat_window))
+        self._channels.append(chan)
         while not self._beats_done.wait(self.heartbeat_interval):
             try:
                 chan.push(LEADER_BOX, ("tick",) if self.is_leader else ("beat", self.rank, self.progress))
@@ -438,6 +445,7 @@ class CollectiveRuntime:
         """The comm thread: the leader's messages in order; an all-reduce per decided version."""
         chan = Channel(self.store, self.prefix, timedelta(seconds=self.heartbeat_window))
         self._chan = chan
+        self._channels.append(chan)
         while True:
             try:
                 msg = chan.pop(inbox(self.rank))
@@ -538,6 +546,8 @@ class CollectiveRuntime:
             self._busy = False
             self._leader_heard = time.monotonic()  # (its messages waited in the queue meanwhile)
         self.completed, self._next = version, version + 1
+        m = self.group.size
+        self.data_bytes += 2 * (m - 1) * buf.numel() * buf.element_size() // m
         out = buf if buf.dtype == self.down_dtype else self._narrow(buf)
         event = torch.cuda.current_stream(self.device).record_event() if self._stream is not None else None
         if self._receives(self.rank, version):
