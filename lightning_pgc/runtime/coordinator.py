@@ -191,9 +191,14 @@ class Coordinator:
         self.config += 1
         self.members = reporters
         if lost:
-            log.warning("PGC: ranks %s left the data group at version %d (%s); training goes on with ranks %s: "
-                        "%d of %d alive, scheme '%s' needs %d", lost, top + 1, rec.why, reporters,
-                        len(leader.alive(now)), rt.world_size, rt.scheme.name, rt.scheme.wait_for)
+            alive = len([r for r in leader.alive(now) if r not in lost])
+            for r in lost:
+                if r not in leader.byes:
+                    log.warning("PGC: rank %d died at version %d or froze (%s); training goes on without it: %d of %d "
+                                "ranks alive, scheme '%s' needs %d", r, top + 1, rec.why, alive, rt.world_size,
+                                rt.scheme.name, rt.scheme.wait_for)
+            log.warning("PGC: ranks %s left the data group at version %d; training goes on with ranks %s", lost,
+                        top + 1, reporters)
         self._send_members(("conf", self.config, reporters, top + 1))
         self._reconf = None
         self._leaving.clear()
