@@ -409,6 +409,9 @@ def write_markdown(res: dict) -> None:
         "backward it runs. 4 ranks share 2 cores, so a sleeping rank frees a core for the others: that flatters "
         "every `*_slow` row of a straggler-tolerant strategy, and `pgc_slow / ddp (no delay)` most.",
         "",
+        "These rows measure the sharded data plane (the default). The collective data plane "
+        "(`data_plane=\"collective\"`) against ddp: [step_time_planes.md](step_time_planes.md).",
+        "",
         f"Models: tiny 16-32-4 ({res['params']['tiny']} parameters), 10m 1024-10000-4 ({res['params']['10m']}), "
         f"1m 1024-1000-4 ({res['params']['1m']}).",
         "",

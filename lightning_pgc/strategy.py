@@ -462,7 +462,8 @@ class PGCStrategy(DDPStrategy):
                 coded_numel=self._grad_numel + 1, agg_numel=numel, down_dtype=dtype,
                 start_version=trainer.global_step, timeout=self.liveness_timeout, max_lag=max_lag,
                 make_leader=make_leader, heartbeat_interval=self.heartbeat_interval,
-                heartbeat_misses=self.heartbeat_misses, device=self.root_device, prefix=run_prefix(self.global_rank))
+                heartbeat_misses=self.heartbeat_misses, device=self.root_device, prefix=run_prefix(self.global_rank),
+                keep_versions=window if isinstance(scheme, BoundedScheme) else None)
         else:
             self.runtime = self._sharded_runtime(trainer, scheme, dtype, max_lag, make_leader)
         self.runtime.start()

@@ -341,3 +341,28 @@ def test_nccl_group_gives_identical_bits_on_the_device():
         assert torch.equal(aggs[0].cpu(), aggs[1].cpu())
     finally:
         _stop_all(rts)
+
+
+def test_the_data_plane_option_is_checked_at_construction():
+    from lightning_pgc import PGCStrategy
+
+    with pytest.raises(ValueError, match="data_plane must be 'sharded' or 'collective'"):
+        PGCStrategy(data_plane="ring")
+    with pytest.raises(ValueError, match="needs data_plane='sharded'"):
+        PGCStrategy(data_plane="collective", failover=True)
+    assert PGCStrategy(data_plane="collective").data_plane == "collective"
+
+
+def test_gradients_keep_the_parameters_channels_last_layout():
+    """A channels_last parameter's gradient is stored in its memory order and given back as a view with its
+    strides: no copy, and the optimizer sees the layout autograd would have produced."""
+    from lightning_pgc.strategy import _flat, _grad_view
+
+    p = torch.nn.Parameter(torch.randn(4, 3, 5, 5).to(memory_format=torch.channels_last))
+    g = torch.randn(4, 3, 5, 5).to(memory_format=torch.channels_last)
+    flat = _flat(g, p)
+    assert flat.data_ptr() == g.data_ptr()  # a view: memory order is flat order
+    view = _grad_view(flat.clone(), p)
+    assert view.stride() == p.stride() and torch.equal(view, g)
+    q = torch.nn.Parameter(torch.randn(6, 7))
+    assert _grad_view(_flat(torch.ones(6, 7), q), q).is_contiguous()

@@ -61,7 +61,8 @@ class Code:
         self.flat = torch.zeros(numel, dtype=dtype, device=device)
         self.shards = self.flat.view(1, -1)
         self.version = -1
-        self.event: Optional[object] = None
+        self.event: Optional[object] = None  # CUDA: recorded when it was submitted (the comm stream waits on it)
+        self.read: Optional[object] = None  # CUDA: recorded after the comm stream last read it
 
     def write(self, start: int, flat: Tensor) -> None:
         """Copy ``flat`` into the code at offset ``start`` (e.g. the averaged buffers)."""
@@ -86,13 +87,16 @@ class CollectiveRuntime:
         make_leader: the control plane's class (e.g. :class:`~lightning_pgc.runtime.bounded.BoundedLeader`).
         heartbeat_interval, heartbeat_misses: liveness; the window is their product.
         device: where codes and aggregates live (``cuda``: NCCL and a comm stream; else gloo).
+        prefix: the run's namespace in the store (the same on every rank, new for every start).
+        keep_versions: versions a code may serve (bounded staleness: the largest window the leader may widen to);
+            default ``scheme.window`` for schemes that reuse codes, else 1.
     """
 
     def __init__(self, scheme: Scheme, store: dist.Store, rank: int, world_size: int, numel: int, coded_numel: int,
                  agg_numel: int, down_dtype: torch.dtype, start_version: int, timeout: float, max_lag: int,
                  make_leader: Optional[Callable[..., Leader]] = None, heartbeat_interval: float = 0.2,
                  heartbeat_misses: int = 15, device: torch.device = torch.device("cpu"),
-                 prefix: Optional[str] = None) -> None:
+                 prefix: Optional[str] = None, keep_versions: Optional[int] = None) -> None:
         if heartbeat_interval <= 0 or heartbeat_misses < 1:
             raise ValueError(f"need heartbeat_interval > 0 and heartbeat_misses >= 1, got {heartbeat_interval}, "
                              f"{heartbeat_misses}")
@@ -106,7 +110,7 @@ class CollectiveRuntime:
         self.heartbeat_window = self.heartbeat_interval * heartbeat_misses
         self.group_timeout = timedelta(seconds=self.heartbeat_window + self.timeout)  # one liveness window
         self.prefix = prefix if prefix is not None else f"pgc/{next(_RUNS)}"
-        self.kept_versions = scheme.window if scheme.reuses_codes else 1
+        self.kept_versions = keep_versions or (scheme.window if scheme.reuses_codes else 1)
         self.leader_rank = 0
         self.leader: Optional[Leader] = (make_leader or Leader)(
             scheme, world_size, start_version, timeout, max_lag, self.heartbeat_window) if rank == 0 else None
@@ -247,6 +251,8 @@ class CollectiveRuntime:
         if code is None:
             code = Code(self.numel, self.up_dtype, self.device)
             self._code_count += 1
+        elif code.read is not None:  # the comm stream may still read it: the training stream waits
+            torch.cuda.current_stream(self.device).wait_event(code.read)
         code.version = -1
         return code
 
@@ -534,6 +540,10 @@ class CollectiveRuntime:
             if code.event is not None:
                 torch.cuda.current_stream(self.device).wait_event(code.event)
         contribute(self.scheme, plan, self.rank, {v: c.flat for v, c in codes.items()}, self.coded_numel, buf)
+        if self._stream is not None:
+            read = torch.cuda.current_stream(self.device).record_event()
+            for code in codes.values():
+                code.read = read
         try:
             self._busy = True
             self.group.all_reduce(buf)

@@ -58,6 +58,9 @@ def contribute(scheme: Scheme, plan: Plan, rank: int, codes: dict[int, Tensor], 
         return out.zero_()
     first = True
     for v, (w, p) in sorted(terms.items()):
+        if v not in codes:
+            raise KeyError(f"the plan names rank {rank}'s code of version {v}, which it does not keep (kept: "
+                           f"{sorted(codes)})")
         code = codes[v][:n]
         if first:
             torch.mul(code[:coded_numel], w, out=out[:coded_numel])
