@@ -364,7 +364,9 @@ def write_planes_markdown(res: dict) -> None:
         "is in docs/step_time_planes.json. `PGCStrategy(data_plane=\"collective\")`: one all-reduce per step on a "
         "gloo data group. Step time is throughput (wall time from every rank past step "
         f"{res['skip']} to every rank done, per step). The machine is shared with other jobs, so absolute times are "
-        "noisy: compare the ratios, each measured within one round (the configurations run interleaved).",
+        "noisy: compare the ratios, each measured within one round (the configurations run interleaved). When the "
+        "rounds disagree (a ratio above its target in one round and below in another), the median of so few rounds "
+        "does not establish the target: read the per-round values.",
         "",
         f"Models: 10m MLP 1024-10000-4 ({res['params']['10m']} parameters), 1m MLP 1024-1000-4 "
         f"({res['params']['1m']}), batch 32 per rank; comm: the map's comm-bound model, DigitsCNN(hidden=8192) "

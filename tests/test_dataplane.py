@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from lightning_pgc.codes import SCHEMES, BoundedScheme, make_scheme
 from lightning_pgc.runtime.collectives import CollectiveError
-from lightning_pgc.runtime.leader import CoordinatorError, DivergedError
+from lightning_pgc.runtime.leader import DivergedError
 from lightning_pgc.runtime.plane import CollectiveRuntime, PGCDetached
 from lightning_pgc.runtime.weights import contribute, contributions, reference_decode
 
