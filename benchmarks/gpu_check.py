@@ -1,18 +1,21 @@
-"""GPU check of the data plane: several processes on one GPU, a ResNet-18 (11.2 M parameters), pgc vs ddp.
+"""GPU check of the collective data plane on NCCL: a ResNet-18 (11.2 M parameters), pgc vs ddp, one rank per GPU.
 
-    python benchmarks/gpu_check.py --slow-seconds 0.5 --write   # on a machine with a CUDA GPU
-    python benchmarks/gpu_check.py --accelerator cpu --steps 4 --ranks 2   # a dry run of the script itself
+    python benchmarks/gpu_check.py --ranks 2 --slow-seconds 0.5 --write   # on a machine with >= 2 CUDA GPUs
+    python benchmarks/gpu_check.py --accelerator cpu --steps 6 --ranks 2   # a dry run of the script itself (gloo)
 
-Every process is one Lightning "node" with one device, all on ``cuda:0`` (NCCL refuses two ranks on one GPU, so
-both strategies use gloo for their process groups: ddp all-reduces CUDA tensors through gloo's host staging;
-pgc copies gradients into pinned host buffers asynchronously and back). Random 32x32 images, nothing downloads.
-Prints one JSON line per configuration and writes docs/gpu_check.json. Throughput as in step_time.py: wall time
-from every rank past step ``--skip`` to every rank done, per step; optional slow rank (``--slow-seconds``).
+Every process is one Lightning "node" that sees one GPU (``CUDA_VISIBLE_DEVICES``), so ddp all-reduces with NCCL and
+``PGCStrategy(data_plane="collective")`` builds its data group on NCCL, with codes, aggregates and ``param.grad``
+on the GPU. For each configuration it reports the step time (throughput as in step_time.py: wall time from every
+rank past step ``--skip`` to every rank done, per step), whether the last aggregate has the same bits on every rank
+(and the parameters too), and the host<->device copies per step counted by the profiler over three steps (CUDA
+only). Random 32x32 images, nothing downloads. Prints one JSON line per configuration; ``--write`` writes
+docs/gpu_check.json. On CPU (the dry run) the same code runs on gloo and no copies are counted.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import socket
@@ -48,13 +51,34 @@ def worker(args: argparse.Namespace) -> None:
             return torch.optim.SGD(self.parameters(), lr=0.01, momentum=0.9)
 
     class Clock(pl.Callback):
+        """Step times; host<->device copies over steps ``skip .. skip + 3`` (CUDA); the last aggregate's hash."""
+
         def __init__(self) -> None:
             self.times: list[float] = []
+            self.copies: Any = None
+            self.aggregate_sha = ""
+            self._prof: Any = None
 
-        def on_train_batch_end(self, *_: Any) -> None:
+        def on_train_batch_start(self, trainer: pl.Trainer, *_: Any) -> None:
+            if trainer.global_step == args.skip and torch.cuda.is_available():
+                from torch.profiler import ProfilerActivity, profile
+
+                self._prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+                self._prof.__enter__()
+
+        def on_train_batch_end(self, trainer: pl.Trainer, *_: Any) -> None:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             self.times.append(time.time())
+            if self._prof is not None and trainer.global_step == args.skip + 3:
+                self._prof.__exit__(None, None, None)
+                names = [e.name for e in self._prof.events()]
+                self.copies = sum(("HtoD" in n or "DtoH" in n) and "Memcpy" in n for n in names) / 3
+                self._prof = None
+            info = getattr(trainer.strategy, "last_step", None)
+            if info is not None and trainer.global_step == args.steps:
+                data = info.aggregate.detach().float().cpu().numpy().tobytes()
+                self.aggregate_sha = hashlib.sha256(data).hexdigest()
 
     g = torch.Generator().manual_seed(0)
     n = 64 * args.ranks * 4
@@ -64,9 +88,9 @@ def worker(args: argparse.Namespace) -> None:
     if args.slow_seconds > 0:
         callbacks.append(StragglerInjector(f"slowranks(ranks=[1], seconds={args.slow_seconds})"))
     if args.strategy == "ddp":
-        strategy: Any = DDPStrategy(process_group_backend="gloo")
+        strategy: Any = DDPStrategy()
     else:
-        strategy = PGCStrategy(scheme=args.strategy, stragglers=1, diagnostics=False, process_group_backend="gloo")
+        strategy = PGCStrategy(scheme=args.strategy, stragglers=1, diagnostics=False, data_plane="collective")
     trainer = pl.Trainer(accelerator=args.accelerator, devices=1, num_nodes=args.ranks, strategy=strategy,
                          max_steps=args.steps, callbacks=callbacks, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False)
@@ -74,8 +98,13 @@ def worker(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     st = trainer.strategy
+    from lightning_pgc.experiments.callbacks import parameter_checksum
+
     (out / f"rank{trainer.global_rank}.json").write_text(json.dumps({
         "times": clock.times,
+        "host_copies_per_step": clock.copies,
+        "aggregate_sha256": clock.aggregate_sha,
+        "checksum": parameter_checksum(trainer.lightning_module),
         "device": str(trainer.strategy.root_device),
         "params": sum(p.numel() for p in trainer.lightning_module.parameters()),
         "buffers": getattr(st, "buffer_stats", {}),
@@ -84,7 +113,7 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace, strategy: str, slow: float, out: Path) -> dict:
-    """Start ``args.ranks`` processes by hand (each a one-device node on the same GPU) and read their results."""
+    """Start ``args.ranks`` processes by hand (each a one-device node on its own GPU) and read their results."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -92,6 +121,8 @@ def launch(args: argparse.Namespace, strategy: str, slow: float, out: Path) -> d
     for r in range(args.ranks):
         env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(r),
                "LOCAL_RANK": "0", "WORLD_SIZE": str(args.ranks), "OMP_NUM_THREADS": "2"}
+        if args.accelerator == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = str(r)  # one GPU per rank: NCCL refuses two ranks on one GPU
         cmd = [sys.executable, __file__, "--worker", "--strategy", strategy, "--out", str(out), "--ranks",
                str(args.ranks), "--steps", str(args.steps), "--accelerator", args.accelerator,
                "--slow-seconds", str(slow)]
@@ -102,9 +133,14 @@ def launch(args: argparse.Namespace, strategy: str, slow: float, out: Path) -> d
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(args.ranks)]
     start = max(r["times"][args.skip - 1] for r in ranks)
     end = max(r["times"][-1] for r in ranks)
+    shas = {r["aggregate_sha256"] for r in ranks}
     return {"strategy": strategy, "slow_s": slow, "seconds_per_step": (end - start) / (args.steps - args.skip),
             "device": ranks[0]["device"], "params": ranks[0]["params"], "buffers": ranks[0]["buffers"],
-            "rank_stats": ranks[0]["rank_stats"]}
+            "rank_stats": ranks[0]["rank_stats"],
+            "aggregate_identical": None if strategy == "ddp" else (len(shas) == 1 and "" not in shas),
+            # (ddp's BatchNorm statistics differ between ranks after the last forward: buffers are broadcast before it)
+            "parameters_identical": None if strategy == "ddp" else len({r["checksum"] for r in ranks}) == 1,
+            "host_copies_per_step": [r["host_copies_per_step"] for r in ranks]}
 
 
 def main() -> None:
@@ -122,6 +158,12 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
+    if args.accelerator == "cuda":
+        import torch
+
+        if torch.cuda.device_count() < args.ranks:
+            raise SystemExit(f"--ranks {args.ranks} needs as many CUDA GPUs (one rank per GPU: NCCL), found "
+                             f"{torch.cuda.device_count()}")
     results = []
     configs = [("ddp", 0.0), ("pgc_cr", 0.0)]
     if args.slow_seconds > 0:

@@ -2,6 +2,7 @@
 
     python benchmarks/step_time.py                 # the full comparison (about 25 min on 2 cores)
     python benchmarks/step_time.py --rounds 1 --quick
+    python benchmarks/step_time.py --planes        # the collective data plane against ddp (docs/step_time_planes.*)
 
 Each configuration is one ``Trainer.fit`` on ``n`` real processes launched by Lightning, MLP models on
 synthetic data (nothing downloads). Configurations run interleaved (round 1: all of them, round 2: all again),
@@ -33,6 +34,14 @@ MODELS = {  # name -> (input, hidden, classes, batch per rank)
     "tiny": (16, 32, 4, 32),
     "10m": (1024, 10000, 4, 32),
     "1m": (1024, 1000, 4, 32),
+    "comm": None,  # the map's comm-bound model: DigitsCNN(hidden=8192), 4.3M parameters, batch 4 per rank
+}
+
+PLANE_TARGETS = {  # the collective data plane against ddp, side by side
+    "10m n=4: pgc / ddp": 1.05,
+    "1m n=8: pgc_cr / ddp": 1.10,
+    "comm n=4: pgc_cr / ddp": 1.05,
+    "10m n=4, rank 2 sleeps: pgc / ddp (no delay)": 1.05,
 }
 
 TARGETS = {  # the step-cost targets the runtime is held to
@@ -56,7 +65,7 @@ def run_worker(args: argparse.Namespace) -> None:
     from lightning_pgc.stragglers import StragglerInjector
 
     torch.set_num_threads(1)
-    d_in, hidden, classes, batch = MODELS[args.model]
+    d_in, hidden, classes, batch = MODELS[args.model] or (64, 0, 10, 4)
 
     class MLP(pl.LightningModule):
         def __init__(self) -> None:
@@ -73,15 +82,25 @@ def run_worker(args: argparse.Namespace) -> None:
     g = torch.Generator().manual_seed(0)
     samples = batch * args.devices * 8
     data = TensorDataset(torch.randn(samples, d_in, generator=g), torch.randint(0, classes, (samples,), generator=g))
+    if args.model == "comm":
+        from lightning_pgc.digits import DigitsCNN
+
+        data = TensorDataset(torch.randn(samples, 1, 8, 8, generator=g),
+                             torch.randint(0, classes, (samples,), generator=g))
 
     class Clock(pl.Callback):
         """Wall time (shared clock) at the end of every step on this rank."""
 
         def __init__(self) -> None:
             self.times: list[float] = []
+            self.threads = 0
 
         def on_train_batch_end(self, trainer: pl.Trainer, *_: Any) -> None:
             self.times.append(time.time())
+            if len(self.times) == 5:  # every thread of this rank (training, runtime, libraries), once warm
+                import threading
+
+                self.threads = threading.active_count()
 
     clock = Clock()
     callbacks: list[Any] = [clock]
@@ -94,11 +113,12 @@ def run_worker(args: argparse.Namespace) -> None:
     strategy: Any = "ddp"
     if args.strategy != "ddp":
         strategy = PGCStrategy(scheme=args.strategy, stragglers=0 if args.strategy == "dgd" else 1,
-                               diagnostics=False, timeout=600)
+                               diagnostics=False, timeout=600, data_plane=args.plane)
     trainer = pl.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_steps=args.steps,
                          callbacks=callbacks, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, num_sanity_val_steps=0)
-    trainer.fit(MLP(), DataLoader(data, batch_size=batch, shuffle=True))
+    module = DigitsCNN(hidden=8192, sync_train_loss=False) if args.model == "comm" else MLP()
+    trainer.fit(module, DataLoader(data, batch_size=batch, shuffle=True))
     rank = trainer.global_rank
     st = trainer.strategy
     from lightning_pgc.experiments.callbacks import parameter_checksum
@@ -106,6 +126,7 @@ def run_worker(args: argparse.Namespace) -> None:
     result = {
         "rank": rank,
         "times": clock.times,
+        "threads": clock.threads,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "buffers": getattr(st, "buffer_stats", {}),
         "rank_stats": st.rank_stats() if hasattr(st, "rank_stats") else [],
@@ -118,13 +139,14 @@ def run_worker(args: argparse.Namespace) -> None:
 
 
 def launch(out: Path, strategy: str, model: str, devices: int, steps: int, slow: float, slow_rank: int,
-           stall: tuple[int, float] = (0, 0.0)) -> dict:
+           stall: tuple[int, float] = (0, 0.0), plane: str = "sharded") -> dict:
     """Run one configuration; ``stall``: (step, seconds) of a :class:`~lightning_pgc.faults.Stall` on
     ``slow_rank``."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, __file__, "--worker", "--out", str(out), "--strategy", strategy, "--model", model,
            "--devices", str(devices), "--steps", str(steps), "--slow-seconds", str(slow),
-           "--slow-rank", str(slow_rank), "--stall-step", str(stall[0]), "--stall-seconds", str(stall[1])]
+           "--slow-rank", str(slow_rank), "--stall-step", str(stall[0]), "--stall-seconds", str(stall[1]),
+           "--plane", plane]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK"):
         env.pop(key, None)
@@ -169,6 +191,8 @@ def main() -> None:
     p.add_argument("--slow-rank", type=int, default=2)
     p.add_argument("--stall-step", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--stall-seconds", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--plane", default="sharded", choices=["sharded", "collective"], help=argparse.SUPPRESS)
+    p.add_argument("--planes", action="store_true", help="the collective data plane against ddp")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--skip", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="fewer steps (a smoke run; not for docs)")
@@ -176,6 +200,9 @@ def main() -> None:
     args = p.parse_args()
     if args.worker:
         run_worker(args)
+        return
+    if args.planes:
+        planes(args)
         return
     if args.from_json:
         result = json.loads((DOCS / "step_time.json").read_text())
@@ -269,6 +296,105 @@ def main() -> None:
         console.print(f"wrote {DOCS / path}")
 
 
+def planes(args: argparse.Namespace) -> None:
+    """The collective data plane against ddp: the configurations of PLANE_TARGETS, interleaved over rounds."""
+    steps = 10 if args.quick else 30
+    slow = 0.5
+    configs = {  # name -> (strategy, model, devices, steps, slow seconds)
+        "10m/ddp/n4": ("ddp", "10m", 4, steps, 0.0),
+        "10m/pgc/n4": ("pgc_cr", "10m", 4, steps, 0.0),
+        "10m/pgc_slow/n4": ("pgc_cr", "10m", 4, steps, slow),
+        "1m/ddp/n8": ("ddp", "1m", 8, steps, 0.0),
+        "1m/pgc_cr/n8": ("pgc_cr", "1m", 8, steps, 0.0),
+        "1m/pgc_cr/n4": ("pgc_cr", "1m", 4, steps, 0.0),
+        "comm/ddp/n4": ("ddp", "comm", 4, steps, 0.0),
+        "comm/pgc_cr/n4": ("pgc_cr", "comm", 4, steps, 0.0),
+    }
+    out = Path(args.out) / "planes"
+    runs: dict[str, list[dict]] = {k: [] for k in configs}
+    started = time.time()
+    for r in range(args.rounds):
+        for name, (strategy, model, n, k, delay) in configs.items():
+            print(f"round {r + 1}: {name}", flush=True)
+            runs[name].append(launch(out / f"round{r}" / name.replace("/", "_"), strategy, model, n, k, delay,
+                                     args.slow_rank, plane="collective"))
+    skip = args.skip
+    step_s = {k: [seconds_per_step(j, skip) for j in v] for k, v in runs.items()}
+
+    def ratio(a: str, b: str) -> list[float]:
+        return [x / y for x, y in zip(step_s[a], step_s[b])]
+
+    ratios = {
+        "10m n=4: pgc / ddp": ratio("10m/pgc/n4", "10m/ddp/n4"),
+        "1m n=8: pgc_cr / ddp": ratio("1m/pgc_cr/n8", "1m/ddp/n8"),
+        "comm n=4: pgc_cr / ddp": ratio("comm/pgc_cr/n4", "comm/ddp/n4"),
+        "10m n=4, rank 2 sleeps: pgc / ddp (no delay)": ratio("10m/pgc_slow/n4", "10m/ddp/n4"),
+    }
+    pgc = [k for k, v in configs.items() if v[0] != "ddp"]
+    result = {
+        "command": "python benchmarks/step_time.py " + " ".join(sys.argv[1:]),
+        "machine": f"{os.cpu_count()} CPU cores shared with other jobs, gloo, {args.rounds} interleaved rounds",
+        "minutes": (time.time() - started) / 60,
+        "skip": skip,
+        "slow": {"rank": args.slow_rank, "seconds": slow},
+        "configs": {k: {"strategy": v[0], "model": v[1], "devices": v[2], "steps": v[3], "slow_s": v[4]}
+                    for k, v in configs.items()},
+        "params": {m: runs[f"{m}/ddp/n{n}"][0]["ranks"][0]["params"] for m, n in (("10m", 4), ("1m", 8), ("comm", 4))},
+        "seconds_per_step": step_s,
+        "ratios": {k: {"per_round": v, "median": statistics.median(v), "target_max": PLANE_TARGETS[k],
+                       "met": statistics.median(v) <= PLANE_TARGETS[k]} for k, v in ratios.items()},
+        "threads_per_rank": {k: [sorted({r["threads"] for r in j["ranks"]}) for j in runs[k]]
+                             for k in ("1m/pgc_cr/n4", "1m/pgc_cr/n8", "1m/ddp/n8")},
+        "traffic_over_ring": {k: [traffic_ratio(j, configs[k][3], configs[k][2]) for j in runs[k]] for k in pgc},
+        "control_bytes_per_step": {k: [max(r["buffers"].get("control_bytes_sent", 0) for r in j["ranks"])
+                                       / configs[k][3] for j in runs[k]] for k in pgc},
+        "peak_rss_mb": {k: [max(r["peak_rss_mb"] for r in j["ranks"]) for j in v] for k, v in runs.items()},
+    }
+    (DOCS / "step_time_planes.json").write_text(json.dumps(result, indent=1))
+    write_planes_markdown(result)
+    for k, v in result["ratios"].items():
+        print(f"{k}: {v['median']:.3f} (per round {_fmt_list(v['per_round'])}), target <= {v['target_max']}")
+
+
+def write_planes_markdown(res: dict) -> None:
+    md = [
+        "# Step time: the collective data plane against ddp",
+        "",
+        f"Produced by `{res['command'].strip()}` ({res['machine']}; {res['minutes']:.0f} min); every number below "
+        "is in docs/step_time_planes.json. `PGCStrategy(data_plane=\"collective\")`: one all-reduce per step on a "
+        "gloo data group. Step time is throughput (wall time from every rank past step "
+        f"{res['skip']} to every rank done, per step). The machine is shared with other jobs, so absolute times are "
+        "noisy: compare the ratios, each measured within one round (the configurations run interleaved). When the "
+        "rounds disagree (a ratio above its target in one round and below in another), the median of so few rounds "
+        "does not establish the target: read the per-round values.",
+        "",
+        f"Models: 10m MLP 1024-10000-4 ({res['params']['10m']} parameters), 1m MLP 1024-1000-4 "
+        f"({res['params']['1m']}), batch 32 per rank; comm: the map's comm-bound model, DigitsCNN(hidden=8192) "
+        f"({res['params']['comm']} parameters) at batch 4 per rank. `pgc_slow`: rank {res['slow']['rank']} sleeps "
+        f"{res['slow']['seconds']} s after every backward it runs.",
+        "",
+        "| ratio (same round) | median | per round | target | met |",
+        "|---|---:|---|---:|---|",
+    ]
+    for k, v in res["ratios"].items():
+        md.append(f"| {k} | {v['median']:.3f} | {_fmt_list(v['per_round'])} | <= {v['target_max']} | "
+                  f"{'yes' if v['met'] else '**no**'} |")
+    md += ["", "| configuration | seconds per step, per round |", "|---|---|"]
+    md += [f"| {k} | {_fmt_list(v, 4)} |" for k, v in res["seconds_per_step"].items()]
+    md += ["", "Threads per rank (every thread of the process at step 5, training and library threads included; "
+           "the distinct counts over the ranks, per round):", "", "| run | per round |", "|---|---|"]
+    md += [f"| {k} | {'; '.join(str(x) for x in v)} |" for k, v in res["threads_per_rank"].items()]
+    md += ["", "Traffic: the busiest rank's bytes sent + received per step over a ring all-reduce's `4 (n-1)/n` "
+           "payloads. The all-reduce's bytes are gloo's ring (`2 (m-1)/m` payloads each way, counted by the runtime, "
+           "not measured on the wire); the control messages are counted as they are pushed and popped:", "",
+           "| run | ratio per round | control bytes per step, busiest rank |", "|---|---|---|"]
+    md += [f"| {k} | {_fmt_list(v, 3)} | {_fmt_list(res['control_bytes_per_step'][k], 0)} |"
+           for k, v in res["traffic_over_ring"].items()]
+    md += ["", "Peak RSS, largest rank (MB):", "", "| run | per round |", "|---|---|"]
+    md += [f"| {k} | {_fmt_list(v, 0)} |" for k, v in res["peak_rss_mb"].items()]
+    (DOCS / "step_time_planes.md").write_text("\n".join(md) + "\n")
+
+
 def _fmt_list(values: list[float], digits: int = 3) -> str:
     return ", ".join(f"{v:.{digits}f}" for v in values)
 
@@ -284,6 +410,9 @@ def write_markdown(res: dict) -> None:
         f"`diagnostics=False`. `slow`: rank {res['slow']['rank']} sleeps {res['slow']['seconds']} s after every "
         "backward it runs. 4 ranks share 2 cores, so a sleeping rank frees a core for the others: that flatters "
         "every `*_slow` row of a straggler-tolerant strategy, and `pgc_slow / ddp (no delay)` most.",
+        "",
+        "These rows measure the sharded data plane (the default). The collective data plane "
+        "(`data_plane=\"collective\"`) against ddp: [step_time_planes.md](step_time_planes.md).",
         "",
         f"Models: tiny 16-32-4 ({res['params']['tiny']} parameters), 10m 1024-10000-4 ({res['params']['10m']}), "
         f"1m 1024-1000-4 ({res['params']['1m']}).",

@@ -71,6 +71,9 @@ from lightning_pgc.live import ALONE, LiveRouting
 from lightning_pgc.options import STRATEGY_SCHEMES, check_options  # noqa: F401 (re-exported)
 from lightning_pgc.runtime import GlooTransport, PGCDetached, PGCRuntime, ShardLayout, choose_num_shards
 from lightning_pgc.runtime.bounded import BoundedLeader
+from lightning_pgc.runtime.control import host_store, open_store, run_prefix
+from lightning_pgc.runtime.plane import CollectiveRuntime
+from lightning_pgc.runtime.plane import PGCDetached as PlaneDetached
 from lightning_pgc.runtime.transport import payload_dtype_for
 from lightning_pgc.staleness import StalenessCorrection
 from lightning_pgc.state_transfer import StateTransfer
@@ -151,7 +154,12 @@ class PGCStrategy(DDPStrategy):
             ranks than the scheme tolerates drop theirs at one step, every rank fails with ``DivergedError``:
             lower the learning rate); ``"raise"`` stops training with an error on that rank. Non-zero
             ``pgc/rejected/rank{k}`` means lower the learning rate or clip gradients.
-        shard_bytes: target bytes per shard of the data plane. Payloads up to this size go through one owner
+        data_plane: how aggregates are formed. ``"collective"``: every rank contributes its share of the decode to one
+            all-reduce per step on a dedicated data group (gloo on CPU, NCCL on CUDA; buffers stay on the model's
+            device; a dead or frozen rank is survived by rebuilding the group without it; no leader failover yet:
+            rank 0's death ends the job). ``"sharded"`` (default): the point-to-point plane where each rank decodes
+            one shard (leader failover, ``shard_bytes``). See docs/design.md.
+        shard_bytes: target bytes per shard of the data plane (``data_plane="sharded"``). Payloads up to this size go through one owner
             (rank 0: fewest messages, best for small models); larger ones are split over up to ``n`` owners, so
             each rank moves about a ring all-reduce's bytes. Lower it if rank 0's ``bytes_sent`` dominates;
             raise it if a small model's pgc step is slower than ddp's.
@@ -206,6 +214,7 @@ class PGCStrategy(DDPStrategy):
         heartbeat_misses: int = 15,
         nonfinite: Literal["skip", "raise"] = "skip",
         shard_bytes: int = 256 * 1024,
+        data_plane: Literal["sharded", "collective"] = "sharded",
         seed: int = 0,
         diagnostics: bool = True,
         diagnostics_every: int = 25,
@@ -230,6 +239,11 @@ class PGCStrategy(DDPStrategy):
                       diagnostics=diagnostics, diagnostics_every=diagnostics_every, max_condition=max_condition,
                       failover=failover, staleness_correction=staleness_correction,
                       lookahead_steps=lookahead_steps, dc_lambda=dc_lambda)
+        if data_plane not in ("sharded", "collective"):
+            raise ValueError(f"data_plane must be 'sharded' or 'collective', got {data_plane!r}")
+        if data_plane == "collective" and failover:
+            raise ValueError("PGCStrategy(failover=True) needs data_plane='sharded': the collective data plane does not "
+                             "replace its leader yet")
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -255,6 +269,7 @@ class PGCStrategy(DDPStrategy):
         self.heartbeat_misses = int(heartbeat_misses)
         self.nonfinite = nonfinite
         self.shard_bytes = int(shard_bytes)
+        self.data_plane = data_plane
         self.seed = seed
         self.diagnostics = diagnostics
         self.diagnostics_every = diagnostics_every
@@ -265,7 +280,7 @@ class PGCStrategy(DDPStrategy):
         self.dc_lambda = 0.04 if dc_lambda is None else float(dc_lambda)
         self._staleness = StalenessCorrection("none", 0.0)  # rebuilt for each fit (_start_runtime)
         self.scheme: Optional[Scheme] = None
-        self.runtime: Optional[PGCRuntime] = None
+        self.runtime: Optional[Union[PGCRuntime, CollectiveRuntime]] = None
         self.cache: Optional[StaleCache] = None
         self.last_step: Optional[StepInfo] = None
         self.skipped_steps = 0
@@ -314,7 +329,10 @@ class PGCStrategy(DDPStrategy):
             self._make_scheme(self.num_nodes * len(self.parallel_devices))
         super()._configure_launcher()
         # Lightning's launchers kill every rank when one dies; PGC survives up to s dead ranks.
-        failover = self.failover is not False
+        failover = self.failover is not False and self.data_plane == "sharded"
+        launches = self._start_method != "popen" or not self.cluster_environment.creates_processes_externally
+        if self.data_plane == "collective" and launches:
+            host_store()  # this process starts the ranks: the control plane's store lives here, not in a rank
         # Lightning hands each call's model and loaders to the launcher: ``_preflight`` checks them there, before
         # any rank starts.
         wrap_launcher(self, lambda launcher: surviving_launcher(launcher, self._live.reap_grace_s(), failover,
@@ -460,7 +478,32 @@ class PGCStrategy(DDPStrategy):
         self._held = None
         if resumed is not None:
             self._checkpoints.fill(resumed)
-        self.runtime = PGCRuntime(
+        if self.data_plane == "collective":
+            self._layout = ShardLayout(numel, self._grad_numel + 1, 1)  # codes: one flat buffer on the device
+            store = open_store(self._timeout or default_pg_timeout)
+            self.runtime = CollectiveRuntime(
+                scheme, store, rank=self.global_rank, world_size=self.world_size, numel=self._layout.padded_numel,
+                coded_numel=self._grad_numel + 1, agg_numel=numel, down_dtype=dtype,
+                start_version=trainer.global_step, timeout=self.liveness_timeout, max_lag=max_lag,
+                make_leader=make_leader, heartbeat_interval=self.heartbeat_interval,
+                heartbeat_misses=self.heartbeat_misses, device=self.root_device, prefix=run_prefix(self.global_rank),
+                keep_versions=window if isinstance(scheme, BoundedScheme) else None)
+        else:
+            self.runtime = self._sharded_runtime(trainer, scheme, dtype, max_lag, make_leader)
+        self.runtime.start()
+        self._live.route_metric_syncs()
+        self._leadership.pin_loggers(trainer)
+        self.skipped_steps = 0
+        self._rank_stats = []
+        self._transfer.pending = None
+        self._choices.reset()
+        self._staleness = StalenessCorrection.for_fit(self.staleness_correction, scheme, trainer.optimizers,
+                                                      lookahead=self.lookahead_steps, dc_lambda=self.dc_lambda)
+
+    def _sharded_runtime(self, trainer: "pl.Trainer", scheme: Scheme, dtype: torch.dtype, max_lag: int,
+                         make_leader: Any) -> PGCRuntime:
+        assert self._layout is not None
+        return PGCRuntime(
             scheme,
             GlooTransport(),
             rank=self.global_rank,
@@ -477,15 +520,6 @@ class PGCStrategy(DDPStrategy):
             failover=self._leadership.enabled(),
             frozen_failover=self._leadership.enabled(),
         )
-        self.runtime.start()
-        self._live.route_metric_syncs()
-        self._leadership.pin_loggers(trainer)
-        self.skipped_steps = 0
-        self._rank_stats = []
-        self._transfer.pending = None
-        self._choices.reset()
-        self._staleness = StalenessCorrection.for_fit(self.staleness_correction, scheme, trainer.optimizers,
-                                                      lookahead=self.lookahead_steps, dc_lambda=self.dc_lambda)
 
     def _pinned(self) -> bool:
         """Stage CUDA gradients through pinned host buffers (asynchronous copies; gloo moves host memory)."""
@@ -682,7 +716,7 @@ class PGCStrategy(DDPStrategy):
             try:
                 start = self._compute_and_submit(version, closure)
                 aggregate = runtime.wait(version, donate=transfer.state_bytes)
-            except PGCDetached:  # fell too far behind while computing: catch up by state transfer
+            except (PGCDetached, PlaneDetached):  # fell too far behind while computing: catch up by state transfer
                 if transfer.ahead(version, runtime.frontier()):
                     return transfer.idle_step(version, closure)
                 transfer.pending = runtime.rejoin(version)
@@ -766,7 +800,10 @@ class PGCStrategy(DDPStrategy):
         slot = self._slots.get(partition)
         if slot is None:
             assert self._layout is not None
-            slot = torch.zeros(self._layout.padded_numel, dtype=self._payload_dtype, pin_memory=self._pinned())
+            if self.data_plane == "collective":  # on the model's device: the all-reduce reads it there
+                slot = torch.zeros(self._layout.padded_numel, dtype=self._payload_dtype, device=self.root_device)
+            else:
+                slot = torch.zeros(self._layout.padded_numel, dtype=self._payload_dtype, pin_memory=self._pinned())
             self._slots[partition] = slot
         return slot
 
@@ -775,8 +812,8 @@ class PGCStrategy(DDPStrategy):
         slot = self._slot(partition)
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
         target = slot[: self._grad_numel]
-        if grads and all(g.device.type == "cpu" and g.dtype == slot.dtype for g in grads):
-            torch.cat([g.reshape(-1) for g in grads], out=target)
+        if grads and all(g.device == slot.device and g.dtype == slot.dtype for g in grads):
+            torch.cat([_flat(g, p) for g, p in zip(grads, self._params)], out=target)  # one kernel, no host copy
         else:
             offset = 0
             for g in grads:
@@ -788,7 +825,8 @@ class PGCStrategy(DDPStrategy):
         self._fresh.add(partition)
 
     def _flat_buffers(self, dtype: torch.dtype) -> Tensor:
-        return torch.cat([b.detach().reshape(-1).to("cpu", dtype) for b in self._buffers])
+        device = self.root_device if self.data_plane == "collective" else "cpu"
+        return torch.cat([b.detach().reshape(-1).to(device, dtype) for b in self._buffers])
 
     def _load_buffers(self, flat: Tensor) -> None:
         offset = 0
@@ -810,8 +848,8 @@ class PGCStrategy(DDPStrategy):
         for p in self._params:
             n = p.numel()
             if p.requires_grad:  # frozen now (e.g. by a finetuning callback): no gradient, as without PGC
-                p.grad = gradient[offset : offset + n].view_as(p).to(device=p.device, dtype=p.dtype,
-                                                                     non_blocking=True)
+                p.grad = _grad_view(gradient[offset : offset + n], p).to(device=p.device, dtype=p.dtype,
+                                                                          non_blocking=True)
             else:
                 p.grad = None
             offset += n
@@ -826,6 +864,29 @@ class PGCStrategy(DDPStrategy):
             if s is not None:
                 kwargs["stragglers"] = s
             strategy_registry.register(name, cls, description=description, **kwargs)
+
+
+def _dense_order(p: Tensor) -> Optional[list[int]]:
+    """The dimensions of ``p`` from outermost to innermost in memory, if it is dense but not contiguous (e.g.
+    channels_last), else None."""
+    if p.is_contiguous() or p.dim() < 2:
+        return None
+    order = sorted(range(p.dim()), key=lambda d: (-p.stride(d), d))
+    return order if p.permute(order).is_contiguous() else None
+
+
+def _flat(g: Tensor, p: Tensor) -> Tensor:
+    """``g`` (a gradient of ``p``) flattened in ``p``'s memory order (a view when ``g`` has ``p``'s layout)."""
+    order = _dense_order(p)
+    return g.reshape(-1) if order is None else g.permute(order).reshape(-1)
+
+
+def _grad_view(segment: Tensor, p: Tensor) -> Tensor:
+    """A flat segment of the aggregate as ``p``'s gradient, in ``p``'s layout (channels_last stays channels_last)."""
+    order = _dense_order(p)
+    if order is None:
+        return segment.view_as(p)
+    return segment.as_strided(p.shape, p.stride())
 
 
 def _loss_of(output: Any) -> Tensor:

@@ -7,11 +7,15 @@ and returns :meth:`JobResult.legacy`, the dict they read. Two digits-model keys 
 Ranks are forked from the launching process (``start_method="fork"``) unless a test says otherwise: each rank
 then skips importing Lightning (about 10 s of CPU per rank on this machine). The CLI and packaging tests keep
 the ``popen`` path users run.
+
+``PGC_TEST_DATA_PLANE=collective`` runs every PGC job of a test file on the collective data plane (the default is
+the strategy's own), so that one contract covers both planes.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +31,9 @@ def run_job(tmp_path: Path, name: str, timeout: float = 240, **spec: Any) -> dic
     if "sync_loss" in spec:
         model["sync_train_loss"] = spec["sync_loss"]
     spec = {"out": str(Path(tmp_path) / name), "model": model, "start_method": "fork", **spec}
+    plane = os.environ.get("PGC_TEST_DATA_PLANE")
+    if plane and spec.get("strategy", "pgc") not in ("ddp", "auto"):
+        spec["strategy_kwargs"] = {"data_plane": plane, **spec.get("strategy_kwargs", {})}
     job = launch(spec, timeout=timeout).legacy()
     job["stderr"] = whole_log(job["out"])
     return job

@@ -22,7 +22,7 @@ STALE = ("progress", "summary", "curve", "val_curve", "done", "wandb")
 
 #: Environment variables of an enclosing distributed run that would make the job think it is a rank of it.
 INHERITED = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK", "RANK", "MASTER_ADDR", "MASTER_PORT",
-             "PL_GLOBAL_SEED", "LIGHTNING_PGC_TRACEBACK")
+             "PL_GLOBAL_SEED", "LIGHTNING_PGC_TRACEBACK", "PGC_STORE_ADDR")
 
 
 class JobFailed(RuntimeError):

@@ -1,4 +1,16 @@
-"""Runtime of the pgc strategy: a sharded data plane with a small leader, on pluggable transports.
+"""Runtime of the pgc strategy: two data planes under one small leader.
+
+The collective data plane (``PGCStrategy(data_plane="collective")``): each aggregate is one all-reduce of every
+rank's share of the decode on a dedicated gloo or NCCL group, with a comm thread per rank and a control plane
+through a store:
+
+- :mod:`~lightning_pgc.runtime.plane`: :class:`~lightning_pgc.runtime.plane.CollectiveRuntime`, every rank's runtime;
+- :mod:`~lightning_pgc.runtime.coordinator`: the leader's thread (admission, liveness, reconfiguration);
+- :mod:`~lightning_pgc.runtime.weights`: each rank's share of a decode (pure math);
+- :mod:`~lightning_pgc.runtime.group`, :mod:`~lightning_pgc.runtime.control`,
+  :mod:`~lightning_pgc.runtime.aggregates`: the data group, the store's queues, the aggregates a rank holds.
+
+The sharded data plane (the default):
 
 - :mod:`~lightning_pgc.runtime.shards`: how the flat payload is cut and who owns each shard;
 - :mod:`~lightning_pgc.runtime.leader`: the control plane (which codes close each version, who is alive);

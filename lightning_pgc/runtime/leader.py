@@ -241,6 +241,33 @@ class Leader:
             self.progress[r] = max(self.progress[r], version)
         self._open(None)
 
+    def reopen_decided(self, version: int, lost: set[int], now: float) -> None:
+        """Version ``version`` was closed but its aggregate reached no rank (the data group lost a member during its
+        all-reduce): it is open again, with the codes that had arrived for it except the ``lost`` ranks'.
+
+        Raises:
+            CoordinatorError: ``version`` is not the last closed version.
+        """
+        with self._lock:
+            if not self.records or self.records[-1].version != version or self.version != version + 1:
+                raise CoordinatorError(f"cannot open version {version} again: version {self.version} is open")
+            rec = self.records.pop()
+        for r in rec.admitted:
+            self._stats[r].admitted = max(self._stats[r].admitted - 1, 0)
+        self.version = version
+        self._open(rec.opened_at)
+        arrived = dict(rec.arrivals)
+        arrived.update(rec.late)
+        for r in sorted(arrived, key=arrived.__getitem__):
+            if r in lost or r in self.detached or r in self.dead:
+                continue
+            self._order.append(r)
+            self._arrivals[r] = arrived[r]
+            self._valid[r] = rec.valid.get(r, 0)
+            self._ages[r] = rec.ages.get(r, ())
+        self._first_arrival = rec.first_arrival
+        self._last_close = now
+
     # ------------------------------------------------------------------------------------------ decisions
     def try_close(self, now: float) -> Optional[StepRecord]:
         """Close the open version if the codes in decode it (no rank is waited for); else None."""

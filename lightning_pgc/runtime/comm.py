@@ -1,0 +1,252 @@
+"""The comm thread of the collective runtime: the leader's messages in order, one all-reduce per decided version.
+
+It runs independently of the training thread, so a rank still computing version ``t`` takes part in ``t``'s
+all-reduce on time (with zeros) and keeps the aggregate; it also runs Lightning's collectives on the data group in
+the order the leader sets, and joins each new configuration of the group. A mixin of
+:class:`~lightning_pgc.runtime.plane.CollectiveRuntime` (it uses that class's state).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from lightning_pgc.runtime.collectives import CollectiveError
+from lightning_pgc.runtime.control import LEADER_BOX, Channel, inbox
+from lightning_pgc.runtime.group import open_group
+from lightning_pgc.runtime.leader import STAT_NAMES
+from lightning_pgc.runtime.mailbox import PGCTimeoutError
+from lightning_pgc.runtime.weights import contribute
+
+if TYPE_CHECKING:
+    from lightning_pgc.runtime.plane import CollectiveRuntime
+
+log = logging.getLogger(__name__)
+
+
+class CommLoop:
+    """The comm thread's methods (mixed into :class:`~lightning_pgc.runtime.plane.CollectiveRuntime`)."""
+
+    def _comm(self) -> None:
+        try:
+            if self._stream is not None:
+                with torch.cuda.stream(self._stream):
+                    self._serve()
+            else:
+                self._serve()
+        except BaseException as exc:
+            log.error("PGC rank %d: comm thread failed: %r", self.rank, exc)
+            self._fail(exc)
+
+    def _serve(self) -> None:
+        """The comm thread: the leader's messages in order; an all-reduce per decided version."""
+        chan = Channel(self.store, self.prefix, timedelta(seconds=self.heartbeat_window))
+        self._chan = chan
+        self._channels.append(chan)
+        while True:
+            try:
+                msg = chan.pop(inbox(self.rank))
+            except TimeoutError:
+                if self._stopping.is_set() and self._beats_done.is_set():
+                    return
+                silent = time.monotonic() - self._leader_heard
+                if not self.is_leader and silent > 2 * self.heartbeat_window:
+                    self._fail(PGCTimeoutError(f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no "
+                                               f"heartbeat for {silent:.1f} s; its process is gone or frozen"))
+                    return
+                continue
+            kind = msg[0]
+            if kind == "halt":
+                return
+            self._leader_heard = time.monotonic()
+            if kind == "beat":
+                self._frontier, self.alive = msg[1], msg[2]
+            elif kind == "decide":
+                if not self._waiting and msg[1] == self._next:
+                    self._run_version(msg[1], msg[2], msg[3])
+            elif kind == "detach":
+                self._set_gap(msg[2], msg[1], detach=True)
+            elif kind == "attach":
+                _, version, rank, donor = msg
+                self._set_gap(rank, version, detach=False)
+                with self._attach_cond:
+                    self._attachments.setdefault(version, []).append((rank, donor))
+                    self._attach_cond.notify_all()
+                if rank == self.rank:
+                    self._attach_info = (version, donor)
+                    self._attached.set()
+            elif kind == "query":
+                if msg[1] == self.config and not self._waiting:
+                    self._leave_group(chan)
+            elif kind == "conf":
+                self._configure(msg[1], msg[2], msg[3])
+            elif kind == "coll":
+                if not self._waiting:
+                    self._run_collective(msg[1])
+            elif kind == "stop":
+                self._read_final_stats(msg[1])
+                return
+            elif kind == "abort":
+                self._fail(RuntimeError(f"the PGC leader failed: {msg[1]}"))
+                return
+
+    def _leave_group(self, chan: Channel) -> None:
+        """Tell the leader what this rank completed and wait for the next configuration."""
+        self._waiting = True
+        chan.push(LEADER_BOX, ("report", self.rank, self.config, self.completed))
+
+    def _configure(self, number: int, members: list[int], version: int) -> None:
+        """Join configuration ``number`` (its group, from ``version`` on), or stay out of it."""
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+        self.config, self._waiting = number, False
+        self._next = version
+        self.aggregates.discard_from(version)
+        if self.rank not in members:
+            self._waiting = True
+            return
+        try:
+            self._busy = True
+            self.group = open_group(self.store, self.prefix, number, members, self.rank, self.device,
+                                    self.group_timeout)
+        except Exception as exc:
+            log.warning("PGC rank %d: building the data group of configuration %d failed: %r", self.rank, number, exc)
+            self._leave_group(self._chan)
+        else:
+            log.info("PGC rank %d: configuration %d with ranks %s from version %d", self.rank, number, members,
+                     version)
+        finally:
+            self._busy = False
+            self._leader_heard = time.monotonic()
+
+    def _run_version(self, version: int, plan: Sequence[tuple[int, int, int]], table: tuple[int, ...]) -> None:
+        """Contribute this rank's share of ``version``'s aggregate to the all-reduce; keep the result."""
+        assert self.group is not None
+        plan = _expand(version, plan)
+        buf = self._sum_buffer()
+        with self._lock:
+            codes = {v: c for v, c in self._codes.items()}
+        for code in codes.values():
+            if code.event is not None:
+                torch.cuda.current_stream(self.device).wait_event(code.event)
+        contribute(self.scheme, plan, self.rank, {v: c.flat for v, c in codes.items()}, self.coded_numel, buf)
+        if self._stream is not None:
+            read = torch.cuda.current_stream(self.device).record_event()
+            for code in codes.values():
+                code.read = read
+        try:
+            self._busy = True
+            self.group.all_reduce(buf)
+        except Exception as exc:
+            log.warning("PGC rank %d: the all-reduce of version %d failed (%r); the data group is reconfigured",
+                        self.rank, version, exc)
+            self._leave_group(self._chan)
+            return
+        finally:
+            self._busy = False
+            self._leader_heard = time.monotonic()  # (its messages waited in the queue meanwhile)
+        self.completed, self._next = version, version + 1
+        m = self.group.size
+        self.data_bytes += 2 * (m - 1) * buf.numel() * buf.element_size() // m
+        out = buf if buf.dtype == self.down_dtype else self._narrow(buf)
+        event = torch.cuda.current_stream(self.device).record_event() if self._stream is not None else None
+        if self._receives(self.rank, version):
+            self.aggregates.put(version, out, event, tuple(table))
+        else:
+            self.aggregates.release(out, event)
+        with self._lock:
+            for v in [v for v in self._codes if v + self.kept_versions <= version + 1]:
+                self._free_codes.append(self._codes.pop(v))
+
+    def _sum_buffer(self) -> Tensor:
+        if self.up_dtype == self.down_dtype:
+            return self.aggregates.buffer(lambda e: torch.cuda.current_stream(self.device).wait_event(e))
+        scratch = getattr(self, "_scratch", None)
+        if scratch is None:
+            scratch = self._scratch = torch.empty(self.agg_numel, dtype=self.up_dtype, device=self.device)
+        return scratch
+
+    def _narrow(self, buf: Tensor) -> Tensor:
+        out = self.aggregates.buffer(lambda e: torch.cuda.current_stream(self.device).wait_event(e))
+        out.copy_(buf)  # Tandon codes: summed in float64, rounded once
+        return out
+
+    def _run_collective(self, seq: int) -> None:
+        """Lightning's collective ``seq`` among the members: an all-gather on the data group."""
+        assert self.group is not None
+        with self._coll_cond:
+            again = seq in self._coll_saved  # run again after a reconfiguration: this rank has its result
+            mine = self._coll_saved[seq] if again else self._coll_mine.get(seq)
+        try:
+            self._busy = True
+            got = self.group.all_gather_objects(mine)
+        except Exception as exc:
+            log.warning("PGC rank %d: collective %d failed (%r); the data group is reconfigured", self.rank, seq, exc)
+            self._leave_group(self._chan)
+            return
+        finally:
+            self._busy = False
+            self._leader_heard = time.monotonic()
+        with self._coll_cond:
+            if not again:
+                self._coll_saved = {seq: self._coll_mine.pop(seq, None)}
+                self._coll_done[seq] = {r: v for r, v in got.items() if v is not None}
+            self._coll_cond.notify_all()
+
+    def _read_final_stats(self, words: Optional[list[float]]) -> None:
+        if words is None:
+            return
+        k = len(STAT_NAMES)
+        self.final_stats = []
+        for r in range(self.world_size):
+            row = dict(zip(STAT_NAMES, words[k * r : k * (r + 1)]))
+            self.final_stats.append({"rank": r, **{n: v if n == "mean_lag_s" else int(v) for n, v in row.items()}})
+
+
+def _expand(version: int, plan: Sequence) -> list[tuple[int, int, int]]:
+    """A plan as sent (ranks, for codes of ``version`` keyed by rank; or full entries) as full entries."""
+    return [(p, p, version) if isinstance(p, int) else tuple(p) for p in plan]
+
+
+class _Gather:
+    """Lightning's collectives among the current members, run by the comm thread on the data group in the order
+    the leader sets (so they never interleave differently with the all-reduces on two ranks)."""
+
+    def __init__(self, runtime: "CollectiveRuntime") -> None:
+        self.runtime = runtime
+        self.rank, self.world_size = runtime.rank, runtime.world_size
+        self.seq = 0
+
+    def gather(self, op: str, obj: object) -> dict[int, object]:
+        rt = self.runtime
+        self.seq += 1
+        seq = self.seq
+        with rt._coll_cond:
+            rt._coll_mine[seq] = (op, obj)
+        rt._ctl.push(LEADER_BOX, ("coll", rt.rank, seq))
+        with rt._coll_cond:
+            while seq not in rt._coll_done:
+                failure = rt.failure()
+                if failure is not None:
+                    raise RuntimeError(f"PGC collective {seq} abandoned: {failure}") from failure
+                if not rt._coll_cond.wait(rt.heartbeat_interval):
+                    rt._coll_cond.release()
+                    try:
+                        rt._check_leader(f"in collective {seq} (a barrier, broadcast or reduce)")
+                        if rt._state_fn is not None:
+                            rt._donate(rt.progress + 1, rt._state_fn)
+                    finally:
+                        rt._coll_cond.acquire()
+            got = rt._coll_done.pop(seq)
+        ops = {r: o for r, (o, _) in got.items()}
+        if len(set(ops.values())) > 1:
+            raise CollectiveError(f"PGC collective {seq}: the ranks called different collectives: {ops}; every rank "
+                                  "must call the same collectives in the same order (e.g. `self.log(..., "
+                                  "sync_dist=True)` on every rank, not under `if self.global_rank == 0`)")
+        return {r: v for r, (_, v) in sorted(got.items())}

@@ -1,0 +1,148 @@
+"""The control plane of the collective runtime: small messages through queues of a c10d ``Store``.
+
+Every rank has one inbox (a queue of the store); the leader has a second one. Workers send the leader their
+announcements (a code is ready), heartbeats, rejects, rejoin requests and reports; the leader sends every rank its
+decisions (the plan of each version), heartbeats, configurations of the data group and the end. So the control
+channels are a star around the leader, each message is a few dozen bytes sized by its content (a plan lists at
+most ``n`` entries), and no rank keeps a connection or a thread per peer: each thread of a rank holds one store
+connection of its own (``Store.clone``).
+
+The store must outlive any single rank: the launching process hosts it under ``fork``/``spawn`` (and under
+``popen``, where rank 0 is the launching process), the elastic agent under ``torchrun``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pickle
+import uuid
+from datetime import timedelta
+from typing import Any, Optional
+
+import torch.distributed as dist
+
+#: Environment variable naming the store the launching process hosts (``host:port``), inherited by the ranks.
+STORE_ENV = "PGC_STORE_ADDR"
+
+
+_HOSTED: list[dist.TCPStore] = []  # the server this process hosts (kept alive with the process)
+
+
+def host_store() -> Optional[dist.TCPStore]:
+    """In the launching process: start a store for the control plane (unless one is already named in the
+    environment) and name it in the environment, so that ranks started from here find it. Returns the server (keep
+    it referenced while the ranks run), or None if the environment already named one."""
+    if os.environ.get(STORE_ENV):
+        return None
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
+    os.environ[STORE_ENV] = f"127.0.0.1:{server.port}"
+    _HOSTED.append(server)
+    return server
+
+
+def open_store(timeout: timedelta) -> dist.Store:
+    """The store of the control plane: the one the launching process named (:func:`host_store`), else the default
+    group's (torchrun's agent store, or the store of rank 0 under a bare launch)."""
+    addr = os.environ.get(STORE_ENV)
+    if addr:
+        host, port = addr.rsplit(":", 1)
+        return dist.TCPStore(host, int(port), is_master=False, timeout=timeout, wait_for_workers=False,
+                             use_libuv=True)
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    return _get_default_store()
+
+
+_RUNS = itertools.count()  # runtime starts in this process: every rank starts them in the same order
+
+
+def run_prefix(rank: int) -> str:
+    """A namespace for one runtime start, the same on every rank and new for every start (rank 0 draws it and
+    passes it through the default group's store)."""
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store = _get_default_store()
+    key = f"pgc/run/{next(_RUNS)}"
+    if rank == 0:
+        store.set(key, uuid.uuid4().hex)
+    return "pgc/" + store.get(key).decode()
+
+
+class Channel:
+    """One thread's end of the control plane: push to any rank's inbox, pop from one's own.
+
+    Args:
+        store: the store (this channel clones it: one connection per thread).
+        prefix: the namespace of this run (unique per runtime start).
+        timeout: how long a pop blocks before it raises (``TimeoutError``).
+    """
+
+    def __init__(self, store: dist.Store, prefix: str, timeout: timedelta) -> None:
+        self.store = store.clone()
+        self.store.set_timeout(timeout)
+        self.prefix = prefix
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def _key(self, box: str) -> str:
+        return f"{self.prefix}/{box}"
+
+    def push(self, box: str, message: Any) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        self.store.queue_push(self._key(box), data)
+        self.bytes_sent += len(data)
+
+    def push_all(self, boxes: list[str], message: Any) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        for box in boxes:
+            self.store.queue_push(self._key(box), data)
+        self.bytes_sent += len(data) * len(boxes)
+
+    def pop(self, box: str) -> Any:
+        """The next message of ``box``, waiting up to the timeout.
+
+        Raises:
+            TimeoutError: nothing came in time.
+        """
+        try:
+            data = self.store.queue_pop(self._key(box))
+        except dist.DistStoreError as exc:
+            if "timeout" in str(exc).lower():
+                raise TimeoutError(str(exc)) from exc
+            raise
+        self.bytes_received += len(data)
+        return pickle.loads(data)
+
+    def drain(self, box: str) -> list[Any]:
+        """Every message already in ``box`` (none waited for)."""
+        out = []
+        for _ in range(self.store.queue_len(self._key(box))):
+            try:
+                data = self.store.queue_pop(self._key(box), False)
+            except dist.QueueEmptyError:
+                break
+            self.bytes_received += len(data)
+            out.append(pickle.loads(data))
+        return out
+
+    def put_blob(self, key: str, data: bytes) -> None:
+        self.store.queue_push(self._key(key), data)
+        self.bytes_sent += len(data)
+
+    def pop_blob(self, key: str) -> bytes:
+        try:
+            return self.store.queue_pop(self._key(key))
+        except dist.DistStoreError as exc:
+            if "timeout" in str(exc).lower():
+                raise TimeoutError(str(exc)) from exc
+            raise
+
+
+def inbox(rank: int) -> str:
+    """A rank's inbox: decisions, heartbeats and configurations from the leader."""
+    return f"to/{rank}"
+
+
+#: The leader's inbox: announcements, heartbeats, rejects, rejoins, reports and collective requests.
+LEADER_BOX = "leader"

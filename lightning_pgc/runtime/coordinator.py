@@ -1,0 +1,268 @@
+"""The leader's thread on the collective data plane: admission, liveness and reconfiguration of the data group.
+
+It reads the leader's inbox (announcements, heartbeats, rejects, rejoins, reports, collective requests) and drives a
+:class:`~lightning_pgc.runtime.leader.Leader` (or :class:`~lightning_pgc.runtime.bounded.BoundedLeader`): when a
+version closes it sends its plan to every member of the data group, whose comm threads all-reduce it.
+
+Reconfiguration. When a member's all-reduce fails (a member died), a member misses its heartbeats for a window
+(frozen) or leaves (SIGTERM), the leader asks every member what it completed (``query``). The members that answer,
+within a liveness window, form the next configuration: a fresh group over the store. Let ``A`` be the last version
+some of them completed: one that completed less is detached (it rejoins by state transfer, as a rank that fell
+``max_lag`` behind), and version ``A + 1`` is decided again without the lost ranks' codes (they died with them).
+A lost rank counts as dead: at most ``s`` are survived, and beyond that the leader fails naming them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
+
+from lightning_pgc.runtime.control import LEADER_BOX, Channel, inbox
+from lightning_pgc.runtime.leader import CoordinatorError, Leader, StepRecord
+from lightning_pgc.runtime.messages import Header, Kind
+
+if TYPE_CHECKING:
+    from lightning_pgc.runtime.plane import CollectiveRuntime
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Reconfiguration:
+    since: float
+    why: str
+    reports: dict[int, int] = field(default_factory=dict)  # member -> last version it completed
+
+
+class Coordinator:
+    """The control plane of one :class:`~lightning_pgc.runtime.plane.CollectiveRuntime` (the leader's rank)."""
+
+    def __init__(self, runtime: "CollectiveRuntime", leader: Leader) -> None:
+        self.rt = runtime
+        self.leader = leader
+        self.members = list(range(runtime.world_size))
+        self.config = 0
+        self._reconf: Optional[_Reconfiguration] = None
+        self._leaving: set[int] = set()
+        self._rejoins: list[int] = []
+        self._colls: dict[int, set[int]] = {}  # seq -> ranks that asked for it
+        self._issued = 0  # last collective sent to the members
+        self._last_beat = 0.0
+        self._missing: set[int] = set()
+
+    def run(self) -> None:
+        rt = self.rt
+        self.chan = Channel(rt.store, rt.prefix, _window(rt))
+        rt._channels.append(self.chan)
+        try:
+            self._loop()
+        except BaseException as exc:
+            log.error("PGC rank %d: the leader failed: %s", rt.rank, exc)
+            rt._fail(exc)
+            try:
+                self.chan.push_all([inbox(r) for r in range(rt.world_size) if r != rt.rank],
+                                   ("abort", f"{type(exc).__name__}: {exc}"))
+            except Exception:
+                pass
+
+    def _send_members(self, message: tuple) -> None:
+        self.chan.push_all([inbox(r) for r in self.members], message)
+
+    def _send_all(self, message: tuple) -> None:
+        """To every rank (one that left the data group may come back: it must hear the leader)."""
+        self.chan.push_all([inbox(r) for r in range(self.rt.world_size)], message)
+
+    def _loop(self) -> None:
+        rt, leader = self.rt, self.leader
+        while True:
+            try:
+                batch = [self.chan.pop(LEADER_BOX)]
+            except TimeoutError:
+                batch = []
+            batch += self.chan.drain(LEADER_BOX)
+            now = time.monotonic()
+            for item in batch:
+                if item[0] == "halt":
+                    return
+                self._handle(item, now)
+            leader.on_beat(rt.rank, rt.progress, now)
+            self._watch(now)
+            if self._reconf is not None:
+                self._reconfigure(now)
+            if self._reconf is None:
+                self._decide(now)
+            if now - self._last_beat >= rt.heartbeat_interval:
+                self._last_beat = now
+                rt.alive = len(leader.alive(now))
+                self._send_all(("beat", leader.version, rt.alive))
+            leader.check(now)
+            if rt._stopping.is_set() and all(p in leader.byes or leader.gone(p, now)
+                                             for p in range(rt.world_size) if p != rt.rank):
+                gone = [p for p in range(rt.world_size) if p not in leader.byes and p != rt.rank]
+                if gone:
+                    log.warning("PGC: ranks %s did not finish (process gone, or no heartbeat for %.1f s)", gone,
+                                rt.heartbeat_window + rt.timeout)
+                stats = leader.stats_words()
+                self.chan.push_all([inbox(r) for r in range(rt.world_size)], ("stop", stats))
+                return
+
+    def _handle(self, item: tuple, now: float) -> None:
+        leader, kind = self.leader, item[0]
+        if kind == "code":
+            _, rank, version, valid, max_age, ages, skipped, partition = item
+            if rank in self.members:
+                leader.on_code(Header(Kind.CODE, version, rank, 0, valid, max_age, tuple(ages), skipped, partition),
+                               now)
+        elif kind == "beat":
+            leader.on_beat(item[1], item[2], now)
+        elif kind == "reject":
+            log.warning("PGC: rank %d's code for version %d is not finite: not used", item[1], item[2])
+            leader.on_reject(item[1], item[2], now)
+        elif kind == "rejoin":
+            leader.on_beat(item[1], item[2], now)
+            if item[1] not in self._rejoins:
+                self._rejoins.append(item[1])
+        elif kind == "bye":
+            _, rank, skipped, leaving = item
+            leader.on_bye(rank, skipped)
+            if leaving and rank in self.members:
+                log.warning("PGC: rank %d left at version %d (SIGTERM on that rank); training goes on with %d of %d "
+                            "ranks", rank, leader.version, len(leader.alive(now)), self.rt.world_size)
+                self._leaving.add(rank)
+                self._start(now, f"rank {rank} left")
+        elif kind == "report":
+            _, rank, config, completed = item
+            if config == self.config and rank in self.members:
+                self._start(now, f"rank {rank}'s collective failed")
+                assert self._reconf is not None
+                self._reconf.reports[rank] = completed
+        elif kind == "coll":
+            self._colls.setdefault(item[2], set()).add(item[1])
+
+    def _start(self, now: float, why: str) -> None:
+        if self._reconf is None:
+            self._reconf = _Reconfiguration(since=now, why=why)
+            self._send_members(("query", self.config))
+
+    def _watch(self, now: float) -> None:
+        """Members silent for a heartbeat window (frozen, or gone) start a reconfiguration."""
+        leader = self.leader
+        missing = {r for r in range(self.rt.world_size) if r != self.rt.rank and r not in leader.byes
+                   and not leader.is_alive(r, now)}
+        for r in sorted(missing - self._missing):
+            log.warning("PGC: rank %d is missing (no heartbeat for %.1f s, or its process is gone) at version %d", r,
+                        self.rt.heartbeat_window, leader.version)
+        for r in sorted(self._missing - missing - leader.byes):
+            log.warning("PGC: rank %d is alive again at version %d", r, leader.version)
+        self._missing = missing
+        silent = sorted(r for r in missing if r in self.members)
+        if silent and self._reconf is None:
+            self._start(now, f"ranks {silent} are silent")
+
+    def _reconfigure(self, now: float) -> None:
+        rt, leader, rec = self.rt, self.leader, self._reconf
+        assert rec is not None
+        expected = [r for r in self.members if r not in self._leaving and leader.is_alive(r, now)]
+        waited = now - rec.since
+        if any(r not in rec.reports for r in expected) and waited < rt.group_timeout.total_seconds() + \
+                rt.heartbeat_window:
+            return
+        reporters = sorted(rec.reports)
+        lost = [r for r in self.members if r not in rec.reports]
+        if not reporters:
+            raise CoordinatorError(f"no member of the data group answered within {waited:.1f} s ({rec.why})")
+        top = max(rec.reports.values())
+        for r in lost:  # (a frozen one is alive again when its heartbeats come back; a dead one never is)
+            leader.drop_open(r)
+            leader.detached.setdefault(r, top + 1)
+            leader.forget(r, leader.version - rt.kept_versions)
+        self._reopen(top + 1, set(lost), now)
+        for r in reporters:
+            if rec.reports[r] < top:
+                start = rec.reports[r] + 1
+                log.warning("PGC: rank %d did not complete version %d (others did): detached, it rejoins by state "
+                            "transfer", r, top)
+                leader.detached[r] = start
+                self._send_all(("detach", start, r))
+        for r in lost:
+            self._send_all(("detach", top + 1, r))
+        self.config += 1
+        self.members = reporters
+        if lost:
+            alive = len([r for r in leader.alive(now) if r not in lost])
+            for r in lost:
+                if r not in leader.byes:
+                    log.warning("PGC: rank %d died at version %d or froze (%s); training goes on without it: %d of %d "
+                                "ranks alive, scheme '%s' needs %d", r, top + 1, rec.why, alive, rt.world_size,
+                                rt.scheme.name, rt.scheme.wait_for)
+            log.warning("PGC: ranks %s left the data group at version %d; training goes on with ranks %s", lost,
+                        top + 1, reporters)
+        self._send_members(("conf", self.config, reporters, top + 1))
+        self._reconf = None
+        self._leaving.clear()
+        if self._issued > 0:  # the last collective may not have completed everywhere: run it again (the members
+            self._issued -= 1  # that completed it give the same contribution and keep their result)
+
+    def _reopen(self, version: int, lost: set[int], now: float) -> None:
+        """Version ``version`` is the open one again, without the ``lost`` ranks' codes."""
+        leader = self.leader
+        if leader.version == version:
+            for r in lost:
+                leader.drop_open(r)
+        elif leader.version == version + 1:
+            leader.reopen_decided(version, lost, now)
+        else:
+            raise CoordinatorError(f"the members completed versions up to {version - 1}, but version {leader.version} "
+                                   "is open: the data group lost a decided version")
+
+    def _decide(self, now: float) -> None:
+        rt, leader = self.rt, self.leader
+        while self._rejoins:
+            rank = self._rejoins.pop(0)
+            u, donor = leader.on_rejoin(rank, rt.rank, rt._stopping.is_set())
+            self._send_all(("attach", u, rank, donor))
+            if rank not in self.members:  # it left the data group (frozen): every member has every version before
+                self.config += 1  # u queued before this configuration, which takes it back from u on
+                self.members = sorted(self.members + [rank])
+                log.warning("PGC: rank %d rejoins the data group at version %d (configuration %d)", rank, u,
+                            self.config)
+                self._send_members(("conf", self.config, self.members, u))
+            if rt._stopping.is_set() and donor == rt.rank:
+                with rt._lock:
+                    rt._final_requests.append((rank, u))
+        rec = leader.try_close(now)
+        if rec is not None:
+            for r in leader.detach(rec.version):
+                log.warning("PGC: rank %d is more than %d versions behind at version %d: detached (it rejoins by "
+                            "state transfer)", r, leader.max_lag, rec.version)
+                self._send_all(("detach", rec.version, r))
+            self._send_members(("decide", rec.version, _compact(rec), _table(rt, rec)))
+        pending = [rank for rank in self.members if rank not in leader.byes]
+        while self._issued + 1 in self._colls and set(pending) <= self._colls[self._issued + 1]:
+            self._issued += 1
+            self._colls.pop(self._issued - 16, None)
+            self._send_members(("coll", self._issued))
+
+
+def _compact(rec: StepRecord) -> list:
+    """The plan as sent: the ranks, when every code is its rank's own of this version (a list of at most ``n``
+    entries), else ``(partition, rank, version)`` entries."""
+    plan = rec.plan()
+    if all(key == rank and v == rec.version for key, rank, v in plan):
+        return [rank for _, rank, _ in plan]
+    return [tuple(p) for p in plan]
+
+
+def _table(rt: "CollectiveRuntime", rec: StepRecord) -> tuple[int, ...]:
+    """What workers read to pick their next partition under ``choice="oldest"``: each partition's entry age."""
+    if getattr(rt.scheme, "choice", None) != "oldest":
+        return ()
+    return tuple(rec.version - v if k >= 0 else rt.scheme.window for _, k, v in rec.plan())
+
+
+def _window(rt: "CollectiveRuntime"):
+    from datetime import timedelta
+
+    return timedelta(seconds=rt.heartbeat_window)

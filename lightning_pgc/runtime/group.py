@@ -1,0 +1,89 @@
+"""The data group of the collective runtime: torch's own process group among the current members, rebuilt per
+configuration.
+
+A configuration is a numbered set of member ranks. Its group is a fresh ``ProcessGroupGloo`` (CPU tensors) or
+``ProcessGroupNCCL`` (CUDA tensors) over ``PrefixStore("<run>/data/<number>", store)``: the pattern that rebuilds a
+group without the ranks that died or froze, with no collective over the old group (a dead member would hang it).
+"""
+
+from __future__ import annotations
+
+import pickle
+from datetime import timedelta
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+class DataGroup:
+    """The process group of one configuration (``members``: global ranks, sorted; this rank is one of them).
+
+    Args:
+        store: the run's store; prefix: the run's namespace; number: the configuration's number.
+        device: where the tensors live (``cuda``: NCCL, else gloo).
+        timeout: how long a collective (or building the group) waits for a member before it raises.
+    """
+
+    def __init__(self, store: dist.Store, prefix: str, number: int, members: list[int], rank: int,
+                 device: torch.device, timeout: timedelta) -> None:
+        self.number = number
+        self.members = list(members)
+        self.rank = rank
+        self.index = self.members.index(rank)
+        self.size = len(self.members)
+        self.device = device
+        own = store.clone()  # its own connection
+        own.set_timeout(timeout)
+        sub = dist.PrefixStore(f"{prefix}/data/{number}", own)
+        if device.type == "cuda":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.pg: Any = dist.ProcessGroupNCCL(sub, self.index, self.size, options)
+        else:
+            self.pg = dist.ProcessGroupGloo(sub, self.index, self.size, timeout)
+
+    def all_reduce(self, tensor: Tensor) -> None:
+        """Sum ``tensor`` over the members, in place (every member gets the same bits)."""
+        if self.size > 1:
+            self.pg.allreduce([tensor]).wait()
+
+    def all_gather_objects(self, obj: Any) -> dict[int, Any]:
+        """``{global rank: obj}`` of every member (pickled; two all-gathers: the sizes, then the padded bytes)."""
+        data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+        if self.size == 1:
+            return {self.rank: obj}
+        dev = self.device
+        size = torch.tensor([data.numel()], dtype=torch.int64, device=dev)
+        sizes = [torch.zeros_like(size) for _ in range(self.size)]
+        self.pg.allgather([sizes], [size]).wait()
+        longest = max(int(s.item()) for s in sizes)
+        padded = torch.zeros(longest, dtype=torch.uint8, device=dev)
+        padded[: data.numel()] = data.to(dev)
+        got = [torch.empty_like(padded) for _ in range(self.size)]
+        self.pg.allgather([got], [padded]).wait()
+        return {r: pickle.loads(g[: int(s.item())].cpu().numpy().tobytes())
+                for r, g, s in zip(self.members, got, sizes)}
+
+    def close(self) -> None:
+        """Release the group's connections (every member does it; a dead member's are gone already)."""
+        pg, self.pg = self.pg, None
+        if pg is None:
+            return
+        if self.device.type == "cuda":
+            try:
+                pg.abort()
+            except Exception:  # a group broken by a dead member
+                pass
+        # gloo: dropping the last reference closes the connections, so a member still inside a collective of this
+        # group (it was frozen) fails at once instead of after the timeout (``shutdown`` leaves them open)
+        del pg
+
+
+def open_group(store: dist.Store, prefix: str, number: int, members: list[int], rank: int, device: torch.device,
+               timeout: timedelta) -> Optional[DataGroup]:
+    """The group of configuration ``number`` if this rank is a member, else None."""
+    if rank not in members:
+        return None
+    return DataGroup(store, prefix, number, members, rank, device, timeout)

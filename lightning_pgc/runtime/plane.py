@@ -1,0 +1,437 @@
+"""The collective runtime: the coded aggregate as one all-reduce per version on a dedicated data group.
+
+Per version ``t``:
+
+1. a rank encodes its code (:meth:`CollectiveRuntime.new_code`, :meth:`~CollectiveRuntime.submit`): the code stays
+   on the rank, only a few-byte announcement goes to the leader;
+2. the leader closes ``t`` with a plan (the codes its aggregate uses) and sends it to every member of the data
+   group (:mod:`~lightning_pgc.runtime.coordinator`);
+3. every member's comm thread contributes its share of the decode (:func:`~lightning_pgc.runtime.weights.contribute`;
+   zeros if the plan names none of its codes) to one ``all_reduce``; the sum is the decoded aggregate, the same
+   bits on every member;
+4. the training thread takes it (:meth:`~CollectiveRuntime.wait`) and applies it.
+
+The comm thread runs the all-reduces in version order, independently of the training thread: a rank still
+computing version ``t`` joins ``t``'s all-reduce on time with zeros and keeps the aggregate for its training thread.
+On CUDA the comm thread runs on its own stream.
+
+Faults reconfigure the data group: the leader asks every member what it completed, and the ones that answer build
+a fresh group over the store; the version nobody completed is decided again without the lost ranks
+(:class:`~lightning_pgc.runtime.coordinator.Coordinator`). A rank frozen inside an all-reduce costs the others
+at most one liveness window (the group's timeout); a slow or sleeping rank costs them nothing.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import struct
+import threading
+import time
+from datetime import timedelta
+from typing import Callable, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from lightning_pgc.codes import Scheme
+from lightning_pgc.runtime.aggregates import Aggregates
+from lightning_pgc.runtime.collectives import LiveCollectives
+from lightning_pgc.runtime.comm import CommLoop, _Gather
+from lightning_pgc.runtime.control import LEADER_BOX, Channel, inbox
+from lightning_pgc.runtime.group import DataGroup, open_group
+from lightning_pgc.runtime.leader import Leader, StepRecord
+from lightning_pgc.runtime.mailbox import PGCTimeoutError
+
+log = logging.getLogger(__name__)
+
+_RUNS = itertools.count()  # runtime starts in this process: every rank starts them in the same order
+
+
+class PGCDetached(RuntimeError):
+    """This rank fell more than ``max_lag`` versions behind (or left the data group): no aggregate comes until it
+    rejoins."""
+
+
+class Code:
+    """One rank's code for one version: a flat buffer on the model's device (encode into :attr:`shards`)."""
+
+    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.flat = torch.zeros(numel, dtype=dtype, device=device)
+        self.shards = self.flat.view(1, -1)
+        self.version = -1
+        self.event: Optional[object] = None  # CUDA: recorded when it was submitted (the comm stream waits on it)
+        self.read: Optional[object] = None  # CUDA: recorded after the comm stream last read it
+
+    def write(self, start: int, flat: Tensor) -> None:
+        """Copy ``flat`` into the code at offset ``start`` (e.g. the averaged buffers)."""
+        self.flat[start : start + flat.numel()].copy_(flat)
+
+
+class CollectiveRuntime(CommLoop):
+    """Every rank's runtime on the collective data plane; the leader's also runs the control plane.
+
+    The worker API is the sharded runtime's: :meth:`start`; per version :meth:`published`, :meth:`detached` /
+    :meth:`rejoin`, :meth:`new_code` and :meth:`submit` (or :meth:`reject`), :meth:`wait`, :meth:`donation` /
+    :meth:`send_state`, :meth:`release`; :meth:`stop` at the end.
+
+    Args:
+        scheme: the straggler-tolerance scheme.
+        store: the store of the control plane (see :mod:`~lightning_pgc.runtime.control`).
+        rank, world_size: this rank and the number of ranks.
+        numel: elements of a code (gradient, loss, buffers, padding); coded_numel: where the decoded region ends;
+            agg_numel: elements of an aggregate (the payload without padding).
+        down_dtype: dtype of the aggregate; codes and the all-reduce use ``scheme.payload_dtype``.
+        start_version: the first version of this fit; timeout, max_lag: as for the leader.
+        make_leader: the control plane's class (e.g. :class:`~lightning_pgc.runtime.bounded.BoundedLeader`).
+        heartbeat_interval, heartbeat_misses: liveness; the window is their product.
+        device: where codes and aggregates live (``cuda``: NCCL and a comm stream; else gloo).
+        prefix: the run's namespace in the store (the same on every rank, new for every start).
+        keep_versions: versions a code may serve (bounded staleness: the largest window the leader may widen to);
+            default ``scheme.window`` for schemes that reuse codes, else 1.
+    """
+
+    def __init__(self, scheme: Scheme, store: dist.Store, rank: int, world_size: int, numel: int, coded_numel: int,
+                 agg_numel: int, down_dtype: torch.dtype, start_version: int, timeout: float, max_lag: int,
+                 make_leader: Optional[Callable[..., Leader]] = None, heartbeat_interval: float = 0.2,
+                 heartbeat_misses: int = 15, device: torch.device = torch.device("cpu"),
+                 prefix: Optional[str] = None, keep_versions: Optional[int] = None) -> None:
+        if heartbeat_interval <= 0 or heartbeat_misses < 1:
+            raise ValueError(f"need heartbeat_interval > 0 and heartbeat_misses >= 1, got {heartbeat_interval}, "
+                             f"{heartbeat_misses}")
+        self.scheme, self.store, self.rank, self.world_size = scheme, store, rank, world_size
+        self.numel, self.coded_numel, self.agg_numel = numel, coded_numel, agg_numel
+        self.up_dtype: torch.dtype = scheme.payload_dtype
+        self.down_dtype = down_dtype
+        self.device = torch.device(device)
+        self.timeout, self.max_lag = float(timeout), int(max_lag)
+        self.heartbeat_interval = float(heartbeat_interval)
+        self.heartbeat_window = self.heartbeat_interval * heartbeat_misses
+        self.group_timeout = timedelta(seconds=self.heartbeat_window + self.timeout)  # one liveness window
+        self.prefix = prefix if prefix is not None else f"pgc/{next(_RUNS)}"
+        self.kept_versions = keep_versions or (scheme.window if scheme.reuses_codes else 1)
+        self.leader_rank = 0
+        self.leader: Optional[Leader] = (make_leader or Leader)(
+            scheme, world_size, start_version, timeout, max_lag, self.heartbeat_window) if rank == 0 else None
+        self.successions: list[tuple[int, int]] = []
+        self.aggregates = Aggregates(agg_numel, down_dtype, self.device)
+        self.error: Optional[BaseException] = None
+        self.skipped = self.rejected = 0
+        self.progress = start_version
+        self.alive = world_size
+        self._frontier = start_version
+        self.final_stats: Optional[list[dict[str, float]]] = None
+        self._codes: dict[int, Code] = {}
+        self._free_codes: list[Code] = []
+        self._code_count = 0
+        self._lock = threading.Lock()
+        self._gaps: dict[int, list[tuple[int, Optional[int]]]] = {}
+        self._attachments: dict[int, list[tuple[int, int]]] = {}
+        self._donated: dict[int, set[int]] = {}
+        self._attach_cond = threading.Condition()
+        self._attach_info: Optional[tuple[int, int]] = None
+        self._attached = threading.Event()
+        self._state_fn: Optional[Callable[[], Tensor]] = None
+        self._final_requests: list[tuple[int, int]] = []
+        self._leader_heard = self._resumed_at = self._last_check = time.monotonic()
+        self._stopping = threading.Event()
+        self._beats_done = threading.Event()
+        self._stopped = False
+        self._threads: list[threading.Thread] = []
+        self._ctl = Channel(store, self.prefix, timedelta(seconds=self.heartbeat_window))
+        self._channels = [self._ctl]  # every thread's channel (their bytes are counted)
+        self.data_bytes = 0  # bytes this rank's all-reduces sent (as many are received): a ring's 2 (m-1)/m payloads
+        # comm thread state
+        self.group: Optional[DataGroup] = None
+        self.config = 0
+        self.completed = start_version - 1
+        self._next = start_version
+        self._waiting = False  # the comm thread left its group and waits for the next configuration
+        self._busy = False  # the comm thread is inside a collective (it reads no message until it ends, within the
+        # group's timeout)
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._coll_cond = threading.Condition()
+        self._coll_mine: dict[int, tuple[str, object]] = {}
+        self._coll_done: dict[int, dict[int, tuple[str, object]]] = {}
+        self._coll_saved: dict[int, Optional[tuple[str, object]]] = {}  # the last collective's own contribution
+        self.collectives = LiveCollectives(_Gather(self))
+        self._coordinator = None
+        if self.leader is not None:
+            from lightning_pgc.runtime.coordinator import Coordinator
+
+            self._coordinator = Coordinator(self, self.leader)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.leader is not None
+
+    # ----------------------------------------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        """Build the first data group (every rank) and start the comm, heartbeat and (leader) control threads."""
+        self.group = open_group(self.store, self.prefix, 0, list(range(self.world_size)), self.rank, self.device,
+                                self.group_timeout)
+        self._spawn(self._comm, "pgc-comm")
+        self._spawn(self._beat, "pgc-beat")
+        if self._coordinator is not None:
+            self._spawn(self._coordinator.run, "pgc-leader")
+
+    def _spawn(self, fn: Callable[[], None], name: str) -> None:
+        t = threading.Thread(target=fn, name=name, daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self, donate: Optional[Callable[[], Tensor]] = None, leave: bool = False) -> None:
+        """Say BYE, serve the all-reduces until the leader's STOP, join every thread, close the data group.
+
+        ``donate`` (leader) gives the final training state to ranks that rejoin after the leader finished; with
+        ``leave`` (a worker that stops alone, e.g. on SIGTERM) it returns at once and the others go on without it.
+        """
+        if self._stopped:
+            return
+        self._stopped = True
+        self._stopping.set()
+        try:
+            self._ctl.push(LEADER_BOX, ("bye", self.rank, self.skipped, bool(leave and not self.is_leader)))
+        except Exception as exc:  # the store is gone: nobody is left to tell
+            log.warning("PGC rank %d: could not say BYE: %r", self.rank, exc)
+        if leave and not self.is_leader:
+            self._halt()
+            log.warning("PGC rank %d left at version %d; the others go on without it", self.rank, self.progress)
+            return
+        comm = self._threads[0] if self._threads else None
+        while comm is not None and comm.is_alive():
+            comm.join(0.05)
+            with self._lock:
+                requests, self._final_requests = self._final_requests, []
+            for rank, version in requests:
+                self.send_state(rank, version, donate() if donate is not None else torch.zeros(0, dtype=torch.uint8))
+            if self.failure() is not None:  # the leader failed (here, or it said so): nobody sends STOP
+                break
+        self._halt()
+
+    def _halt(self) -> None:
+        """End every thread of this rank and close its data group."""
+        self._stopping.set()
+        self._beats_done.set()
+        try:
+            self._ctl.push(inbox(self.rank), ("halt",))
+            if self.is_leader:
+                self._ctl.push(LEADER_BOX, ("halt",))
+        except Exception:
+            pass
+        for t in self._threads:
+            t.join(self.heartbeat_window + 5.0)
+        alive = [t.name for t in self._threads if t.is_alive()]
+        if alive:
+            log.warning("PGC rank %d: threads still running after stop: %s", self.rank, alive)
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
+    # ------------------------------------------------------------------------------------------- worker API
+    def published(self, version: int) -> bool:
+        """Whether the aggregate of ``version`` is already here (this rank fell behind: skip computing)."""
+        self.progress = version
+        return self.aggregates.has(version)
+
+    def detached(self, version: int) -> bool:
+        return not self._receives(self.rank, version)
+
+    def frontier(self) -> int:
+        return self.leader.version if self.leader is not None else self._frontier
+
+    def failure(self) -> Optional[BaseException]:
+        return self.error if self.error is not None else self.aggregates.failure()
+
+    def new_code(self, version: int) -> Code:
+        """A buffer to encode this rank's code for ``version`` into (reused once no version can use it)."""
+        with self._lock:
+            code = self._free_codes.pop() if self._free_codes else None
+        if code is None:
+            code = Code(self.numel, self.up_dtype, self.device)
+            self._code_count += 1
+        elif code.read is not None:  # the comm stream may still read it: the training stream waits
+            torch.cuda.current_stream(self.device).wait_event(code.read)
+        code.version = -1
+        return code
+
+    def submit(self, version: int, code: Code, ages: Sequence[int], partition: int = -1) -> None:
+        """Keep ``code`` (this rank's code for ``version``) for the comm thread and announce it to the leader."""
+        ages = tuple(int(a) for a in ages)
+        code.version = version
+        if self._stream is not None:
+            code.event = torch.cuda.current_stream(self.device).record_event()
+        with self._lock:
+            old = self._codes.pop(version, None)
+            if old is not None:
+                self._free_codes.append(old)
+            self._codes[version] = code
+        self._ctl.push(LEADER_BOX, ("code", self.rank, version, len(ages), max(ages, default=0), ages,
+                                    self.skipped, partition))
+
+    def reject(self, version: int) -> None:
+        """This rank's code for ``version`` is not finite and is not used: the leader treats it as a straggler."""
+        self.rejected += 1
+        self._ctl.push(LEADER_BOX, ("reject", self.rank, version))
+
+    def wait(self, version: int, donate: Optional[Callable[[], Tensor]] = None) -> Tensor:
+        """The aggregate of ``version`` (``agg_numel`` elements of ``down_dtype``, on the device).
+
+        Raises:
+            PGCTimeoutError: the leader stopped beating.
+            PGCDetached: this rank is (or became, while waiting) :meth:`detached` at ``version``.
+            RuntimeError: the leader failed (its error text).
+        """
+        if donate is not None:
+            self._state_fn = donate
+        while True:
+            if donate is not None:
+                self._donate(version, donate)
+            if self.detached(version) and not self.aggregates.has(version):
+                raise PGCDetached(f"PGC rank {self.rank} is detached at version {version}: rejoin first")
+            try:
+                buf, event, table = self.aggregates.take(version, self.heartbeat_interval)
+            except PGCTimeoutError:
+                self._check_leader(f"waiting for the aggregate of version {version}")
+                continue
+            if event is not None:
+                torch.cuda.current_stream(self.device).wait_event(event)
+            self._tables = {version: table} if table else {}
+            return buf
+
+    def table(self, version: int) -> Optional[tuple[int, ...]]:
+        """Bounded staleness with ``choice="oldest"``: the table ages ``version`` closed with (once), else None."""
+        tables = getattr(self, "_tables", {})
+        return tables.pop(version, None)
+
+    def release(self, aggregate: Tensor) -> None:
+        """Give an aggregate from :meth:`wait` back once nothing (e.g. ``param.grad``) views it."""
+        base = aggregate._base if aggregate._base is not None else aggregate
+        event = torch.cuda.current_stream(self.device).record_event() if self._stream is not None else None
+        self.aggregates.release(base, event)
+
+    def rejoin(self, version: int) -> tuple[int, Tensor]:
+        """Ask to rejoin at ``version``; block until a donor sent the training state. Returns ``(u, state)``."""
+        self._attached.clear()
+        self._ctl.push(LEADER_BOX, ("rejoin", self.rank, version))
+        while not self._attached.wait(self.heartbeat_interval):
+            self._check_leader(f"rejoining at version {version}")
+        assert self._attach_info is not None
+        u, donor = self._attach_info
+        while True:
+            try:
+                blob = self._ctl.pop_blob(f"state/{self.rank}")
+            except TimeoutError:
+                self._check_leader(f"waiting for the training state of version {u}")
+                continue
+            (sent_for,) = struct.unpack("<q", blob[:8])
+            if sent_for == u:
+                break
+        state = torch.frombuffer(bytearray(blob[8:]), dtype=torch.uint8) if len(blob) > 8 else torch.zeros(
+            0, dtype=torch.uint8)
+        log.warning("PGC rank %d: rejoined at version %d with the state of rank %d (%.1f MB), asked at version %d",
+                    self.rank, u, donor, state.numel() / 1e6, version)
+        return u, state
+
+    def donation(self, version: int) -> list[int]:
+        """The ranks this rank must send its training state to before applying ``version`` (after :meth:`wait`)."""
+        with self._attach_cond:
+            recipients = self._recipients(version)
+            for v in [v for v in self._attachments if v <= version]:
+                del self._attachments[v]
+            for v in [v for v in self._donated if v <= version]:
+                del self._donated[v]
+        return recipients
+
+    def _recipients(self, version: int) -> list[int]:
+        with self._attach_cond:
+            sent = self._donated.get(version, set())
+            return [r for r, d in self._attachments.get(version, ()) if d == self.rank and r != self.rank
+                    and r not in sent]
+
+    def _donate(self, version: int, state_fn: Callable[[], Tensor]) -> None:
+        recipients = self._recipients(version)
+        if not recipients:
+            return
+        state = state_fn()
+        for rank in recipients:
+            self.send_state(rank, version, state)
+            with self._attach_cond:
+                self._donated.setdefault(version, set()).add(rank)
+
+    def send_state(self, rank: int, version: int, state: Tensor) -> None:
+        """Send ``state`` (uint8) to ``rank``, which rejoins at ``version`` (through the store)."""
+        self._ctl.put_blob(f"state/{rank}", struct.pack("<q", version) + state.cpu().numpy().tobytes())
+
+    def _check_leader(self, doing: str) -> None:
+        if self.failure() is not None:
+            raise RuntimeError(f"PGC rank {self.rank} runtime failed: {self.failure()}") from self.failure()
+        now = time.monotonic()
+        if now - self._last_check > 3 * self.heartbeat_interval:
+            self._resumed_at = now  # this thread did not run for a while: the leader's beats may be queued
+        self._last_check = now
+        silent = now - max(self._leader_heard, self._resumed_at)
+        if not self.is_leader and silent > 2 * self.heartbeat_window and not self._busy:
+            raise PGCTimeoutError(f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no heartbeat for "
+                                  f"{silent:.1f} s while {doing}; its process is gone or frozen")
+
+    def seat_in_doubt(self) -> bool:
+        return False
+
+    def settle_seat(self) -> bool:
+        return self.is_leader
+
+    # ------------------------------------------------------------------------------------------- statistics
+    def record(self, version: int) -> Optional[StepRecord]:
+        return self.leader.record(version) if self.leader is not None else None
+
+    def rank_stats(self) -> list[dict[str, float]]:
+        if self.leader is not None:
+            return self.leader.rank_stats()
+        return list(self.final_stats or [])
+
+    def buffer_stats(self) -> dict[str, int]:
+        control_sent = sum(c.bytes_sent for c in self._channels)
+        control_received = sum(c.bytes_received for c in self._channels)
+        return {"mailbox_high_water": self.aggregates.high_water, "aggregate_buffers": self.aggregates.allocated,
+                "code_messages": self._code_count, "bytes_sent": self.data_bytes + control_sent,
+                "bytes_received": self.data_bytes + control_received, "control_bytes_sent": control_sent,
+                "control_bytes_received": control_received, "rejected": self.rejected,
+                "configurations": self.config + 1}
+
+    def _receives(self, rank: int, version: int) -> bool:
+        with self._lock:
+            for start, end in self._gaps.get(rank, ()):
+                if start <= version and (end is None or version < end):
+                    return False
+        return True
+
+    def _set_gap(self, rank: int, version: int, detach: bool) -> None:
+        with self._lock:
+            spans = self._gaps.setdefault(rank, [])
+            if detach:
+                if not spans or spans[-1][1] is not None:
+                    spans.append((version, None))
+            elif spans and spans[-1][1] is None:
+                spans[-1] = (spans[-1][0], version)
+            if len(spans) > 16:
+                del spans[0]
+
+    # --------------------------------------------------------------------------------------------- threads
+    def _beat(self) -> None:
+        """Heartbeats to the leader with the training thread's version (the leader's own: a tick to its loop)."""
+        chan = Channel(self.store, self.prefix, timedelta(seconds=self.heartbeat_window))
+        self._channels.append(chan)
+        while not self._beats_done.wait(self.heartbeat_interval):
+            try:
+                chan.push(LEADER_BOX, ("tick",) if self.is_leader else ("beat", self.rank, self.progress))
+            except Exception as exc:  # the store is gone: the comm thread reports the lost leader
+                log.debug("PGC rank %d: heartbeat failed: %r", self.rank, exc)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+        self.aggregates.abort(exc)
+        with self._coll_cond:
+            self._coll_cond.notify_all()
