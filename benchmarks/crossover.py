@@ -22,8 +22,13 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from lightning_pgc.experiments.results import RunRecords
-from lightning_pgc.experiments.stats import (PairedInterval, equal_wall_time, paired_t_interval, time_to_target,
-                                             value_at_wall)
+from lightning_pgc.experiments.stats import (
+    PairedInterval,
+    equal_wall_time,
+    paired_t_interval,
+    time_to_target,
+    value_at_wall,
+)
 from sim_grid import DELAYS
 
 #: short keys of the straggler models (the same models as the simulated grid, ``sim_grid.DELAYS``)
@@ -42,21 +47,47 @@ class Cost:
     note: str
 
 
-COSTS: dict[str, Cost] = {c.key: c for c in (
-    Cost("sleep", "digits CNN 38k + 25 ms sleep", 0.025, (), 16,
-         "the 38k-parameter CNN (about 3 ms per batch-16 gradient here) plus 25 ms of simulated compute"),
-    Cost("real", "CNN width 256 (1.7M), real compute", 0.0, (("width", 256),), 16,
-         "DigitsCNN(width=256): 1.7M parameters, real convolution compute, no sleep"),
-    Cost("comm", "4.3M-param head, batch 4 (communication)", 0.0, (("hidden", 8192),), 4,
-         "DigitsCNN(hidden=8192): 4.3M parameters (17 MB per gradient message) of which almost all sit in one "
-         "linear layer, batch 4: little compute per message, so moving gradients dominates"),
-)}
+COSTS: dict[str, Cost] = {
+    c.key: c
+    for c in (
+        Cost(
+            "sleep",
+            "digits CNN 38k + 25 ms sleep",
+            0.025,
+            (),
+            16,
+            "the 38k-parameter CNN (about 3 ms per batch-16 gradient here) plus 25 ms of simulated compute",
+        ),
+        Cost(
+            "real",
+            "CNN width 256 (1.7M), real compute",
+            0.0,
+            (("width", 256),),
+            16,
+            "DigitsCNN(width=256): 1.7M parameters, real convolution compute, no sleep",
+        ),
+        Cost(
+            "comm",
+            "4.3M-param head, batch 4 (communication)",
+            0.0,
+            (("hidden", 8192),),
+            4,
+            "DigitsCNN(hidden=8192): 4.3M parameters (17 MB per gradient message) of which almost all sit in one "
+            "linear layer, batch 4: little compute per message, so moving gradients dominates",
+        ),
+    )
+}
 
 #: StalenessValve settings of the adaptive arms: benchmarks/safety_valve.py's threshold, factor and floor, with a
 #: cheaper probe (two gradients of 64 samples every 20 steps, about 0.4 batch-16 evaluations per step; its 256
 #: samples every 5 steps cost several times the training compute of the ``real`` cost). Bounded lowers its window.
-VALVE: dict[str, Any] = {"threshold": 1.0, "factor": 0.5, "check_every_n_steps": 20, "min_scale": 1 / 64,
-                         "probe_size": 64}
+VALVE: dict[str, Any] = {
+    "threshold": 1.0,
+    "factor": 0.5,
+    "check_every_n_steps": 20,
+    "min_scale": 1 / 64,
+    "probe_size": 64,
+}
 #: scheme families in table order
 FAMILIES = ("ddp", "dgd", "ignore", "gc_fr", "gc_cr", "pgc_fr", "pgc_cr", "bounded")
 
@@ -71,8 +102,11 @@ class Arm:
 
     @property
     def key(self) -> str:
-        return self.family + (f"_c{self.c}" if self.family not in ("ddp", "dgd") else "") + \
-            ("_valve" if self.adaptive else "")
+        return (
+            self.family
+            + (f"_c{self.c}" if self.family not in ("ddp", "dgd") else "")
+            + ("_valve" if self.adaptive else "")
+        )
 
     @property
     def label(self) -> str:
@@ -96,8 +130,9 @@ class Arm:
         return name, {"seed": seed, "stragglers": self.c - 1}, valve
 
 
-def arms_for(n: int, cs: Sequence[int], families: Sequence[str] = FAMILIES,
-             adaptive: Sequence[str] = ("pgc_cr", "bounded")) -> tuple[list[Arm], list[str]]:
+def arms_for(
+    n: int, cs: Sequence[int], families: Sequence[str] = FAMILIES, adaptive: Sequence[str] = ("pgc_cr", "bounded")
+) -> tuple[list[Arm], list[str]]:
     """The arms ``n`` ranks allow (``adaptive`` families also with the valve), and why the others are left out."""
     from lightning_pgc.codes import BoundedScheme, make_scheme
 
@@ -185,13 +220,24 @@ def sweep_settings(lrs: Sequence[float], momenta: Sequence[float]) -> list[Setti
     return out
 
 
-def plan_sweep(cells: Sequence[Cell], arms: Sequence[Arm], lrs: Sequence[float], seeds: Sequence[int],
-               sweep_delay: str, momenta: Sequence[float] = (RECIPE_MOMENTUM,)) -> list[Job]:
+def plan_sweep(
+    cells: Sequence[Cell],
+    arms: Sequence[Arm],
+    lrs: Sequence[float],
+    seeds: Sequence[int],
+    sweep_delay: str,
+    momenta: Sequence[float] = (RECIPE_MOMENTUM,),
+) -> list[Job]:
     """The sweep: every arm at every setting of :func:`sweep_settings`, per evaluation cost, under one straggler
     model (``sweep_delay``)."""
     costs = list(dict.fromkeys(cell.cost for cell in cells))
-    return [Job("sweep", Cell(sweep_delay, cost), arm, lr, seed, m)
-            for cost in costs for arm in arms for lr, m in sweep_settings(lrs, momenta) for seed in seeds]
+    return [
+        Job("sweep", Cell(sweep_delay, cost), arm, lr, seed, m)
+        for cost in costs
+        for arm in arms
+        for lr, m in sweep_settings(lrs, momenta)
+        for seed in seeds
+    ]
 
 
 def choose_setting(finals: Mapping[Any, Sequence[Optional[float]]], runs: int) -> Any:
@@ -209,9 +255,13 @@ def choose_setting(finals: Mapping[Any, Sequence[Optional[float]]], runs: int) -
     return min(sorted(finals), key=lambda setting: (score(finals[setting]), setting))
 
 
-def plan_main(cells: Sequence[Cell], arms: Sequence[Arm], seeds: Sequence[int],
-              setting_of: Mapping[tuple[str, str], Optional[Setting]],
-              main_round: int = 1) -> tuple[list[Job], list[tuple[Cell, Arm]]]:
+def plan_main(
+    cells: Sequence[Cell],
+    arms: Sequence[Arm],
+    seeds: Sequence[int],
+    setting_of: Mapping[tuple[str, str], Optional[Setting]],
+    main_round: int = 1,
+) -> tuple[list[Job], list[tuple[Cell, Arm]]]:
     """The main runs of round ``main_round`` at each arm's chosen setting (``setting_of[(cost, arm key)]``), and
     the (cell, arm) pairs that have none yet (their sweep is unfinished). Within a cell the order is seed, then
     arm: the runs a paired interval compares (same cell and seed) run back to back, so slow drift of a shared
@@ -272,12 +322,16 @@ class Store:
 def compact_record(row: Mapping[str, Any], val: Iterable[Sequence[float]], ok: bool, error: str = "") -> dict[str, Any]:
     """What a record keeps: the per-run measurements (``grid.run_row``) and the validation curve (wall, step, loss,
     acc), floats rounded to 6 significant digits so the files stay small."""
+
     def r(x: Any) -> Any:
         return float(f"{x:.6g}") if isinstance(x, float) and math.isfinite(x) else x
 
-    return {"ok": ok, "error": error[-500:],
-            "row": {k: r(v) for k, v in row.items() if k != "out"},
-            "val": [[r(float(v)) for v in point[:4]] for point in val]}
+    return {
+        "ok": ok,
+        "error": error[-500:],
+        "row": {k: r(v) for k, v in row.items() if k != "out"},
+        "val": [[r(float(v)) for v in point[:4]] for point in val],
+    }
 
 
 # ============================================================================================ the statistics
@@ -313,8 +367,18 @@ class ArmSummary:
 
 
 #: per-run columns averaged into ArmSummary.means (row keys of ``grid.run_row`` and the error decomposition)
-MEAN_COLUMNS = ("grad_evals_to_target", "gflop_to_target", "grad_evals_per_step", "utilization_mean", "max_age",
-                "mean_age", "fit_wall_s", "final_val_loss", "final_val_acc", "staleness_ratio")
+MEAN_COLUMNS = (
+    "grad_evals_to_target",
+    "gflop_to_target",
+    "grad_evals_per_step",
+    "utilization_mean",
+    "max_age",
+    "mean_age",
+    "fit_wall_s",
+    "final_val_loss",
+    "final_val_acc",
+    "staleness_ratio",
+)
 
 
 def _ttt(record: Mapping[str, Any], target: float, axis: int = 0) -> Optional[float]:
@@ -336,8 +400,13 @@ def _paired(x: Sequence[Optional[float]], y: Sequence[Optional[float]]) -> Optio
     return paired_t_interval(x, y, ratio=True)  # type: ignore[arg-type]
 
 
-def summarize_cell(records: Mapping[str, Mapping[int, Mapping[str, Any]]], arms: Sequence[Arm],
-                   seeds: Sequence[int], target: float, settings: Mapping[str, Optional[Setting]]) -> dict[str, Any]:
+def summarize_cell(
+    records: Mapping[str, Mapping[int, Mapping[str, Any]]],
+    arms: Sequence[Arm],
+    seeds: Sequence[int],
+    target: float,
+    settings: Mapping[str, Optional[Setting]],
+) -> dict[str, Any]:
     """A cell's statistics from its main-run records (``records[arm key][seed]``).
 
     Complete when every arm has a finished record for every seed; otherwise ``status`` is ``"incomplete"`` with
@@ -376,8 +445,11 @@ def summarize_cell(records: Mapping[str, Mapping[int, Mapping[str, Any]]], arms:
                     accs.append(acc)
         means = {}
         for key in MEAN_COLUMNS:
-            values = [r["row"][key] for r in good if isinstance(r["row"].get(key), (int, float))
-                      and math.isfinite(r["row"][key])]
+            values = [
+                r["row"][key]
+                for r in good
+                if isinstance(r["row"].get(key), (int, float)) and math.isfinite(r["row"][key])
+            ]
             means[key] = statistics.fmean(values) if values else math.nan
         terms: dict[str, list[float]] = {}
         for r in good:
@@ -385,23 +457,41 @@ def summarize_cell(records: Mapping[str, Mapping[int, Mapping[str, Any]]], arms:
                 terms.setdefault(k, []).append(v)
         means["error_decomposition"] = {k: statistics.fmean(v) for k, v in sorted(terms.items())}  # type: ignore
         lr, momentum = settings.get(arm.key) or (None, None)
-        summaries.append(ArmSummary(
-            arm.key, arm.label, lr, momentum, len(done), len(good), len(reached),
-            math.exp(statistics.fmean(math.log(t) for t in reached)) if reached and min(reached) > 0 else math.nan,
-            _paired(times[arm.key], times.get("dgd", [])) if arm.key != "dgd" else None,
-            _paired(times[arm.key], times.get("ddp", [])) if arm.key != "ddp" else None,
-            statistics.fmean(accs) if accs else math.nan, means,
-            _paired(steps[arm.key], steps.get("dgd", [])) if arm.key != "dgd" else None,
-            _paired(step_times[arm.key], step_times.get("dgd", [])) if arm.key != "dgd" else None))
-    cell: dict[str, Any] = {"runs_expected": expected, "runs_finished": finished, "runs_ok": ok_runs,
-                            "arms": [a.as_dict() for a in summaries], "winner": None, "runner_up": None,
-                            "margin": None}
+        summaries.append(
+            ArmSummary(
+                arm.key,
+                arm.label,
+                lr,
+                momentum,
+                len(done),
+                len(good),
+                len(reached),
+                math.exp(statistics.fmean(math.log(t) for t in reached)) if reached and min(reached) > 0 else math.nan,
+                _paired(times[arm.key], times.get("dgd", [])) if arm.key != "dgd" else None,
+                _paired(times[arm.key], times.get("ddp", [])) if arm.key != "ddp" else None,
+                statistics.fmean(accs) if accs else math.nan,
+                means,
+                _paired(steps[arm.key], steps.get("dgd", [])) if arm.key != "dgd" else None,
+                _paired(step_times[arm.key], step_times.get("dgd", [])) if arm.key != "dgd" else None,
+            )
+        )
+    cell: dict[str, Any] = {
+        "runs_expected": expected,
+        "runs_finished": finished,
+        "runs_ok": ok_runs,
+        "arms": [a.as_dict() for a in summaries],
+        "winner": None,
+        "runner_up": None,
+        "margin": None,
+    }
     if finished < expected:
         cell["status"] = "incomplete"
         return cell
     cell["status"] = "complete"
-    contenders = sorted((a for a in summaries if a.reached == len(seeds) and math.isfinite(a.time_to_target_s)),
-                        key=lambda a: a.time_to_target_s)
+    contenders = sorted(
+        (a for a in summaries if a.reached == len(seeds) and math.isfinite(a.time_to_target_s)),
+        key=lambda a: a.time_to_target_s,
+    )
     if not contenders:
         cell["status"] = "no arm reached the target on every seed"
         return cell
@@ -452,18 +542,22 @@ def separated(margin: Optional[Mapping[str, Any]]) -> bool:
 def cell_table(cell: Mapping[str, Any]) -> str:
     """One cell's arms: setting, reach, time to target, paired ratios against dgd (with its split into steps and
     seconds per step) and ddp, and the work columns."""
-    lines = ["| arm | lr | momentum | reached | time to target (s) | vs dgd | = steps vs dgd | x s/step vs dgd | "
-             "vs ddp | val acc at equal wall | grad evals to target | utilization | max age |",
-             "|---|---:|---:|---:|---:|---|---|---|---|---:|---:|---:|---:|"]
+    lines = [
+        "| arm | lr | momentum | reached | time to target (s) | vs dgd | = steps vs dgd | x s/step vs dgd | "
+        "vs ddp | val acc at equal wall | grad evals to target | utilization | max age |",
+        "|---|---:|---:|---:|---:|---|---|---|---|---:|---:|---:|---:|",
+    ]
     for a in cell["arms"]:
         m = a["means"]
-        lines.append(f"| {a['label']} | {_num(a['lr'], 'g')} | {_num(a.get('momentum'), 'g')} | "
-                     f"{a['reached']}/{a['runs']} | "
-                     f"{_num(a['time_to_target_s'], '.2f')} | {_interval(a['vs_dgd'])} | "
-                     f"{_interval(a.get('steps_vs_dgd'))} | {_interval(a.get('step_time_vs_dgd'))} | "
-                     f"{_interval(a['vs_ddp'])} | {_num(a['acc_at_equal_wall'], '.3f')} | "
-                     f"{_num(m['grad_evals_to_target'], '.0f')} | {_num(m['utilization_mean'], '.2f')} | "
-                     f"{_num(m['max_age'], '.0f')} |")
+        lines.append(
+            f"| {a['label']} | {_num(a['lr'], 'g')} | {_num(a.get('momentum'), 'g')} | "
+            f"{a['reached']}/{a['runs']} | "
+            f"{_num(a['time_to_target_s'], '.2f')} | {_interval(a['vs_dgd'])} | "
+            f"{_interval(a.get('steps_vs_dgd'))} | {_interval(a.get('step_time_vs_dgd'))} | "
+            f"{_interval(a['vs_ddp'])} | {_num(a['acc_at_equal_wall'], '.3f')} | "
+            f"{_num(m['grad_evals_to_target'], '.0f')} | {_num(m['utilization_mean'], '.2f')} | "
+            f"{_num(m['max_age'], '.0f')} |"
+        )
     return "\n".join(lines)
 
 
@@ -495,27 +589,35 @@ def render_markdown(result: Mapping[str, Any]) -> str:
     s = result["settings"]
     cells = result["cells"]
     complete = [k for k, c in cells.items() if c["status"] != "incomplete"]
-    lines = [MARK_BEGIN, "",
-             f"Rendered {result['rendered']} from the run records in `{result['runs_folder']}` "
-             f"({result['records']} records) by `{result['command']}`; everything below is in "
-             "[grid_map.json](grid_map.json).", "",
-             f"- **Complete cells: {len(complete)} of {len(cells)}**"
-             + (f" ({', '.join(complete)})." if complete else ". No cell is complete: no winner is named yet."),
-             f"- Sweep: {result['sweep_runs_finished']} of {result['sweep_runs_expected']} runs finished; rates "
-             f"{s['lrs']} at momentum {RECIPE_MOMENTUM}"
-             + "".join(f", the same effective rates (lr / (1 - m)) at momentum {m:g}"
-                       for m in s.get('momenta', [RECIPE_MOMENTUM]) if m != RECIPE_MOMENTUM)
-             + f"; seeds {s['sweep_seeds']}, {s['sweep_steps']} steps, under `{s['sweep_delay']}`.",
-             f"- Main runs: round {s.get('round', 1)}, n = {s['devices']} CPU ranks, {s['steps']} steps, seeds "
-             f"{s['seeds']}, target validation loss {s['target']}, validation every {s['val_every']} steps.",
-             "- Winner: lowest geometric-mean time to the target validation loss among arms that reached it on "
-             "every seed; margin: the paired ratio of its time over the runner-up's with a 95 % t interval "
-             "over the seeds (below 1: faster).",
-             "- Why, per arm: `vs dgd` = `steps vs dgd` x `s/step vs dgd` (paired over the seeds, up to the "
-             "target): steps to the target measure what staleness or dropped partitions cost, seconds per step "
-             "what not waiting for stragglers (or extra work per step) buys or costs.", "",
-             "| straggler model | " + " | ".join(result["cost_labels"][c] for c in result["costs"]) + " |",
-             "|---|" + "---|" * len(result["costs"])]
+    lines = [
+        MARK_BEGIN,
+        "",
+        f"Rendered {result['rendered']} from the run records in `{result['runs_folder']}` "
+        f"({result['records']} records) by `{result['command']}`; everything below is in "
+        "[grid_map.json](grid_map.json).",
+        "",
+        f"- **Complete cells: {len(complete)} of {len(cells)}**"
+        + (f" ({', '.join(complete)})." if complete else ". No cell is complete: no winner is named yet."),
+        f"- Sweep: {result['sweep_runs_finished']} of {result['sweep_runs_expected']} runs finished; rates "
+        f"{s['lrs']} at momentum {RECIPE_MOMENTUM}"
+        + "".join(
+            f", the same effective rates (lr / (1 - m)) at momentum {m:g}"
+            for m in s.get("momenta", [RECIPE_MOMENTUM])
+            if m != RECIPE_MOMENTUM
+        )
+        + f"; seeds {s['sweep_seeds']}, {s['sweep_steps']} steps, under `{s['sweep_delay']}`.",
+        f"- Main runs: round {s.get('round', 1)}, n = {s['devices']} CPU ranks, {s['steps']} steps, seeds "
+        f"{s['seeds']}, target validation loss {s['target']}, validation every {s['val_every']} steps.",
+        "- Winner: lowest geometric-mean time to the target validation loss among arms that reached it on "
+        "every seed; margin: the paired ratio of its time over the runner-up's with a 95 % t interval "
+        "over the seeds (below 1: faster).",
+        "- Why, per arm: `vs dgd` = `steps vs dgd` x `s/step vs dgd` (paired over the seeds, up to the "
+        "target): steps to the target measure what staleness or dropped partitions cost, seconds per step "
+        "what not waiting for stragglers (or extra work per step) buys or costs.",
+        "",
+        "| straggler model | " + " | ".join(result["cost_labels"][c] for c in result["costs"]) + " |",
+        "|---|" + "---|" * len(result["costs"]),
+    ]
     for delay in result["delays"]:
         row = [delay]
         for cost in result["costs"]:
@@ -524,9 +626,13 @@ def render_markdown(result: Mapping[str, Any]) -> str:
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "![crossover map](grid_map.png)", ""]
     if complete:
-        lines += ["Every arm's time to the target against `dgd`'s in each complete cell (paired ratio, 95 % t "
-                  "interval over the seeds; **faster** or slower: the interval excludes 1):", "",
-                  arms_table(cells, complete), ""]
+        lines += [
+            "Every arm's time to the target against `dgd`'s in each complete cell (paired ratio, 95 % t "
+            "interval over the seeds; **faster** or slower: the interval excludes 1):",
+            "",
+            arms_table(cells, complete),
+            "",
+        ]
     for key in complete:
         cell = cells[key]
         lines += [f"Cell `{key}` (all {cell['runs_expected']} runs finished):", "", cell_table(cell)]
@@ -554,12 +660,20 @@ def plot_map(result: Mapping[str, Any], path: Path) -> None:
         for j, cost in enumerate(costs):
             cell = cells.get(f"{DELAY_KEYS[delay]}-{cost}")
             winner = cell["winner"] if cell else None
-            family = next((f for f in sorted(FAMILIES, key=len, reverse=True) if winner and winner.startswith(f)),
-                          None)
+            family = next((f for f in sorted(FAMILIES, key=len, reverse=True) if winner and winner.startswith(f)), None)
             if family:
                 used.add(family)
-            ax.add_patch(plt.Rectangle((j, i), 1, 1, color=colors[family] if family else "0.85",
-                                       alpha=0.55 if family else 1.0, ec="white", lw=2))
+            ax.add_patch(
+                plt.Rectangle(
+                    (j, i),
+                    1,
+                    1,
+                    color=colors[family] if family else "0.85",
+                    alpha=0.55 if family else 1.0,
+                    ec="white",
+                    lw=2,
+                )
+            )
             if cell is None:
                 text = "not planned"
             elif cell["status"] == "incomplete":
@@ -580,11 +694,18 @@ def plot_map(result: Mapping[str, Any], path: Path) -> None:
     ax.set_xlabel("cost of a gradient evaluation")
     ax.set_ylabel("straggler model")
     if used:
-        ax.legend(handles=[Patch(color=colors[f], alpha=0.55, label=f) for f in FAMILIES if f in used],
-                  loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    ax.set_title(f"fastest to validation loss {result['settings']['target']} (n = {result['settings']['devices']},"
-                 f" {len(result['settings']['seeds'])} seeds)\nmargin: paired time ratio vs the runner-up, 95 % t "
-                 "interval; grey: incomplete", fontsize=9)
+        ax.legend(
+            handles=[Patch(color=colors[f], alpha=0.55, label=f) for f in FAMILIES if f in used],
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1),
+            fontsize=8,
+        )
+    ax.set_title(
+        f"fastest to validation loss {result['settings']['target']} (n = {result['settings']['devices']},"
+        f" {len(result['settings']['seeds'])} seeds)\nmargin: paired time ratio vs the runner-up, 95 % t "
+        "interval; grey: incomplete",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -43,8 +43,14 @@ def mirror_costs() -> tuple[float, float, float, float]:
 
 
 #: our arm label -> the real map's arm key (its ``dgd`` is our ddp: the same mathematics)
-REAL_ARMS = {"ddp": "dgd", "ignore_stragglers c=2": "ignore_c2", "gc_fr c=2": "gc_fr_c2", "gc_cr c=2": "gc_cr_c2",
-             "pgc_fr c=2": "pgc_fr_c2", "pgc_cr c=2": "pgc_cr_c2"}
+REAL_ARMS = {
+    "ddp": "dgd",
+    "ignore_stragglers c=2": "ignore_c2",
+    "gc_fr c=2": "gc_fr_c2",
+    "gc_cr c=2": "gc_cr_c2",
+    "pgc_fr c=2": "pgc_fr_c2",
+    "pgc_cr c=2": "pgc_cr_c2",
+}
 
 
 def mirror_cells() -> list[Cell]:
@@ -52,32 +58,49 @@ def mirror_cells() -> list[Cell]:
     momentum (no tuning here), on the simulated clock fitted to real runs."""
     costs = mirror_costs()
     chosen = json.loads((DOCS / "grid_map.json").read_text())["chosen_setting"]
-    fixed = tuple((ours, chosen[f"sleep/{theirs}"]["lr"], chosen[f"sleep/{theirs}"]["momentum"])
-                  for ours, theirs in REAL_ARMS.items())
-    return [Cell(4, f"real map: {name}", "compute", task="cnn", delay=spec, costs=costs, cs=(2,), fixed=fixed)
-            for name, (_, spec) in REAL_DELAYS.items()]
+    fixed = tuple(
+        (ours, chosen[f"sleep/{theirs}"]["lr"], chosen[f"sleep/{theirs}"]["momentum"])
+        for ours, theirs in REAL_ARMS.items()
+    )
+    return [
+        Cell(4, f"real map: {name}", "compute", task="cnn", delay=spec, costs=costs, cs=(2,), fixed=fixed)
+        for name, (_, spec) in REAL_DELAYS.items()
+    ]
 
 
 def rounds() -> dict[str, list[Cell]]:
     patterns = list(PATTERNS)
     core = ["none", "lognormal", "slow node", "node stalls"]
-    reduced = (mirror_cells()
-               + [Cell(4, p, b) for b in ("compute", "comm") for p in core]
-               + [Cell(16, p, "compute") for p in core] + [Cell(16, "slow node", "comm")]
-               + [Cell(16, p, "compute", data="dirichlet") for p in ("none", "slow node")]
-               + [Cell(64, "lognormal", "compute", cs=(2,))])
-    full = (mirror_cells()
-            + [Cell(n, p, b) for n in (4, 16, 64) for b in ("compute", "comm") for p in patterns]
-            + [Cell(n, p, "compute", data="dirichlet") for n in (16, 64) for p in ("none", "lognormal", "slow node")]
-            + [Cell(n, "lognormal", "compute") for n in (8, 32, 128)]
-            + [Cell(256, p, "compute") for p in core] + [Cell(256, "lognormal", "comm")])
+    reduced = (
+        mirror_cells()
+        + [Cell(4, p, b) for b in ("compute", "comm") for p in core]
+        + [Cell(16, p, "compute") for p in core]
+        + [Cell(16, "slow node", "comm")]
+        + [Cell(16, p, "compute", data="dirichlet") for p in ("none", "slow node")]
+        + [Cell(64, "lognormal", "compute", cs=(2,))]
+    )
+    full = (
+        mirror_cells()
+        + [Cell(n, p, b) for n in (4, 16, 64) for b in ("compute", "comm") for p in patterns]
+        + [Cell(n, p, "compute", data="dirichlet") for n in (16, 64) for p in ("none", "lognormal", "slow node")]
+        + [Cell(n, "lognormal", "compute") for n in (8, 32, 128)]
+        + [Cell(256, p, "compute") for p in core]
+        + [Cell(256, "lognormal", "comm")]
+    )
     tiny = [Cell(4, "slow node", "compute"), Cell(4, "none", "compute", data="dirichlet")]
     return {"tiny": tiny, "reduced": reduced, "full": full}
 
 
 def tiny_protocol() -> Protocol:
-    return Protocol(budget_steps=60, max_versions=80, tuning_seeds=(1000,), eval_seeds=(0, 1, 2), lrs=(0.2, 0.4),
-                    momenta=(0.0, 0.9), targets=(0.9, 0.6))
+    return Protocol(
+        budget_steps=60,
+        max_versions=80,
+        tuning_seeds=(1000,),
+        eval_seeds=(0, 1, 2),
+        lrs=(0.2, 0.4),
+        momenta=(0.0, 0.9),
+        targets=(0.9, 0.6),
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -95,8 +118,14 @@ def main(argv: list[str] | None = None) -> None:
         run_round(path, cells, protocol, workers=args.workers, limit=args.limit)
     items, skipped = plan_items(cells, protocol)
     summary = summarize(read_records(path), source=str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path))
-    summary.update({"round": args.round, "items_planned": len(items), "skipped_arms": skipped,
-                    "command": f"python benchmarks/emulated_map.py --round {args.round}"})
+    summary.update(
+        {
+            "round": args.round,
+            "items_planned": len(items),
+            "skipped_arms": skipped,
+            "command": f"python benchmarks/emulated_map.py --round {args.round}",
+        }
+    )
     out = path.with_suffix(".json")
     out.write_text(json.dumps(summary, indent=1) + "\n")
     print(f"{summary['items_done']} of {len(items)} (cell, arm) items in {path}; summary in {out}")

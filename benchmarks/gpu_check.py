@@ -91,25 +91,38 @@ def worker(args: argparse.Namespace) -> None:
         strategy: Any = DDPStrategy()
     else:
         strategy = PGCStrategy(scheme=args.strategy, stragglers=1, diagnostics=False, data_plane="collective")
-    trainer = pl.Trainer(accelerator=args.accelerator, devices=1, num_nodes=args.ranks, strategy=strategy,
-                         max_steps=args.steps, callbacks=callbacks, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        accelerator=args.accelerator,
+        devices=1,
+        num_nodes=args.ranks,
+        strategy=strategy,
+        max_steps=args.steps,
+        callbacks=callbacks,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(Net(), DataLoader(data, batch_size=64, shuffle=True))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     st = trainer.strategy
     from lightning_pgc.experiments.callbacks import parameter_checksum
 
-    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps({
-        "times": clock.times,
-        "host_copies_per_step": clock.copies,
-        "aggregate_sha256": clock.aggregate_sha,
-        "checksum": parameter_checksum(trainer.lightning_module),
-        "device": str(trainer.strategy.root_device),
-        "params": sum(p.numel() for p in trainer.lightning_module.parameters()),
-        "buffers": getattr(st, "buffer_stats", {}),
-        "rank_stats": st.rank_stats() if hasattr(st, "rank_stats") else [],
-    }))
+    (out / f"rank{trainer.global_rank}.json").write_text(
+        json.dumps(
+            {
+                "times": clock.times,
+                "host_copies_per_step": clock.copies,
+                "aggregate_sha256": clock.aggregate_sha,
+                "checksum": parameter_checksum(trainer.lightning_module),
+                "device": str(trainer.strategy.root_device),
+                "params": sum(p.numel() for p in trainer.lightning_module.parameters()),
+                "buffers": getattr(st, "buffer_stats", {}),
+                "rank_stats": st.rank_stats() if hasattr(st, "rank_stats") else [],
+            }
+        )
+    )
 
 
 def launch(args: argparse.Namespace, strategy: str, slow: float, out: Path) -> dict:
@@ -119,13 +132,34 @@ def launch(args: argparse.Namespace, strategy: str, slow: float, out: Path) -> d
         port = s.getsockname()[1]
     procs = []
     for r in range(args.ranks):
-        env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(r),
-               "LOCAL_RANK": "0", "WORLD_SIZE": str(args.ranks), "OMP_NUM_THREADS": "2"}
+        env = {
+            **os.environ,
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "NODE_RANK": str(r),
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": str(args.ranks),
+            "OMP_NUM_THREADS": "2",
+        }
         if args.accelerator == "cuda":
             env["CUDA_VISIBLE_DEVICES"] = str(r)  # one GPU per rank: NCCL refuses two ranks on one GPU
-        cmd = [sys.executable, __file__, "--worker", "--strategy", strategy, "--out", str(out), "--ranks",
-               str(args.ranks), "--steps", str(args.steps), "--accelerator", args.accelerator,
-               "--slow-seconds", str(slow)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            "--strategy",
+            strategy,
+            "--out",
+            str(out),
+            "--ranks",
+            str(args.ranks),
+            "--steps",
+            str(args.steps),
+            "--accelerator",
+            args.accelerator,
+            "--slow-seconds",
+            str(slow),
+        ]
         procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     logs = [p.communicate(timeout=900)[0] for p in procs]
     if any(p.returncode for p in procs):
@@ -134,13 +168,19 @@ def launch(args: argparse.Namespace, strategy: str, slow: float, out: Path) -> d
     start = max(r["times"][args.skip - 1] for r in ranks)
     end = max(r["times"][-1] for r in ranks)
     shas = {r["aggregate_sha256"] for r in ranks}
-    return {"strategy": strategy, "slow_s": slow, "seconds_per_step": (end - start) / (args.steps - args.skip),
-            "device": ranks[0]["device"], "params": ranks[0]["params"], "buffers": ranks[0]["buffers"],
-            "rank_stats": ranks[0]["rank_stats"],
-            "aggregate_identical": None if strategy == "ddp" else (len(shas) == 1 and "" not in shas),
-            # (ddp's BatchNorm statistics differ between ranks after the last forward: buffers are broadcast before it)
-            "parameters_identical": None if strategy == "ddp" else len({r["checksum"] for r in ranks}) == 1,
-            "host_copies_per_step": [r["host_copies_per_step"] for r in ranks]}
+    return {
+        "strategy": strategy,
+        "slow_s": slow,
+        "seconds_per_step": (end - start) / (args.steps - args.skip),
+        "device": ranks[0]["device"],
+        "params": ranks[0]["params"],
+        "buffers": ranks[0]["buffers"],
+        "rank_stats": ranks[0]["rank_stats"],
+        "aggregate_identical": None if strategy == "ddp" else (len(shas) == 1 and "" not in shas),
+        # (ddp's BatchNorm statistics differ between ranks after the last forward: buffers are broadcast before it)
+        "parameters_identical": None if strategy == "ddp" else len({r["checksum"] for r in ranks}) == 1,
+        "host_copies_per_step": [r["host_copies_per_step"] for r in ranks],
+    }
 
 
 def main() -> None:
@@ -162,8 +202,10 @@ def main() -> None:
         import torch
 
         if torch.cuda.device_count() < args.ranks:
-            raise SystemExit(f"--ranks {args.ranks} needs as many CUDA GPUs (one rank per GPU: NCCL), found "
-                             f"{torch.cuda.device_count()}")
+            raise SystemExit(
+                f"--ranks {args.ranks} needs as many CUDA GPUs (one rank per GPU: NCCL), found "
+                f"{torch.cuda.device_count()}"
+            )
     results = []
     configs = [("ddp", 0.0), ("pgc_cr", 0.0)]
     if args.slow_seconds > 0:
@@ -173,8 +215,11 @@ def main() -> None:
         results.append(res)
         print(json.dumps({k: v for k, v in res.items() if k != "buffers"}), flush=True)
     if args.write:
-        (ROOT / "docs" / "gpu_check.json").write_text(json.dumps(
-            {"command": "python benchmarks/gpu_check.py " + " ".join(sys.argv[1:]), "results": results}, indent=1))
+        (ROOT / "docs" / "gpu_check.json").write_text(
+            json.dumps(
+                {"command": "python benchmarks/gpu_check.py " + " ".join(sys.argv[1:]), "results": results}, indent=1
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -93,8 +93,10 @@ class Config:
 
 def default_delay(n: int) -> str:
     """Log-normal jitter on every rank, rare long stalls on any rank, and the last rank moderately slow."""
-    return ("lognormal(median=0.02, sigma=0.5) + spikes(prob=0.02, low=0.5, high=1.5) + "
-            f"slowranks(ranks=[{n - 1}], seconds=0.03)")
+    return (
+        "lognormal(median=0.02, sigma=0.5) + spikes(prob=0.02, low=0.5, high=1.5) + "
+        f"slowranks(ranks=[{n - 1}], seconds=0.03)"
+    )
 
 
 def grid_configs(n: int, cs: Sequence[int]) -> tuple[list[Config], list[str]]:
@@ -158,7 +160,8 @@ def job_spec(cfg: Config, seed: int, args: argparse.Namespace, out: Path, group:
         spec["wandb"] = {
             "project": args.wandb_project,
             "group": group,
-            "name": f"{cfg.scheme}-s{cfg.s}-c{cfg.c}-seed{seed}" + ("" if cfg.condition == "stragglers" else "-nodelay"),
+            "name": f"{cfg.scheme}-s{cfg.s}-c{cfg.c}-seed{seed}"
+            + ("" if cfg.condition == "stragglers" else "-nodelay"),
             "offline": not args.wandb_online,
             "tags": [f"n={args.devices}", cfg.scheme, cfg.condition],
             "config": {"label": cfg.label, "condition": cfg.condition, "target_val_loss": args.target},
@@ -186,19 +189,36 @@ class Run:
 def read_run(cfg: Config, seed: int, result: JobResult) -> Run:
     """A grid run from a job's result (``ok=False`` with the reason when something is missing)."""
     if not result.ok or not result.val_curve:
-        return Run(cfg, seed, result.out, ok=False, job_wall_s=result.job_wall_s,
-                   error=result.error or "no validation curve")
+        return Run(
+            cfg, seed, result.out, ok=False, job_wall_s=result.job_wall_s, error=result.error or "no validation curve"
+        )
     val = [(wall, step, loss, acc) for wall, step, loss, acc, _ in result.val_curve]
-    return Run(cfg, seed, result.out, ok=True, job_wall_s=result.job_wall_s, val=val,
-               train=result.train_on_val_clock(), ranks=result.ranks, diagnostics=result.diagnostics)
+    return Run(
+        cfg,
+        seed,
+        result.out,
+        ok=True,
+        job_wall_s=result.job_wall_s,
+        val=val,
+        train=result.train_on_val_clock(),
+        ranks=result.ranks,
+        diagnostics=result.diagnostics,
+    )
 
 
 def run_row(run: Run, target: float, equal_wall_s: Optional[float]) -> dict[str, Any]:
     """Every measured column of one run (NaN where not defined)."""
     nan = float("nan")
-    row: dict[str, Any] = {"condition": run.config.condition, "scheme": run.config.scheme, "s": run.config.s,
-                           "c": run.config.c, "seed": run.seed,
-                           "status": "ok" if run.ok else "failed", "job_wall_s": run.job_wall_s, "out": str(run.out)}
+    row: dict[str, Any] = {
+        "condition": run.config.condition,
+        "scheme": run.config.scheme,
+        "s": run.config.s,
+        "c": run.config.c,
+        "seed": run.seed,
+        "status": "ok" if run.ok else "failed",
+        "job_wall_s": run.job_wall_s,
+        "out": str(run.out),
+    }
     if not run.ok:
         return row
     walls = [v[0] for v in run.val]
@@ -212,12 +232,14 @@ def run_row(run: Run, target: float, equal_wall_s: Optional[float]) -> dict[str,
     n_steps = len(evals)
 
     crossing = first_crossing(losses, target)
-    row.update({
-        "target_val_loss": target,
-        "reached": crossing is not None,
-        "time_to_target_s": at_index(walls, crossing) if crossing is not None else nan,
-        "steps_to_target": at_index(steps, crossing) if crossing is not None else nan,
-    })
+    row.update(
+        {
+            "target_val_loss": target,
+            "reached": crossing is not None,
+            "time_to_target_s": at_index(walls, crossing) if crossing is not None else nan,
+            "steps_to_target": at_index(steps, crossing) if crossing is not None else nan,
+        }
+    )
     if crossing is not None:
         step = row["steps_to_target"]
         row["grad_evals_to_target"] = cumulative_at(evals, step)
@@ -226,33 +248,37 @@ def run_row(run: Run, target: float, equal_wall_s: Optional[float]) -> dict[str,
         row["grad_evals_to_target"] = row["gflop_to_target"] = nan
     acc_eq = interpolate(walls, accs, equal_wall_s) if equal_wall_s is not None else None
     loss_eq = interpolate(walls, losses, equal_wall_s) if equal_wall_s is not None else None
-    row.update({
-        "equal_wall_s": equal_wall_s if equal_wall_s is not None else nan,
-        "val_acc_at_equal_wall": acc_eq if acc_eq is not None else nan,
-        "val_loss_at_equal_wall": loss_eq if loss_eq is not None else nan,
-        "fit_wall_s": walls[-1],
-        "steps": int(steps[-1]),
-        "final_val_loss": losses[-1],
-        "final_val_acc": accs[-1],
-        "grad_evals_total": float(sum(evals)),
-        "grad_evals_per_step": sum(evals) / max(n_steps, 1),
-        "gflop_total": sum(samples) * flops_per_sample / 1e9,
-        "flops_fwd_bwd_per_sample": flops_per_sample,
-    })
+    row.update(
+        {
+            "equal_wall_s": equal_wall_s if equal_wall_s is not None else nan,
+            "val_acc_at_equal_wall": acc_eq if acc_eq is not None else nan,
+            "val_loss_at_equal_wall": loss_eq if loss_eq is not None else nan,
+            "fit_wall_s": walls[-1],
+            "steps": int(steps[-1]),
+            "final_val_loss": losses[-1],
+            "final_val_acc": accs[-1],
+            "grad_evals_total": float(sum(evals)),
+            "grad_evals_per_step": sum(evals) / max(n_steps, 1),
+            "gflop_total": sum(samples) * flops_per_sample / 1e9,
+            "flops_fwd_bwd_per_sample": flops_per_sample,
+        }
+    )
     utils = [m["utilization"] for m in measures]
-    row.update({
-        "utilization_mean": statistics.fmean(utils),
-        "utilization_min": min(utils),
-        "utilization_max": max(utils),
-        "busy_s_mean": statistics.fmean(m["busy_s"] for m in measures),
-        "compute_s_mean": statistics.fmean(m["forward_s"] + m["backward_s"] for m in measures),
-        "simulated_compute_s_mean": statistics.fmean(m.get("simulated_compute_s", 0.0) for m in measures),
-        "injected_sleep_s_mean": statistics.fmean(m["injected_sleep_s"] for m in measures),
-        "worker_wait_ms_per_step": 1000 * statistics.fmean(m["wait_s"] for m in measures) / max(n_steps, 1),
-        "idle_ms_per_step": 1000 * statistics.fmean(m["wall_s"] - m["busy_s"] for m in measures) / max(n_steps, 1),
-        "skipped_steps": sum(r.get("skipped_steps", 0) for r in run.ranks),
-        "replicas_identical": len({r["checksum"] for r in run.ranks}) == 1,
-    })
+    row.update(
+        {
+            "utilization_mean": statistics.fmean(utils),
+            "utilization_min": min(utils),
+            "utilization_max": max(utils),
+            "busy_s_mean": statistics.fmean(m["busy_s"] for m in measures),
+            "compute_s_mean": statistics.fmean(m["forward_s"] + m["backward_s"] for m in measures),
+            "simulated_compute_s_mean": statistics.fmean(m.get("simulated_compute_s", 0.0) for m in measures),
+            "injected_sleep_s_mean": statistics.fmean(m["injected_sleep_s"] for m in measures),
+            "worker_wait_ms_per_step": 1000 * statistics.fmean(m["wait_s"] for m in measures) / max(n_steps, 1),
+            "idle_ms_per_step": 1000 * statistics.fmean(m["wall_s"] - m["busy_s"] for m in measures) / max(n_steps, 1),
+            "skipped_steps": sum(r.get("skipped_steps", 0) for r in run.ranks),
+            "replicas_identical": len({r["checksum"] for r in run.ranks}) == 1,
+        }
+    )
     history = run.diagnostics
     max_ages = [h["pgc/max_age"] for h in history if "pgc/max_age" in h]
     mean_ages = [h["pgc/mean_age"] for h in history if "pgc/mean_age" in h]
@@ -263,12 +289,14 @@ def run_row(run: Run, target: float, equal_wall_s: Optional[float]) -> dict[str,
         if "pgc/coordinator_wait_s" in h and arrivals:
             after_first.append(h["pgc/coordinator_wait_s"] - min(arrivals))
     fresh = run.config.scheme == "ddp"  # no PGC runtime: every gradient is fresh by construction
-    row.update({
-        "max_age": max(max_ages) if max_ages else (0.0 if fresh else nan),
-        "mean_age": statistics.fmean(mean_ages) if mean_ages else (0.0 if fresh else nan),
-        "coord_wait_ms_per_step": 1000 * statistics.fmean(waits) if waits else nan,
-        "coord_wait_after_first_code_ms": 1000 * statistics.fmean(after_first) if after_first else nan,
-    })
+    row.update(
+        {
+            "max_age": max(max_ages) if max_ages else (0.0 if fresh else nan),
+            "mean_age": statistics.fmean(mean_ages) if mean_ages else (0.0 if fresh else nan),
+            "coord_wait_ms_per_step": 1000 * statistics.fmean(waits) if waits else nan,
+            "coord_wait_after_first_code_ms": 1000 * statistics.fmean(after_first) if after_first else nan,
+        }
+    )
     return row
 
 
@@ -313,10 +341,16 @@ def aggregate(rows: Sequence[dict[str, Any]], configs: Sequence[Config]) -> list
     for cfg in configs:
         mine = [r for r in rows if (r["condition"], r["scheme"], r["s"]) == (cfg.condition, cfg.scheme, cfg.s)]
         ok = [r for r in mine if r["status"] == "ok"]
-        entry: dict[str, Any] = {"condition": cfg.condition, "scheme": cfg.scheme, "s": cfg.s, "c": cfg.c,
-                                 "label": cfg.label,
-                                 "runs": len(mine), "ok": len(ok),
-                                 "reached": sum(1 for r in ok if r.get("reached"))}
+        entry: dict[str, Any] = {
+            "condition": cfg.condition,
+            "scheme": cfg.scheme,
+            "s": cfg.s,
+            "c": cfg.c,
+            "label": cfg.label,
+            "runs": len(mine),
+            "ok": len(ok),
+            "reached": sum(1 for r in ok if r.get("reached")),
+        }
         for _, key, _ in TABLE:
             values = [r[key] for r in ok if key in r and not _isnan(r[key])]
             entry[key] = statistics.fmean(values) if values else float("nan")
@@ -369,8 +403,9 @@ def _style(configs: Sequence[Config]) -> dict[str, tuple[str, str]]:
     return {cfg.key: (colors[cfg.scheme], dashes.get(cfg.s + 1, "-.")) for cfg in configs}
 
 
-def seed_mean(curves: Sequence[tuple[Sequence[float], Sequence[float]]],
-              points: int = 200) -> tuple[list[float], list[float]]:
+def seed_mean(
+    curves: Sequence[tuple[Sequence[float], Sequence[float]]], points: int = 200
+) -> tuple[list[float], list[float]]:
     """Mean over seeds of curves y(x), interpolated on a common grid up to the shortest curve's end."""
     end = min(xs[-1] for xs, _ in curves)
     start = max(xs[0] for xs, _ in curves)
@@ -383,8 +418,9 @@ def seed_mean(curves: Sequence[tuple[Sequence[float], Sequence[float]]],
     return grid, means
 
 
-def plot(runs: Sequence[Run], configs: Sequence[Config], axis: str, target: float, title: str, path: Path,
-         window: int = 10) -> None:
+def plot(
+    runs: Sequence[Run], configs: Sequence[Config], axis: str, target: float, title: str, path: Path, window: int = 10
+) -> None:
     """Validation loss (left) and trailing-mean training loss (right) vs ``axis`` ("wall" or "step"), seed mean."""
     import matplotlib
 
@@ -427,11 +463,13 @@ def render_markdown(result: dict[str, Any], table: Sequence[dict[str, Any]]) -> 
         "",
         f"Command: `{result['command']}`",
         "",
-        (f"- Grid wall time: **{result['grid_wall_s'] / 60:.1f} min** for {result['jobs']} jobs "
-         f"(each job: launch of {s['devices']} processes, W&B init, training, shutdown), "
-         if result["jobs_run"] == result["jobs"] else
-         f"- Grid wall time: {result['jobs']} jobs, {result['jobs'] - result['jobs_run']} of them reused from an "
-         f"earlier invocation; the sum of the job times is **{result['jobs_wall_s_sum'] / 60:.1f} min**, ")
+        (
+            f"- Grid wall time: **{result['grid_wall_s'] / 60:.1f} min** for {result['jobs']} jobs "
+            f"(each job: launch of {s['devices']} processes, W&B init, training, shutdown), "
+            if result["jobs_run"] == result["jobs"]
+            else f"- Grid wall time: {result['jobs']} jobs, {result['jobs'] - result['jobs_run']} of them reused from an "
+            f"earlier invocation; the sum of the job times is **{result['jobs_wall_s_sum'] / 60:.1f} min**, "
+        )
         + f"on {result['machine']}, finished {result['finished']}.",
         f"- n = {s['devices']} CPU ranks (gloo), the digits CNN, {s['steps']} steps, batch {s['batch_size']} per "
         f"rank and partition, SGD lr {s['lr']} momentum 0.9, seeds {', '.join(map(str, s['seeds']))} "
@@ -444,7 +482,8 @@ def render_markdown(result: dict[str, Any], table: Sequence[dict[str, Any]]) -> 
         "- Each cell: mean over the seeds ± half their range. `reached`: seeds whose validation loss reached the "
         "target; the to-target columns average those seeds only.",
         "- Equal wall clock (per seed, the time at which the fastest run of that seed finished its steps): "
-        + ", ".join(f"{k}: {v:.1f} s" for k, v in result["equal_wall_s"].items()) + ".",
+        + ", ".join(f"{k}: {v:.1f} s" for k, v in result["equal_wall_s"].items())
+        + ".",
     ]
     if result.get("rerendered"):
         lines.append(f"- Tables and plots re-rendered from the same jobs on {result['rerendered']}.")
@@ -461,8 +500,12 @@ def render_markdown(result: dict[str, Any], table: Sequence[dict[str, Any]]) -> 
                 ratios.append(f"{e['label']}: {e['time_to_target_s'] / ddp['time_to_target_s']:.2f}x")
         lines += ["Time to the target relative to ddp (lower is better): " + ", ".join(ratios) + ".", ""]
     if baseline:
-        lines += [f"The same jobs with **no injected delay** (simulated compute only), seed {s['seeds'][0]}:", "",
-                  markdown_table(baseline, 1), ""]
+        lines += [
+            f"The same jobs with **no injected delay** (simulated compute only), seed {s['seeds'][0]}:",
+            "",
+            markdown_table(baseline, 1),
+            "",
+        ]
     lines += [
         "![validation and training loss vs wall clock](benchmarks_loss_vs_wall.png)",
         "",
@@ -497,6 +540,7 @@ def update_markdown(path: Path, generated: str) -> None:
 # ==================================================================================================== main
 def run_job(spec: dict[str, Any], progress: Any, task: Any) -> JobResult:
     """Launch one job (its ranks are started by Lightning) and follow its steps on the progress bar."""
+
     def report(step: int) -> None:
         progress.update(task, completed=step, status="training" if step else "starting ranks")
 
@@ -519,8 +563,9 @@ def carry_over(result: dict[str, Any], previous_json: Path) -> None:
         previous = json.loads(previous_json.read_text())
     except (OSError, ValueError):
         return
-    same = {k: v for k, v in previous.get("settings", {}).items() if k != "target"} == \
-        {k: v for k, v in result["settings"].items() if k != "target"}
+    same = {k: v for k, v in previous.get("settings", {}).items() if k != "target"} == {
+        k: v for k, v in result["settings"].items() if k != "target"
+    }
     if same and previous.get("jobs") == result["jobs"] and previous.get("jobs_run") == previous.get("jobs"):
         for key in ("command", "grid_wall_s", "jobs_run", "finished", "wandb_group"):
             result[key] = previous[key]
@@ -530,8 +575,9 @@ def carry_over(result: dict[str, Any], previous_json: Path) -> None:
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", type=int, default=4, help="n, CPU ranks per job")
-    p.add_argument("--c", type=int, nargs="+", default=[2, 4, 8], help="copies per partition (s = c - 1), "
-                   "each run where n allows")
+    p.add_argument(
+        "--c", type=int, nargs="+", default=[2, 4, 8], help="copies per partition (s = c - 1), each run where n allows"
+    )
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=16, help="per rank and partition")
@@ -539,10 +585,18 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--val-every", type=int, default=20, help="steps between validation-loss measurements")
     p.add_argument("--target", type=float, default=0.3, help="target validation loss")
     p.add_argument("--delay", default=None, help="delay model string (default: see default_delay)")
-    p.add_argument("--compute-per-eval", type=float, default=0.025,
-                   help="simulated compute (s) per partition gradient evaluation; 0 = the digits CNN alone")
-    p.add_argument("--baseline", nargs="*", default=["ddp", "ignore_stragglers", "gc_cr", "pgc_fr", "pgc_cr"],
-                   help="schemes (s <= 1) also run without injected delays, first seed only; none: skip")
+    p.add_argument(
+        "--compute-per-eval",
+        type=float,
+        default=0.025,
+        help="simulated compute (s) per partition gradient evaluation; 0 = the digits CNN alone",
+    )
+    p.add_argument(
+        "--baseline",
+        nargs="*",
+        default=["ddp", "ignore_stragglers", "gc_cr", "pgc_fr", "pgc_cr"],
+        help="schemes (s <= 1) also run without injected delays, first seed only; none: skip",
+    )
     p.add_argument("--schemes", nargs="+", default=None, help="only these scheme families")
     p.add_argument("--out", default=str(ROOT / "outputs" / "grid"))
     p.add_argument("--docs", default=str(ROOT / "docs"), help="where benchmarks.{md,csv,json,*.png} go")
@@ -562,8 +616,14 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 def single_main(argv: list[str]) -> dict[str, Any]:
     """``--single``: the earlier one-table grid (one delay model, one cost, one learning rate)."""
     from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
     from rich.table import Table
 
     args = parse_args(argv)
@@ -576,9 +636,11 @@ def single_main(argv: list[str]) -> dict[str, Any]:
     baseline = baseline_configs(configs, args.baseline)
     jobs = [(cfg, seed) for seed in args.seeds for cfg in configs] + [(cfg, args.seeds[0]) for cfg in baseline]
     root = Path(args.out).resolve()  # the jobs run with their own directory as cwd
-    console.print(f"[bold]benchmark grid[/]: {len(configs)} configurations x {len(args.seeds)} seeds + {len(baseline)} "
-                  f"without delays = {len(jobs)} jobs of {args.steps} steps on n = {args.devices} CPU ranks, "
-                  "one at a time")
+    console.print(
+        f"[bold]benchmark grid[/]: {len(configs)} configurations x {len(args.seeds)} seeds + {len(baseline)} "
+        f"without delays = {len(jobs)} jobs of {args.steps} steps on n = {args.devices} CPU ranks, "
+        "one at a time"
+    )
     console.print(f"delay: {args.delay}")
     for reason in skipped:
         console.print(f"[yellow]skipped[/] {reason}")
@@ -586,8 +648,15 @@ def single_main(argv: list[str]) -> dict[str, Any]:
     started = time.monotonic()
     runs: list[Run] = []
     jobs_run = 0
-    with Progress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn(), TextColumn("{task.fields[status]}"), console=console) as progress:
+    with Progress(
+        TextColumn("{task.description:<34}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[status]}"),
+        console=console,
+    ) as progress:
         overall = progress.add_task("grid", total=len(jobs), status="")
         current = progress.add_task("", total=args.steps, status="")
         for cfg, seed in jobs:
@@ -605,8 +674,10 @@ def single_main(argv: list[str]) -> dict[str, Any]:
             runs.append(run)
             progress.update(current, completed=args.steps if ok else 0, status="done" if ok else "[red]failed")
             if run.ok:
-                progress.console.print(f"{what:<40}: job {wall:5.1f} s, training {run.val[-1][0]:5.1f} s, "
-                                       f"final val loss {run.val[-1][2]:.3f}")
+                progress.console.print(
+                    f"{what:<40}: job {wall:5.1f} s, training {run.val[-1][0]:5.1f} s, "
+                    f"final val loss {run.val[-1][2]:.3f}"
+                )
             else:
                 progress.console.print(f"[red]{what} failed[/] ({run.error})")
             progress.advance(overall)
@@ -629,10 +700,20 @@ def single_main(argv: list[str]) -> dict[str, Any]:
         "finished": time.strftime("%Y-%m-%d %H:%M"),
         "out": os.path.relpath(root, ROOT) if root.is_relative_to(ROOT) else str(root),
         "wandb_group": None if args.no_wandb else args.wandb_group,
-        "settings": {"devices": args.devices, "c": args.c, "seeds": args.seeds, "steps": args.steps,
-                     "batch_size": args.batch_size, "lr": args.lr, "val_every": args.val_every,
-                     "target": args.target, "delay": args.delay, "compute_per_eval": args.compute_per_eval,
-                     "baseline": args.baseline, "wandb_project": args.wandb_project},
+        "settings": {
+            "devices": args.devices,
+            "c": args.c,
+            "seeds": args.seeds,
+            "steps": args.steps,
+            "batch_size": args.batch_size,
+            "lr": args.lr,
+            "val_every": args.val_every,
+            "target": args.target,
+            "delay": args.delay,
+            "compute_per_eval": args.compute_per_eval,
+            "baseline": args.baseline,
+            "wandb_project": args.wandb_project,
+        },
         "equal_wall_s": {f"{cond}, seed {seed}": t for (cond, seed), t in equal.items()},
         "skipped": skipped,
         "table": table,
@@ -649,23 +730,42 @@ def single_main(argv: list[str]) -> dict[str, Any]:
         carry_over(result, paths["json"])
     write_csv(rows, paths["csv"])
     paths["json"].write_text(json.dumps(result, indent=1, default=str))
-    title = (f"digits CNN, n={args.devices} CPU ranks, mean of seeds {args.seeds}; delay: {args.delay}")
+    title = f"digits CNN, n={args.devices} CPU ranks, mean of seeds {args.seeds}; delay: {args.delay}"
     plot(runs, configs, "wall", args.target, title, paths["wall"])
     plot(runs, configs, "step", args.target, title, paths["step"])
     update_markdown(paths["md"], render_markdown(result, table))
 
-    summary = Table(title=f"grid summary: mean over seeds {args.seeds} (target validation loss {args.target}); "
-                          f"'no delay' rows: seed {args.seeds[0]} without injected delays")
-    columns = [("scheme", None, None), ("s", None, None), ("c", None, None), ("reached", None, None)] + \
-        [(name, key, spec) for name, key, spec in TABLE if key in (
-            "time_to_target_s", "steps_to_target", "val_acc_at_equal_wall", "grad_evals_to_target",
-            "utilization_mean", "max_age", "coord_wait_ms_per_step", "fit_wall_s", "final_val_acc")]
+    summary = Table(
+        title=f"grid summary: mean over seeds {args.seeds} (target validation loss {args.target}); "
+        f"'no delay' rows: seed {args.seeds[0]} without injected delays"
+    )
+    columns = [("scheme", None, None), ("s", None, None), ("c", None, None), ("reached", None, None)] + [
+        (name, key, spec)
+        for name, key, spec in TABLE
+        if key
+        in (
+            "time_to_target_s",
+            "steps_to_target",
+            "val_acc_at_equal_wall",
+            "grad_evals_to_target",
+            "utilization_mean",
+            "max_age",
+            "coord_wait_ms_per_step",
+            "fit_wall_s",
+            "final_val_acc",
+        )
+    ]
     for name, _, _ in columns:
         summary.add_column(name, justify="left" if name == "scheme" else "right")
     for e in table:
         name = e["scheme"] + ("" if e["condition"] == "stragglers" else " (no delay)")
-        summary.add_row(name, str(e["s"]), str(e["c"]), f"{e['reached']}/{e['runs']}",
-                        *[fmt(e[key], spec, e[key + "_spread"]) for _, key, spec in columns[4:]])
+        summary.add_row(
+            name,
+            str(e["s"]),
+            str(e["c"]),
+            f"{e['reached']}/{e['runs']}",
+            *[fmt(e[key], spec, e[key + "_spread"]) for _, key, spec in columns[4:]],
+        )
     console.print(summary)
     console.print(f"grid wall time: {grid_wall / 60:.1f} min ({jobs_run} jobs run, {len(jobs) - jobs_run} reused)")
     for path in paths.values():

@@ -41,9 +41,22 @@ def configs(valve: dict) -> dict[str, dict]:
 def run_one(out: Path, cfg: dict, args: argparse.Namespace, seed: int) -> dict:
     started = time.time()
     # validation: rank 0 on the whole validation set after the last step (ValidationCurve)
-    job = launch(dict(out=str(out), devices=4, max_steps=args.steps, batch_size=16, lr=args.lr, seed=seed,
-                      delay=args.delay, check_val_every_n_epoch=10_000, val_every_n_steps=args.steps,
-                      diagnostics={"every_n_steps": 10}, **cfg), timeout=900)
+    job = launch(
+        dict(
+            out=str(out),
+            devices=4,
+            max_steps=args.steps,
+            batch_size=16,
+            lr=args.lr,
+            seed=seed,
+            delay=args.delay,
+            check_val_every_n_epoch=10_000,
+            val_every_n_steps=args.steps,
+            diagnostics={"every_n_steps": 10},
+            **cfg,
+        ),
+        timeout=900,
+    )
     losses = [loss for _, _, loss in job.curve]
     valve = job.valves[0] if job.valves else None
     return {
@@ -53,8 +66,9 @@ def run_one(out: Path, cfg: dict, args: argparse.Namespace, seed: int) -> dict:
         "train_loss_last20": statistics.mean(losses[-20:]),
         "curve": [(step, loss) for _, step, loss in job.curve],
         "identical_replicas": job.identical_replicas,
-        "valves_agree": all(v["events"] == job.valves[0]["events"] and v["checks"] == job.valves[0]["checks"]
-                            for v in job.valves),
+        "valves_agree": all(
+            v["events"] == job.valves[0]["events"] and v["checks"] == job.valves[0]["checks"] for v in job.valves
+        ),
         "valve_events": [(e["step"], e["lr_scale"], e["ratio"]) for e in valve["events"]] if valve else [],
         "valve_checks": [(c["step"], c["ratio"], c["lr_scale"]) for c in valve["checks"]] if valve else [],
         "final_lr": valve["final_lrs"][0] if valve else args.lr,
@@ -70,23 +84,39 @@ def plot(results: dict, path: Path, args: argparse.Namespace) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
-    styles = {"dgd (synchronous)": ("black", "-"), "pgc_cr s=1": ("tab:blue", ":"),
-              "pgc_cr s=1 + valve": ("tab:blue", "-"), "pgc_cr s=3": ("tab:red", ":"),
-              "pgc_cr s=3 + valve": ("tab:red", "-")}
+    styles = {
+        "dgd (synchronous)": ("black", "-"),
+        "pgc_cr s=1": ("tab:blue", ":"),
+        "pgc_cr s=1 + valve": ("tab:blue", "-"),
+        "pgc_cr s=3": ("tab:red", ":"),
+        "pgc_cr s=3 + valve": ("tab:red", "-"),
+    }
     for name, runs in results.items():
         color, ls = styles[name]
         for i, run in enumerate(runs):
             steps = [s for s, _ in run["curve"]]
             loss = [l for _, l in run["curve"]]
             k = 10
-            smooth = [statistics.mean(loss[max(0, j - k + 1): j + 1]) for j in range(len(loss))]
+            smooth = [statistics.mean(loss[max(0, j - k + 1) : j + 1]) for j in range(len(loss))]
             axes[0].plot(steps, smooth, color=color, ls=ls, lw=1.2, label=name if i == 0 else None)
             if run["valve_checks"]:
                 cs = [c[0] for c in run["valve_checks"]]
-                axes[1].semilogy(cs, [max(c[1], 1e-4) for c in run["valve_checks"]], color=color, ls=ls, lw=1,
-                                 label=name if i == 0 else None)
-                axes[2].step(cs, [args.lr * c[2] for c in run["valve_checks"]], where="post", color=color,
-                             lw=1.2, label=name if i == 0 else None)
+                axes[1].semilogy(
+                    cs,
+                    [max(c[1], 1e-4) for c in run["valve_checks"]],
+                    color=color,
+                    ls=ls,
+                    lw=1,
+                    label=name if i == 0 else None,
+                )
+                axes[2].step(
+                    cs,
+                    [args.lr * c[2] for c in run["valve_checks"]],
+                    where="post",
+                    color=color,
+                    lw=1.2,
+                    label=name if i == 0 else None,
+                )
     axes[0].set_title(f"training loss (mean of 10 steps), lr={args.lr}")
     axes[0].set_xlabel("step")
     axes[0].legend(fontsize=8)
@@ -118,27 +148,38 @@ def main() -> None:
     results: dict[str, list[dict]] = {name: [] for name in configs(VALVE)}
     for seed in range(args.repeats):  # interleaved: machine noise hits every configuration alike
         for name, cfg in configs(VALVE).items():
-            run = run_one(out / f"seed{seed}" / name.replace(" ", "_").replace("(", "").replace(")", "")
-                          .replace("+", "").replace("=", ""), cfg, args, seed)
+            run = run_one(
+                out
+                / f"seed{seed}"
+                / name.replace(" ", "_").replace("(", "").replace(")", "").replace("+", "").replace("=", ""),
+                cfg,
+                args,
+                seed,
+            )
             results[name].append(run)
-            print(f"seed {seed} {name:22s} val_acc {run['val_acc']:.3f}  val_loss {run['val_loss']:.3f}  "
-                  f"train(last 20) {run['train_loss_last20']:.3f}  valve {run['valve_events']}  "
-                  f"identical {run['identical_replicas']}", flush=True)
+            print(
+                f"seed {seed} {name:22s} val_acc {run['val_acc']:.3f}  val_loss {run['val_loss']:.3f}  "
+                f"train(last 20) {run['train_loss_last20']:.3f}  valve {run['valve_events']}  "
+                f"identical {run['identical_replicas']}",
+                flush=True,
+            )
 
     rows = []
     for name, runs in results.items():
-        rows.append({
-            "config": name,
-            "val_acc": [r["val_acc"] for r in runs],
-            "val_loss": [r["val_loss"] for r in runs],
-            "train_loss_last20": [r["train_loss_last20"] for r in runs],
-            "final_lr": [r["final_lr"] for r in runs],
-            "valve_actions": [len(r["valve_events"]) for r in runs],
-            "first_action_step": [r["valve_events"][0][0] if r["valve_events"] else None for r in runs],
-            "identical_replicas": all(r["identical_replicas"] for r in runs),
-            "valves_agree_on_every_rank": all(r["valves_agree"] for r in runs),
-            "fit_wall_s": [r["fit_wall_s"] for r in runs],
-        })
+        rows.append(
+            {
+                "config": name,
+                "val_acc": [r["val_acc"] for r in runs],
+                "val_loss": [r["val_loss"] for r in runs],
+                "train_loss_last20": [r["train_loss_last20"] for r in runs],
+                "final_lr": [r["final_lr"] for r in runs],
+                "valve_actions": [len(r["valve_events"]) for r in runs],
+                "first_action_step": [r["valve_events"][0][0] if r["valve_events"] else None for r in runs],
+                "identical_replicas": all(r["identical_replicas"] for r in runs),
+                "valves_agree_on_every_rank": all(r["valves_agree"] for r in runs),
+                "fit_wall_s": [r["fit_wall_s"] for r in runs],
+            }
+        )
     command = "python benchmarks/safety_valve.py " + " ".join(sys.argv[1:])
     payload = {"command": command.strip(), "args": vars(args), "valve": VALVE, "summary": rows, "runs": results}
     written = []
@@ -158,11 +199,13 @@ def main() -> None:
         f"check_every_n_steps={VALVE['check_every_n_steps']}, min_scale=1/64)`. One value per repeat (seed 0 / 1 / ...). "
         "Every number below is in [safety_valve.json](safety_valve.json) (`summary`).",
         "",
-        ("<!-- numbers: "
-         "2=docs/safety_valve.json#summary.*.val_acc 3=docs/safety_valve.json#summary.*.val_loss "
-         "4=docs/safety_valve.json#summary.*.train_loss_last20 5=docs/safety_valve.json#summary.*.final_lr "
-         "6=docs/safety_valve.json#summary.*.valve_actions 6=docs/safety_valve.json#summary.*.first_action_step "
-         "-->"),
+        (
+            "<!-- numbers: "
+            "2=docs/safety_valve.json#summary.*.val_acc 3=docs/safety_valve.json#summary.*.val_loss "
+            "4=docs/safety_valve.json#summary.*.train_loss_last20 5=docs/safety_valve.json#summary.*.final_lr "
+            "6=docs/safety_valve.json#summary.*.valve_actions 6=docs/safety_valve.json#summary.*.first_action_step "
+            "-->"
+        ),
         "",
         "| configuration | val acc | val loss | train loss (last 20) | final lr | valve actions (first at step) | "
         "replicas identical | valve decisions equal on all ranks |",

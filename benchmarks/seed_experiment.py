@@ -85,11 +85,25 @@ def job_spec(key: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     if args.synthetic_data:
         data["check_integrity"] = False
     return {
-        "recipe": RECIPE, "strategy": strategy, "strategy_kwargs": kwargs, "devices": args.devices,
-        "accelerator": args.accelerator, "delay": seeds_delay(args.delay_scale), "delay_seed": seed, "seed": seed,
-        "max_steps": args.steps, "max_epochs": args.epochs, "lr": None, "batch_size": args.batch_size,
-        "data": data, "check_val_every_n_epoch": 100_000, "val_every_n_steps": args.val_every, "sync_loss": False,
-        "measure": True, "threads": args.threads, "out": str(Path(args.out).resolve() / f"{key}__seed{seed}"),
+        "recipe": RECIPE,
+        "strategy": strategy,
+        "strategy_kwargs": kwargs,
+        "devices": args.devices,
+        "accelerator": args.accelerator,
+        "delay": seeds_delay(args.delay_scale),
+        "delay_seed": seed,
+        "seed": seed,
+        "max_steps": args.steps,
+        "max_epochs": args.epochs,
+        "lr": None,
+        "batch_size": args.batch_size,
+        "data": data,
+        "check_val_every_n_epoch": 100_000,
+        "val_every_n_steps": args.val_every,
+        "sync_loss": False,
+        "measure": True,
+        "threads": args.threads,
+        "out": str(Path(args.out).resolve() / f"{key}__seed{seed}"),
     }
 
 
@@ -105,34 +119,42 @@ def prepare(spec: dict[str, Any]) -> Path:
 
 def fit_command(out: Path) -> str:
     """The training command of a prepared job (its ranks come from torchrun or srun)."""
-    return (f"-m lightning_pgc fit --config {shlex.quote(str(recipe_path(RECIPE)))} "
-            f"--config {shlex.quote(str(out / FILES['config']))}")
+    return (
+        f"-m lightning_pgc fit --config {shlex.quote(str(recipe_path(RECIPE)))} "
+        f"--config {shlex.quote(str(out / FILES['config']))}"
+    )
 
 
 def wrapped(out: Path, runner: str, threads: int) -> str:
     """Shell lines that run a job with ``runner`` and write ``job_done.json`` as the local launcher does."""
-    return "\n".join([
-        f"cd {shlex.quote(str(out))}",
-        f"export OMP_NUM_THREADS={threads} WANDB_MODE=${{WANDB_MODE:-offline}}",
-        "start=$(date +%s)",
-        f"{runner} {fit_command(out)} > {FILES['log']} 2>&1",
-        "rc=$?",
-        f"printf '{{\"returncode\": %d, \"job_wall_s\": %d}}\\n' $rc $(( $(date +%s) - start )) > {FILES['done']}",
-    ])
+    return "\n".join(
+        [
+            f"cd {shlex.quote(str(out))}",
+            f"export OMP_NUM_THREADS={threads} WANDB_MODE=${{WANDB_MODE:-offline}}",
+            "start=$(date +%s)",
+            f"{runner} {fit_command(out)} > {FILES['log']} 2>&1",
+            "rc=$?",
+            f'printf \'{{"returncode": %d, "job_wall_s": %d}}\\n\' $rc $(( $(date +%s) - start )) > {FILES["done"]}',
+        ]
+    )
 
 
 def sbatch_script(out: Path, args: argparse.Namespace) -> str:
-    return "\n".join([
-        "#!/bin/bash",
-        f"#SBATCH --job-name=pgc-seed-{out.name}",
-        "#SBATCH --nodes=1",
-        f"#SBATCH --ntasks-per-node={args.devices}   # one rank per GPU; must equal trainer.devices",
-        f"#SBATCH --gres=gpu:{args.devices}",
-        f"#SBATCH --cpus-per-task={max(args.num_workers, 1) + 1}",
-        f"#SBATCH --time={args.time}",
-        f"#SBATCH --output={out / 'slurm-%j.out'}",
-        *([f"#SBATCH {extra}" for extra in args.sbatch]),
-        wrapped(out, f"srun {shlex.quote(sys.executable)}", args.threads), ""])
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f"#SBATCH --job-name=pgc-seed-{out.name}",
+            "#SBATCH --nodes=1",
+            f"#SBATCH --ntasks-per-node={args.devices}   # one rank per GPU; must equal trainer.devices",
+            f"#SBATCH --gres=gpu:{args.devices}",
+            f"#SBATCH --cpus-per-task={max(args.num_workers, 1) + 1}",
+            f"#SBATCH --time={args.time}",
+            f"#SBATCH --output={out / 'slurm-%j.out'}",
+            *([f"#SBATCH {extra}" for extra in args.sbatch]),
+            wrapped(out, f"srun {shlex.quote(sys.executable)}", args.threads),
+            "",
+        ]
+    )
 
 
 def collect(args: argparse.Namespace) -> dict[str, Any]:
@@ -155,8 +177,16 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     cell = cx.summarize_cell(records, arms, sorted(seeds), args.target, {a.key: recipe_lr for a in arms})
     result = {"out": str(root), "target": args.target, "seeds": sorted(seeds), "cell": cell, "records": records}
     (root / "seed_experiment.json").write_text(json.dumps(result, indent=1, default=float))
-    text = "\n".join([f"# Seed experiment: {len(arms)} arms, seeds {sorted(seeds)}, target validation loss "
-                      f"{args.target}", "", f"Status: {cx.map_cell_text(cell)}", "", cx.cell_table(cell), ""])
+    text = "\n".join(
+        [
+            f"# Seed experiment: {len(arms)} arms, seeds {sorted(seeds)}, target validation loss {args.target}",
+            "",
+            f"Status: {cx.map_cell_text(cell)}",
+            "",
+            cx.cell_table(cell),
+            "",
+        ]
+    )
     (root / "seed_experiment.md").write_text(text)
     print(text)
     return result
@@ -178,13 +208,20 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--target", type=float, default=0.6, help="target validation loss")
     p.add_argument("--delay-scale", type=float, default=1.0, help="multiplies the cluster delays (1: 10-30 s stalls)")
     p.add_argument("--data-dir", default="data/cifar10")
-    p.add_argument("--synthetic-data", action="store_true",
-                   help="write a CIFAR-shaped random set into --data-dir first (smoke runs)")
+    p.add_argument(
+        "--synthetic-data",
+        action="store_true",
+        help="write a CIFAR-shaped random set into --data-dir first (smoke runs)",
+    )
     p.add_argument("--num-workers", type=int, default=4)
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per rank")
     p.add_argument("--time", default="04:00:00", help="SLURM time limit per job")
-    p.add_argument("--sbatch", action="append", default=[],
-                   help="an extra #SBATCH line (repeatable), e.g. --sbatch=--partition=gpu")
+    p.add_argument(
+        "--sbatch",
+        action="append",
+        default=[],
+        help="an extra #SBATCH line (repeatable), e.g. --sbatch=--partition=gpu",
+    )
     p.add_argument("--submit", action="store_true", help="slurm: run sbatch on every script now")
     p.add_argument("--timeout", type=float, default=None, help="local: seconds before a job is killed")
     return p.parse_args(argv)
@@ -211,8 +248,12 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
             result = launch(spec, timeout=args.timeout, check=False)
             print(f"{Path(spec['out']).name}: {'ok' if result.ok else 'FAILED: ' + result.error}", flush=True)
         return collect(args)
-    lines = ["#!/bin/bash", f"# generated by benchmarks/seed_experiment.py --launcher {args.launcher}: one job "
-             "after the other (torchrun), or one sbatch per job (slurm)", "set -u"]
+    lines = [
+        "#!/bin/bash",
+        f"# generated by benchmarks/seed_experiment.py --launcher {args.launcher}: one job "
+        "after the other (torchrun), or one sbatch per job (slurm)",
+        "set -u",
+    ]
     for spec in specs:
         out = prepare(spec)
         if args.launcher == "torchrun":
@@ -225,8 +266,10 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
                 subprocess.run(["sbatch", str(script)], check=True)
     name = "run.sh" if args.launcher == "torchrun" else "submit.sh"
     (root / name).write_text("\n".join(lines) + "\n")
-    print(f"wrote {len(specs)} job folders and {root / name}; afterwards: python benchmarks/seed_experiment.py "
-          f"--collect --out {root}")
+    print(
+        f"wrote {len(specs)} job folders and {root / name}; afterwards: python benchmarks/seed_experiment.py "
+        f"--collect --out {root}"
+    )
     return {"jobs": [s["out"] for s in specs], "script": str(root / name)}
 
 

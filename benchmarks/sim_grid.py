@@ -53,8 +53,9 @@ def schemes_for(n: int, cs: list[int]) -> tuple[list[tuple[str, int, Scheme]], l
             if c > n:
                 continue
             try:
-                scheme = (BoundedScheme(n, replication=2, staleness=c) if name == "bounded"
-                          else make_scheme(name, n, c - 1))
+                scheme = (
+                    BoundedScheme(n, replication=2, staleness=c) if name == "bounded" else make_scheme(name, n, c - 1)
+                )
             except ValueError as err:
                 skipped.append(f"n={n} {name} c={c}: {str(err).splitlines()[0][:120]}")
                 continue
@@ -79,14 +80,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             delay = template.format(last=n - 1)
             per_seed: dict[str, list[dict[str, float]]] = {}
             for label, c, scheme in configs:
-                per_seed[label] = [simulate(scheme, args.steps, delay, costs, delay_seed=seed).summary()
-                                   for seed in args.seeds]
+                per_seed[label] = [
+                    simulate(scheme, args.steps, delay, costs, delay_seed=seed).summary() for seed in args.seeds
+                ]
             ref = [s["steps_per_s"] for s in per_seed["dgd"]]
             for label, c, scheme in configs:
                 summaries = per_seed[label]
                 rate = [s["steps_per_s"] for s in summaries]
-                row: dict[str, Any] = {"delay": delay_name, "delay_model": template.format(last="n-1"), "n": n, "scheme": label, "c": c,
-                                       "seeds": len(summaries)}
+                row: dict[str, Any] = {
+                    "delay": delay_name,
+                    "delay_model": template.format(last="n-1"),
+                    "n": n,
+                    "scheme": label,
+                    "c": c,
+                    "seeds": len(summaries),
+                }
                 for key in summaries[0]:
                     row[key] = statistics.fmean(s[key] for s in summaries)
                 row["max_age"] = max(s["max_age"] for s in summaries)
@@ -94,26 +102,39 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     row["speedup_vs_dgd"] = paired_t_interval(rate, ref, ratio=True).as_dict()
                 rows.append(row)
             print(f"{delay_name}, n={n}: {len(configs)} schemes", flush=True)
-    return {"simulated": True, "costs": costs.__dict__, "steps": args.steps, "seeds": list(args.seeds),
-            "n": list(args.n), "c": list(args.c), "skipped": skipped, "rows": rows}
+    return {
+        "simulated": True,
+        "costs": costs.__dict__,
+        "steps": args.steps,
+        "seeds": list(args.seeds),
+        "n": list(args.n),
+        "c": list(args.c),
+        "skipped": skipped,
+        "rows": rows,
+    }
 
 
 def render(result: dict[str, Any], command: str) -> str:
-    lines = [MARK_BEGIN, "",
-             f"**Simulated** (no model trained; timing only). Command: `{command}`; {result['steps']} steps, seeds "
-             f"{result['seeds']} (one delay realisation each, shared by every scheme); costs from "
-             "[sim_validation.json](sim_validation.json). Every number below is in [sim_grid.json](sim_grid.json). "
-             "`x dgd`: steps per second relative to dgd, geometric mean over the seeds with its paired 95 % t "
-             "interval. `util`: busy time / wall time, mean over ranks. `age`: largest gradient age in any aggregate.",
-             ""]
+    lines = [
+        MARK_BEGIN,
+        "",
+        f"**Simulated** (no model trained; timing only). Command: `{command}`; {result['steps']} steps, seeds "
+        f"{result['seeds']} (one delay realisation each, shared by every scheme); costs from "
+        "[sim_validation.json](sim_validation.json). Every number below is in [sim_grid.json](sim_grid.json). "
+        "`x dgd`: steps per second relative to dgd, geometric mean over the seeds with its paired 95 % t "
+        "interval. `util`: busy time / wall time, mean over ranks. `age`: largest gradient age in any aggregate.",
+        "",
+    ]
     for delay in dict.fromkeys(r["delay"] for r in result["rows"]):
         mine = [r for r in result["rows"] if r["delay"] == delay]
         ns = sorted({r["n"] for r in mine})
         labels = list(dict.fromkeys(r["scheme"] for r in mine))
-        lines += [f"*{delay}* (`{mine[0]['delay_model']}`): steps/s, x dgd "
-                  "[interval], util, age", "",
-                  "| scheme | " + " | ".join(f"n = {n}" for n in ns) + " |",
-                  "|---|" + "---|" * len(ns)]
+        lines += [
+            f"*{delay}* (`{mine[0]['delay_model']}`): steps/s, x dgd [interval], util, age",
+            "",
+            "| scheme | " + " | ".join(f"n = {n}" for n in ns) + " |",
+            "|---|" + "---|" * len(ns),
+        ]
         for label in labels:
             cells = []
             for n in ns:

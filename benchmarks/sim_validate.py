@@ -80,11 +80,22 @@ def sim_scheme(strategy: str, kwargs: dict[str, Any], n: int) -> Scheme:
 def job_spec(job: tuple, args: argparse.Namespace) -> dict[str, Any]:
     role, label, strategy, kwargs, delay, seed = job
     return {
-        "strategy": strategy, "strategy_kwargs": {**kwargs, "seed": seed}, "devices": args.devices,
-        "start_method": "fork", "delay": delay, "delay_seed": seed, "compute_s_per_eval": args.compute_per_eval,
-        "seed": seed, "max_steps": args.steps, "batch_size": 16, "lr": 0.05,
-        "check_val_every_n_epoch": 100_000, "sync_loss": False, "model": {"sync_train_loss": False},
-        "measure": True, "out": str(Path(args.out) / f"{role}_{strategy}_seed{seed}"),
+        "strategy": strategy,
+        "strategy_kwargs": {**kwargs, "seed": seed},
+        "devices": args.devices,
+        "start_method": "fork",
+        "delay": delay,
+        "delay_seed": seed,
+        "compute_s_per_eval": args.compute_per_eval,
+        "seed": seed,
+        "max_steps": args.steps,
+        "batch_size": 16,
+        "lr": 0.05,
+        "check_val_every_n_epoch": 100_000,
+        "sync_loss": False,
+        "model": {"sync_train_loss": False},
+        "measure": True,
+        "out": str(Path(args.out) / f"{role}_{strategy}_seed{seed}"),
     }
 
 
@@ -98,8 +109,11 @@ def quantile(xs: Sequence[float], q: float) -> float:
 
 
 def step_stats(intervals: Sequence[float]) -> dict[str, float]:
-    return {"step_mean_s": statistics.fmean(intervals), "step_p50_s": quantile(intervals, 0.5),
-            "step_p90_s": quantile(intervals, 0.9)}
+    return {
+        "step_mean_s": statistics.fmean(intervals),
+        "step_p50_s": quantile(intervals, 0.5),
+        "step_p90_s": quantile(intervals, 0.9),
+    }
 
 
 def real_admitted(result: JobResult, n: int) -> list[tuple[int, ...]]:
@@ -119,14 +133,21 @@ def real_measures(result: JobResult, skip: int) -> dict[str, Any]:
     evals = sum(sum(m["evals_per_step"]) for m in measures)
     compute = sum(m["forward_s"] + m["backward_s"] for m in measures)
     overhead = statistics.fmean((m["wall_s"] - m["busy_s"] - m["wait_s"]) / n_steps for m in measures)
-    return {**step_stats(intervals), "compute_s_per_eval": compute / max(evals, 1), "overhead_s": overhead,
-            "utilization_mean": statistics.fmean(m["utilization"] for m in measures),
-            "admitted": real_admitted(result, len(measures))}
+    return {
+        **step_stats(intervals),
+        "compute_s_per_eval": compute / max(evals, 1),
+        "overhead_s": overhead,
+        "utilization_mean": statistics.fmean(m["utilization"] for m in measures),
+        "admitted": real_admitted(result, len(measures)),
+    }
 
 
 def sim_measures(sim: SimResult, skip: int) -> dict[str, Any]:
-    return {**step_stats(sim.step_times(0)[skip:]), "utilization_mean": statistics.fmean(sim.utilization),
-            "admitted": [tuple(sorted(a)) for a in sim.admitted]}
+    return {
+        **step_stats(sim.step_times(0)[skip:]),
+        "utilization_mean": statistics.fmean(sim.utilization),
+        "admitted": [tuple(sorted(a)) for a in sim.admitted],
+    }
 
 
 def admitted_tv(a: Sequence[tuple[int, ...]], b: Sequence[tuple[int, ...]]) -> float:
@@ -158,10 +179,12 @@ def fit_costs(fit: list[tuple[tuple, dict[str, Any]]], args: argparse.Namespace)
             if best is None or err < best[1]:
                 best = (costs, err)
     assert best is not None
-    return best[0], {"measured_overhead_s": measured_overhead,
-                     "overhead_grid": [OVERHEAD_GRID[0], OVERHEAD_GRID[-1], len(OVERHEAD_GRID)],
-                     "exchange_grid_s": [EXCHANGE_GRID[0], EXCHANGE_GRID[-1], len(EXCHANGE_GRID)],
-                     "fit_rms_log_error": math.sqrt(best[1] / (len(fit) * len(STEP_KEYS)))}
+    return best[0], {
+        "measured_overhead_s": measured_overhead,
+        "overhead_grid": [OVERHEAD_GRID[0], OVERHEAD_GRID[-1], len(OVERHEAD_GRID)],
+        "exchange_grid_s": [EXCHANGE_GRID[0], EXCHANGE_GRID[-1], len(EXCHANGE_GRID)],
+        "fit_rms_log_error": math.sqrt(best[1] / (len(fit) * len(STEP_KEYS))),
+    }
 
 
 def compare(job: tuple, real: dict[str, Any], sim: dict[str, Any]) -> dict[str, Any]:
@@ -183,17 +206,22 @@ def compare(job: tuple, real: dict[str, Any], sim: dict[str, Any]) -> dict[str, 
 # =============================================================================================== report
 def render(result: dict[str, Any]) -> str:
     c = result["costs"]
-    lines = [MARK_BEGIN, "",
-             f"Command: `{result['command']}` ({result['devices']} ranks on this machine, {result['steps']} steps per "
-             f"run, first {result['skip']} step intervals left out; finished {result['finished']}). Every number "
-             "below is in [sim_validation.json](sim_validation.json).", "",
-             f"Fitted costs: compute {1000 * c['compute_s']:.2f} ms per partition gradient (of which "
-             f"{1000 * result['compute_per_eval']:.0f} ms simulated compute), overhead {1000 * c['overhead_s']:.2f} ms "
-             f"per step and rank (measured: {1000 * result['fit']['measured_overhead_s']:.2f} ms), code and aggregate "
-             f"messages {1000 * c['code_s']:.2f} ms each.", "",
-             "| role | scheme | delay model (seed) | real step ms (mean / p50 / p90) | simulated | error mean / p50 / "
-             "p90 | admitted-set TV | same set | utilization real / sim | within tolerance | own compute ms: error |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        MARK_BEGIN,
+        "",
+        f"Command: `{result['command']}` ({result['devices']} ranks on this machine, {result['steps']} steps per "
+        f"run, first {result['skip']} step intervals left out; finished {result['finished']}). Every number "
+        "below is in [sim_validation.json](sim_validation.json).",
+        "",
+        f"Fitted costs: compute {1000 * c['compute_s']:.2f} ms per partition gradient (of which "
+        f"{1000 * result['compute_per_eval']:.0f} ms simulated compute), overhead {1000 * c['overhead_s']:.2f} ms "
+        f"per step and rank (measured: {1000 * result['fit']['measured_overhead_s']:.2f} ms), code and aggregate "
+        f"messages {1000 * c['code_s']:.2f} ms each.",
+        "",
+        "| role | scheme | delay model (seed) | real step ms (mean / p50 / p90) | simulated | error mean / p50 / "
+        "p90 | admitted-set TV | same set | utilization real / sim | within tolerance | own compute ms: error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["runs"]:
         lines.append(
             f"| {r['role']} | {r['scheme']} | `{r['delay']}` ({r['seed']}) | "
@@ -203,12 +231,18 @@ def render(result: dict[str, Any]) -> str:
             f"{r['admitted_tv']:.2f} | {r['admitted_same_fraction']:.2f} | "
             f"{r['real_utilization_mean']:.2f} / {r['sim_utilization_mean']:.2f} | "
             f"{'yes' if r['within_tolerance'] else 'no'} | "
-            f"{1000 * r['own_compute_s']:.1f}: {100 * r['own_step_mean_rel']:+.0f} % |")
+            f"{1000 * r['own_compute_s']:.1f}: {100 * r['own_step_mean_rel']:+.0f} % |"
+        )
     t = result["tolerance"]
-    lines += ["", f"Tolerance: step-time mean within ±{100 * t['step_mean_rel']:.0f} %, median and 90th percentile "
-              f"within ±{100 * t['step_p50_rel']:.0f} %, admitted-set total-variation distance at most "
-              f"{t['admitted_tv']:.2f}. Validation runs within tolerance: {result['validation_passed']} of "
-              f"{result['validation_runs']}.", "", MARK_END]
+    lines += [
+        "",
+        f"Tolerance: step-time mean within ±{100 * t['step_mean_rel']:.0f} %, median and 90th percentile "
+        f"within ±{100 * t['step_p50_rel']:.0f} %, admitted-set total-variation distance at most "
+        f"{t['admitted_tv']:.2f}. Validation runs within tolerance: {result['validation_passed']} of "
+        f"{result['validation_runs']}.",
+        "",
+        MARK_END,
+    ]
     return "\n".join(lines)
 
 
@@ -254,8 +288,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         row = compare(job, m, sim_measures(run_sim(job, costs, args), args.skip))
         # diagnosis, not validation: the same costs with this run's own measured compute per gradient, to show how
         # much of the error is the shared machine's varying CPU speed
-        own = Costs(m["compute_s_per_eval"] + args.compute_per_eval, costs.overhead_s, costs.code_s,
-                    costs.aggregate_s)
+        own = Costs(m["compute_s_per_eval"] + args.compute_per_eval, costs.overhead_s, costs.code_s, costs.aggregate_s)
         own_sim = sim_measures(run_sim(job, own, args), args.skip)
         row["own_compute_s"] = own.compute_s
         row["own_sim_step_mean_s"] = own_sim["step_mean_s"]
@@ -264,14 +297,28 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     validation = [r for r in runs if r["role"] == "validate"]
     result = {
         "command": "python benchmarks/sim_validate.py" + (" " + " ".join(argv) if argv else ""),
-        "devices": args.devices, "steps": args.steps, "skip": args.skip, "compute_per_eval": args.compute_per_eval,
-        "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "wall_s": time.time() - started,
-        "costs": {"compute_s": costs.compute_s, "overhead_s": costs.overhead_s, "code_s": costs.code_s,
-                  "aggregate_s": costs.aggregate_s},
-        "fit": {**fit_info, "measured": [{"scheme": job[1], "seed": job[5],
-                                          **{k: v for k, v in m.items() if k != "admitted"}} for job, m in fit]},
-        "tolerance": TOLERANCE, "runs": runs,
-        "validation_runs": len(validation), "validation_passed": sum(r["within_tolerance"] for r in validation),
+        "devices": args.devices,
+        "steps": args.steps,
+        "skip": args.skip,
+        "compute_per_eval": args.compute_per_eval,
+        "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "wall_s": time.time() - started,
+        "costs": {
+            "compute_s": costs.compute_s,
+            "overhead_s": costs.overhead_s,
+            "code_s": costs.code_s,
+            "aggregate_s": costs.aggregate_s,
+        },
+        "fit": {
+            **fit_info,
+            "measured": [
+                {"scheme": job[1], "seed": job[5], **{k: v for k, v in m.items() if k != "admitted"}} for job, m in fit
+            ],
+        },
+        "tolerance": TOLERANCE,
+        "runs": runs,
+        "validation_runs": len(validation),
+        "validation_passed": sum(r["within_tolerance"] for r in validation),
     }
     docs = Path(args.docs)
     (docs / "sim_validation.json").write_text(json.dumps(result, indent=1))

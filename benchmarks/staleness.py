@@ -43,13 +43,22 @@ CORRECTIONS = ("none", "momentum", "lookahead", "delay_compensation")
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--devices", type=int, default=4)
-    p.add_argument("--scheme", default="pgc_fr", choices=["pgc_fr", "pgc_cr", "bounded"],
-                   help="bounded: replication 2 and window --c")
+    p.add_argument(
+        "--scheme",
+        default="pgc_fr",
+        choices=["pgc_fr", "pgc_cr", "bounded"],
+        help="bounded: replication 2 and window --c",
+    )
     p.add_argument("--report", default="staleness", help="writes docs/<report>.json and docs/<report>.md")
     p.add_argument("--c", type=int, default=2)
     p.add_argument("--corrections", nargs="+", default=list(CORRECTIONS), choices=CORRECTIONS)
-    p.add_argument("--lookahead-steps", type=float, nargs="*", default=[],
-                   help="extra look-ahead arms with these lookahead_steps (the plain arm uses the default)")
+    p.add_argument(
+        "--lookahead-steps",
+        type=float,
+        nargs="*",
+        default=[],
+        help="extra look-ahead arms with these lookahead_steps (the plain arm uses the default)",
+    )
     p.add_argument("--delay", default="one slow rank", choices=list(DELAYS))
     p.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.0], help="effective rates lr / (1 - momentum)")
     p.add_argument("--momenta", type=float, nargs="+", default=[0.0, 0.9])
@@ -64,10 +73,14 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--runs", default=str(ROOT / "outputs" / "staleness" / "records"))
     p.add_argument("--out", default=str(ROOT / "outputs" / "staleness" / "jobs"))
     p.add_argument("--docs", default=str(ROOT / "docs"))
-    p.add_argument("--render-only", action="store_true",
-                   help="no new jobs: rebuild the report from the job records in --runs")
-    p.add_argument("--render", action="store_true",
-                   help="no jobs and no records: rewrite docs/<report>.md from the shipped docs/<report>.json")
+    p.add_argument(
+        "--render-only", action="store_true", help="no new jobs: rebuild the report from the job records in --runs"
+    )
+    p.add_argument(
+        "--render",
+        action="store_true",
+        help="no jobs and no records: rewrite docs/<report>.md from the shipped docs/<report>.json",
+    )
     return p.parse_args(argv)
 
 
@@ -79,26 +92,49 @@ def arms(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
     for kind in args.corrections:
         out.append((f"{args.scheme} c={args.c} {kind}", strategy, {**base, "staleness_correction": kind}))
     for k in args.lookahead_steps:
-        out.append((f"{args.scheme} c={args.c} lookahead k={k:g}", strategy,
-                    {**base, "staleness_correction": "lookahead", "lookahead_steps": k}))
+        out.append(
+            (
+                f"{args.scheme} c={args.c} lookahead k={k:g}",
+                strategy,
+                {**base, "staleness_correction": "lookahead", "lookahead_steps": k},
+            )
+        )
     return out
 
 
-def spec_of(args: argparse.Namespace, strategy: str, kwargs: dict[str, Any], lr: float, momentum: float, seed: int,
-            steps: int, name: str) -> dict[str, Any]:
+def spec_of(
+    args: argparse.Namespace,
+    strategy: str,
+    kwargs: dict[str, Any],
+    lr: float,
+    momentum: float,
+    seed: int,
+    steps: int,
+    name: str,
+) -> dict[str, Any]:
     return {
-        "strategy": strategy, "strategy_kwargs": {"seed": seed, **kwargs}, "devices": args.devices,
-        "delay": DELAYS[args.delay].format(last=args.devices - 1), "delay_seed": seed, "compute_s_per_eval": 0.0,
-        "seed": seed, "max_steps": steps, "batch_size": 16, "lr": lr,
+        "strategy": strategy,
+        "strategy_kwargs": {"seed": seed, **kwargs},
+        "devices": args.devices,
+        "delay": DELAYS[args.delay].format(last=args.devices - 1),
+        "delay_seed": seed,
+        "compute_s_per_eval": 0.0,
+        "seed": seed,
+        "max_steps": steps,
+        "batch_size": 16,
+        "lr": lr,
         "model": {"sync_train_loss": False, "width": 256, "momentum": momentum},
-        "check_val_every_n_epoch": 100_000, "val_every_n_steps": args.val_every, "sync_loss": False,
-        "measure": True, "start_method": "popen", "out": str(Path(args.out).resolve() / name),
+        "check_val_every_n_epoch": 100_000,
+        "val_every_n_steps": args.val_every,
+        "sync_loss": False,
+        "measure": True,
+        "start_method": "popen",
+        "out": str(Path(args.out).resolve() / name),
     }
 
 
 def job_name(label: str, lr: float, momentum: float, seed: int, phase: str) -> str:
-    return (f"{phase}__{label.replace(' ', '_').replace('=', '').replace('.', 'p')}__lr{lr:g}__m{momentum:g}"
-            f"__seed{seed}")
+    return f"{phase}__{label.replace(' ', '_').replace('=', '').replace('.', 'p')}__lr{lr:g}__m{momentum:g}__seed{seed}"
 
 
 JOB_SECONDS: list[float] = []  # launch-to-exit seconds of every job this report uses
@@ -125,18 +161,38 @@ def run_or_load(args: argparse.Namespace, name: str, spec: dict[str, Any], budge
     cfg = single.Config(spec["strategy"], c - 1, c)
     run = single.read_run(cfg, spec["seed"], result)
     row = single.run_row(run, args.target, None)
-    keep = ("status", "reached", "time_to_target_s", "steps_to_target", "fit_wall_s", "steps", "final_val_loss",
-            "final_val_acc", "replicas_identical", "mean_age", "max_age", "job_wall_s")
-    record = {"name": name, "spec": {k: v for k, v in spec.items() if k != "out"},
-              "row": {k: row.get(k) for k in keep}, "error": run.error,
-              "val": [[round(w, 3), s, round(l, 5)] for w, s, l, _ in run.val], "ran_s": time.monotonic() - started}
+    keep = (
+        "status",
+        "reached",
+        "time_to_target_s",
+        "steps_to_target",
+        "fit_wall_s",
+        "steps",
+        "final_val_loss",
+        "final_val_acc",
+        "replicas_identical",
+        "mean_age",
+        "max_age",
+        "job_wall_s",
+    )
+    record = {
+        "name": name,
+        "spec": {k: v for k, v in spec.items() if k != "out"},
+        "row": {k: row.get(k) for k in keep},
+        "error": run.error,
+        "val": [[round(w, 3), s, round(l, 5)] for w, s, l, _ in run.val],
+        "ran_s": time.monotonic() - started,
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, default=str))
     JOB_SECONDS.append(record["ran_s"])
     r = record["row"]
-    print(f"{name}: ok={r['status']} steps_to_target={r.get('steps_to_target')} "
-          f"time_to_target={r.get('time_to_target_s')} final={r.get('final_val_loss')} "
-          f"identical={r.get('replicas_identical')} ({record['ran_s']:.0f} s)", flush=True)
+    print(
+        f"{name}: ok={r['status']} steps_to_target={r.get('steps_to_target')} "
+        f"time_to_target={r.get('time_to_target_s')} final={r.get('final_val_loss')} "
+        f"identical={r.get('replicas_identical')} ({record['ran_s']:.0f} s)",
+        flush=True,
+    )
     return record
 
 
@@ -164,24 +220,42 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     started = time.monotonic()
     grid = [(round(rate * (1.0 - m), 10), m) for m in args.momenta for rate in args.rates]
     result: dict[str, Any] = {
-        "command": "WANDB_MODE=offline python benchmarks/staleness.py " + " ".join(
-            a for a in (argv or sys.argv[1:]) if a != "--render-only"),
+        "command": "WANDB_MODE=offline python benchmarks/staleness.py "
+        + " ".join(a for a in (argv or sys.argv[1:]) if a != "--render-only"),
         "machine": f"{os.cpu_count()} CPU cores shared with other work, no GPU",
-        "settings": {k: v for k, v in vars(args).items() if k not in ("runs", "out", "docs", "render_only", "render",
-                                                                      "max_jobs", "timeout")},
+        "settings": {
+            k: v
+            for k, v in vars(args).items()
+            if k not in ("runs", "out", "docs", "render_only", "render", "max_jobs", "timeout")
+        },
         "delay_model": DELAYS[args.delay].format(last=args.devices - 1),
-        "grid": grid, "arms": [], "complete": True,
+        "grid": grid,
+        "arms": [],
+        "complete": True,
     }
     for label, strategy, kwargs in arms(args):
         tuning = []
         for lr, m in grid:
-            recs = [run_or_load(args, job_name(label, lr, m, s, "tune"),
-                                spec_of(args, strategy, kwargs, lr, m, s, args.tune_steps,
-                                        job_name(label, lr, m, s, "tune")), budget) for s in args.tune_seeds]
+            recs = [
+                run_or_load(
+                    args,
+                    job_name(label, lr, m, s, "tune"),
+                    spec_of(args, strategy, kwargs, lr, m, s, args.tune_steps, job_name(label, lr, m, s, "tune")),
+                    budget,
+                )
+                for s in args.tune_seeds
+            ]
             scores = [score(r) for r in recs]
             mean_score = (statistics.fmean(s[0] for s in scores), statistics.fmean(s[1] for s in scores))
-            tuning.append({"lr": lr, "momentum": m, "score": mean_score, "done": all(r is not None for r in recs),
-                           "steps_to_target": [r["row"]["steps_to_target"] if r else None for r in recs]})
+            tuning.append(
+                {
+                    "lr": lr,
+                    "momentum": m,
+                    "score": mean_score,
+                    "done": all(r is not None for r in recs),
+                    "steps_to_target": [r["row"]["steps_to_target"] if r else None for r in recs],
+                }
+            )
         arm = {"label": label, "strategy": strategy, "kwargs": kwargs, "tuning": tuning, "runs": []}
         result["arms"].append(arm)
         if not all(t["done"] for t in tuning):
@@ -191,8 +265,9 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         arm["chosen"] = {"lr": best["lr"], "momentum": best["momentum"]}
         for s in args.seeds:
             name = job_name(label, best["lr"], best["momentum"], s, "eval")
-            rec = run_or_load(args, name, spec_of(args, strategy, kwargs, best["lr"], best["momentum"], s,
-                                                  args.steps, name), budget)
+            rec = run_or_load(
+                args, name, spec_of(args, strategy, kwargs, best["lr"], best["momentum"], s, args.steps, name), budget
+            )
             if rec is None:
                 result["complete"] = False
                 continue
@@ -276,8 +351,9 @@ def summarize(result: dict[str, Any], args: argparse.Namespace) -> None:
             vals = [r[key] for r in runs if _finite(r.get(key))]
             arm[key] = statistics.fmean(vals) if vals else None
         arm["replicas_identical"] = all(r.get("replicas_identical") for r in runs) if runs else None
-        arm["step_cost_s"] = (statistics.fmean(r["fit_wall_s"] / r["steps"] for r in runs if r.get("steps"))
-                              if runs else None)
+        arm["step_cost_s"] = (
+            statistics.fmean(r["fit_wall_s"] / r["steps"] for r in runs if r.get("steps")) if runs else None
+        )
         if base is not None and arm is not base:
             arm["steps_ratio"] = _paired(arm, base, "steps_to_target")
             arm["time_ratio"] = _paired(arm, base, "time_to_target_s")
@@ -298,8 +374,18 @@ def _ratio(iv: Optional[dict]) -> str:
 
 
 #: The main table's columns (1-based) and the key under ``arms.*`` each one's numbers come from
-ARM_COLUMNS = {2: "chosen", 3: "reached", 4: "steps_to_target", 5: "time_to_target_s", 6: "steps_ratio",
-               7: "time_ratio", 8: "step_cost_ratio", 9: "steps_vs_none", 10: "time_vs_none", 11: "final_val_loss"}
+ARM_COLUMNS = {
+    2: "chosen",
+    3: "reached",
+    4: "steps_to_target",
+    5: "time_to_target_s",
+    6: "steps_ratio",
+    7: "time_ratio",
+    8: "step_cost_ratio",
+    9: "steps_vs_none",
+    10: "time_vs_none",
+    11: "final_val_loss",
+}
 
 
 def citations(report: str, result: dict[str, Any]) -> tuple[str, str]:
@@ -307,7 +393,9 @@ def citations(report: str, result: dict[str, Any]) -> tuple[str, str]:
     key of ``docs/<report>.json`` its numbers are read from (tests/test_docs_numbers.py checks them)."""
     path = f"docs/{report}.json"
     main = " ".join(f"{col}={path}#arms.*.{key}" for col, key in ARM_COLUMNS.items())
-    tuning = " ".join(f"{col}={path}#arms.*.tuning.{i}.score" for i, col in enumerate(range(2, 2 + len(result["grid"]))))
+    tuning = " ".join(
+        f"{col}={path}#arms.*.tuning.{i}.score" for i, col in enumerate(range(2, 2 + len(result["grid"])))
+    )
     return f"<!-- numbers: {main} -->", f"<!-- numbers: {tuning} -->"
 
 
@@ -350,16 +438,27 @@ def render(result: dict[str, Any]) -> str:
             f"{a.get('reached', 0)}/{len(a['runs'])} | {_f(a.get('steps_to_target'))} | "
             f"{_f(a.get('time_to_target_s'))} | {_ratio(a.get('steps_ratio'))} | {_ratio(a.get('time_ratio'))} | "
             f"{_ratio(a.get('step_cost_ratio'))} | {_ratio(a.get('steps_vs_none'))} | "
-            f"{_ratio(a.get('time_vs_none'))} | {_f(a.get('final_val_loss'), '.3f')} | {a.get('replicas_identical')} |")
-    lines += ["", "Tuning scores (time to target in s on the tuning seeds; `inf`: not reached):", "", cite_tuning, "",
-              "| arm | " + " | ".join(f"lr {lr:g}, m {m:g}" for lr, m in result["grid"]) + " |",
-              "|---|" + "---:|" * len(result["grid"])]
+            f"{_ratio(a.get('time_vs_none'))} | {_f(a.get('final_val_loss'), '.3f')} | {a.get('replicas_identical')} |"
+        )
+    lines += [
+        "",
+        "Tuning scores (time to target in s on the tuning seeds; `inf`: not reached):",
+        "",
+        cite_tuning,
+        "",
+        "| arm | " + " | ".join(f"lr {lr:g}, m {m:g}" for lr, m in result["grid"]) + " |",
+        "|---|" + "---:|" * len(result["grid"]),
+    ]
     for a in result["arms"]:
         cells = []
         for t in a["tuning"]:
-            cells.append(("-" if not t["done"] else
-                          (f"{t['score'][0]:.1f}" if math.isfinite(t["score"][0]) else
-                           f"inf (loss {t['score'][1]:.2f})")))
+            cells.append(
+                (
+                    "-"
+                    if not t["done"]
+                    else (f"{t['score'][0]:.1f}" if math.isfinite(t["score"][0]) else f"inf (loss {t['score'][1]:.2f})")
+                )
+            )
         lines.append(f"| {a['label']} | " + " | ".join(cells) + " |")
     lines.append("")
     return "\n".join(lines)

@@ -70,8 +70,10 @@ def main() -> None:
     from rich.progress import Progress
 
     configs = {  # name -> (strategy, stall seconds)
-        "ddp": ("ddp", 0.0), "ddp_stall": ("ddp", args.stall_seconds),
-        "pgc": ("pgc_cr", 0.0), "pgc_stall": ("pgc_cr", args.stall_seconds),
+        "ddp": ("ddp", 0.0),
+        "ddp_stall": ("ddp", args.stall_seconds),
+        "pgc": ("pgc_cr", 0.0),
+        "pgc_stall": ("pgc_cr", args.stall_seconds),
     }
     runs: dict[str, list[dict]] = {k: [] for k in configs}
     started = time.time()
@@ -80,20 +82,33 @@ def main() -> None:
         for r in range(args.rounds):
             for name, (strategy, seconds) in configs.items():
                 progress.update(task, description=f"round {r + 1}: {name}")
-                job = launch(Path(args.out) / f"round{r}" / name, strategy, "10m", 4, args.steps, 0.0, STALLED,
-                             stall=(args.stall_step, seconds))
+                job = launch(
+                    Path(args.out) / f"round{r}" / name,
+                    strategy,
+                    "10m",
+                    4,
+                    args.steps,
+                    0.0,
+                    STALLED,
+                    stall=(args.stall_step, seconds),
+                )
                 runs[name].append(summarize(job, args.skip))
                 progress.advance(task)
-    growth = {s: [a["others_s_per_step"] / b["others_s_per_step"] for a, b in zip(runs[f"{s}_stall"], runs[s])]
-              for s in ("pgc", "ddp")}
+    growth = {
+        s: [a["others_s_per_step"] / b["others_s_per_step"] for a, b in zip(runs[f"{s}_stall"], runs[s])]
+        for s in ("pgc", "ddp")
+    }
     result = {
         "command": "python benchmarks/stall.py " + " ".join(sys.argv[1:]),
         "machine": f"{os.cpu_count()} CPU cores, gloo, 4 ranks, {args.rounds} interleaved rounds",
         "minutes": (time.time() - started) / 60,
         "load_average_1min": [load_before, os.getloadavg()[0]],
         "note": args.note,
-        "steps": args.steps, "stall_step": args.stall_step, "stall_seconds": args.stall_seconds,
-        "skip": args.skip, "stalled_rank": STALLED,
+        "steps": args.steps,
+        "stall_step": args.stall_step,
+        "stall_seconds": args.stall_seconds,
+        "skip": args.skip,
+        "stalled_rank": STALLED,
         "runs": runs,
         "others_step_growth": {s: {"per_round": v, "median": statistics.median(v)} for s, v in growth.items()},
     }
@@ -101,8 +116,10 @@ def main() -> None:
     (DOCS / "stall.json").write_text(json.dumps(result, indent=1))
     write_markdown(result)
     for s, v in result["others_step_growth"].items():
-        print(f"{s}: others' seconds per step with / without the stall: {v['median']:.3f} "
-              f"(per round {', '.join(f'{x:.3f}' for x in v['per_round'])})")
+        print(
+            f"{s}: others' seconds per step with / without the stall: {v['median']:.3f} "
+            f"(per round {', '.join(f'{x:.3f}' for x in v['per_round'])})"
+        )
 
 
 def _rss(row: dict) -> str:
@@ -111,8 +128,7 @@ def _rss(row: dict) -> str:
 
 def write_markdown(res: dict) -> None:
     def fmt(values: list, digits: int = 3) -> str:
-        return ", ".join("-" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v))
-                         for v in values)
+        return ", ".join("-" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v)) for v in values)
 
     md = [
         "# A 20 s stall on one rank",
@@ -137,16 +153,21 @@ def write_markdown(res: dict) -> None:
             f"{fmt([r['stalled_skipped_steps'] for r in rows])} | {fmt([r['stalled_rejoined'] for r in rows])} | "
             f"{fmt([_rss(r) for r in rows])} | "
             f"{fmt([r['stalled_mailbox_high_water'] for r in rows])} | "
-            f"{fmt([r['end_wait_s'] for r in rows], 1)} |")
+            f"{fmt([r['end_wait_s'] for r in rows], 1)} |"
+        )
     md += ["", "| strategy | others' s/step with the stall / without, median | per round |", "|---|---:|---|"]
     for s, v in res["others_step_growth"].items():
         md.append(f"| {s} | {v['median']:.3f} | {fmt(v['per_round'])} |")
-    md += ["", "Under ddp every rank waits the full stall inside one step. Under pgc the others go on; the stalled "
-           "rank is detached after `max_lag` versions (its buffers stay bounded), and when it is back it runs its "
-           "missed steps without computing until it is near the others, then gets the leader's state (state "
-           "transfer). Lightning's `fit` "
-           "returns on every rank together: the end-wait column is how long after the others' last step the stalled "
-           "rank finished its own.", ""]
+    md += [
+        "",
+        "Under ddp every rank waits the full stall inside one step. Under pgc the others go on; the stalled "
+        "rank is detached after `max_lag` versions (its buffers stay bounded), and when it is back it runs its "
+        "missed steps without computing until it is near the others, then gets the leader's state (state "
+        "transfer). Lightning's `fit` "
+        "returns on every rank together: the end-wait column is how long after the others' last step the stalled "
+        "rank finished its own.",
+        "",
+    ]
     (DOCS / "stall.md").write_text("\n".join(md))
 
 

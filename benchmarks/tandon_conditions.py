@@ -38,8 +38,24 @@ from lightning_pgc.codes.tandon import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES = [(4, 1), (6, 2), (8, 3), (10, 3), (12, 3), (12, 5), (16, 3), (16, 4), (20, 3), (20, 4), (24, 3), (24, 4),
-         (32, 4), (32, 8), (48, 8), (64, 8)]
+CASES = [
+    (4, 1),
+    (6, 2),
+    (8, 3),
+    (10, 3),
+    (12, 3),
+    (12, 5),
+    (16, 3),
+    (16, 4),
+    (20, 3),
+    (20, 4),
+    (24, 3),
+    (24, 4),
+    (32, 4),
+    (32, 8),
+    (48, 8),
+    (64, 8),
+]
 
 
 def row(n: int, s: int) -> dict:
@@ -53,10 +69,20 @@ def row(n: int, s: int) -> dict:
         admitted = True
     except ValueError:
         admitted = False
-    return {"n": n, "s": s, "subsets_total": math.comb(n, s), "exact": math.comb(n, s) <= MAX_ENUMERATED_SUBSETS,
-            "subsets_checked": len(subsets), "worst_condition": worst, "seed_used": used, "admitted": admitted,
-            "single_seed_min": min(per_seed), "single_seed_max": max(per_seed),
-            "single_seed_spread": max(per_seed) / min(per_seed), "seconds": seconds}
+    return {
+        "n": n,
+        "s": s,
+        "subsets_total": math.comb(n, s),
+        "exact": math.comb(n, s) <= MAX_ENUMERATED_SUBSETS,
+        "subsets_checked": len(subsets),
+        "worst_condition": worst,
+        "seed_used": used,
+        "admitted": admitted,
+        "single_seed_min": min(per_seed),
+        "single_seed_max": max(per_seed),
+        "single_seed_spread": max(per_seed) / min(per_seed),
+        "seconds": seconds,
+    }
 
 
 def main() -> None:
@@ -68,9 +94,14 @@ def main() -> None:
     _, sampled_worst, sampled_seed = best_tandon_b(24, 4, max_subsets=5000)
     _, exact_worst, exact_seed = best_tandon_b(24, 4)
     sampled_vs_exact = {
-        "n": 24, "s": 4, "sample": 5000,
-        "sampled_choice": {"seed": sampled_seed, "sampled_worst": sampled_worst,
-                           "exact_worst": float(subset_conditions(tandon_b(24, 4, sampled_seed), every).max())},
+        "n": 24,
+        "s": 4,
+        "sample": 5000,
+        "sampled_choice": {
+            "seed": sampled_seed,
+            "sampled_worst": sampled_worst,
+            "exact_worst": float(subset_conditions(tandon_b(24, 4, sampled_seed), every).max()),
+        },
         "exact_choice": {"seed": exact_seed, "exact_worst": exact_worst},
     }
     B = tandon_b(32, 4, seed=2)
@@ -79,9 +110,16 @@ def main() -> None:
     K = all32[int(conds.argmax())]
     BK = B[K]
     a, *_ = np.linalg.lstsq(BK.T, np.ones(32), rcond=None)
-    counterexample = {"n": 32, "s": 4, "seed": 2, "ranks": K.tolist(), "condition": float(conds.max()),
-                      "residual": float(np.max(np.abs(a @ BK - 1.0))), "residual_tol": RESIDUAL_TOL,
-                      "max_abs_a": float(np.abs(a).max())}
+    counterexample = {
+        "n": 32,
+        "s": 4,
+        "seed": 2,
+        "ranks": K.tolist(),
+        "condition": float(conds.max()),
+        "residual": float(np.max(np.abs(a @ BK - 1.0))),
+        "residual_tol": RESIDUAL_TOL,
+        "max_abs_a": float(np.abs(a).max()),
+    }
     sc = make_scheme("gc_cr", 24, 4)
     c24 = subset_conditions(sc.B, every)
     R = every[int(c24.argmax())].tolist()
@@ -90,12 +128,23 @@ def main() -> None:
     ref = sum(g.values()) / 24
     codes = {k: sc.encode(k, {j: g[j] for j in sc.partitions(k)}) for k in R}
     rel = lambda x: float((x.double() - ref).norm() / ref.norm())  # noqa: E731
-    decode_error = {"n": 24, "s": 4, "condition": float(c24.max()), "float64": rel(sc.decode(codes)),
-                    "float32": rel(sc.decode({k: v.float() for k, v in codes.items()}))}
-    result = {"command": "python benchmarks/tandon_conditions.py", "max_enumerated_subsets": MAX_ENUMERATED_SUBSETS,
-              "sampled_subsets": SAMPLED_SUBSETS,
-              "seed_tries": SEED_TRIES, "rows": rows, "sampled_vs_exact": sampled_vs_exact,
-              "residual_counterexample": counterexample, "decode_error": decode_error}
+    decode_error = {
+        "n": 24,
+        "s": 4,
+        "condition": float(c24.max()),
+        "float64": rel(sc.decode(codes)),
+        "float32": rel(sc.decode({k: v.float() for k, v in codes.items()})),
+    }
+    result = {
+        "command": "python benchmarks/tandon_conditions.py",
+        "max_enumerated_subsets": MAX_ENUMERATED_SUBSETS,
+        "sampled_subsets": SAMPLED_SUBSETS,
+        "seed_tries": SEED_TRIES,
+        "rows": rows,
+        "sampled_vs_exact": sampled_vs_exact,
+        "residual_counterexample": counterexample,
+        "decode_error": decode_error,
+    }
     path = ROOT / "docs" / "tandon_conditions.json"
     path.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1))

@@ -37,17 +37,36 @@ def main() -> None:
         for k in sorted({(c - 1) / 2, c - 1, 2 * (c - 1)}):
             f = tc.corrected_filter("lookahead", c, k=k)
             r, aL, _ = tc.best_rate(f, args.kappa, momenta=[0.9])
-            lookahead_k.append({"c": c, "k": k, "momentum": 0.9, "boundary": tc.boundary(0.9, f), "best_rate": r,
-                                "best_aL": aL, "steps_per_efold": -1.0 / math.log(r)})
-    out = {"command": "python benchmarks/theory_corrections.py", "kappa": args.kappa, "dc_lambda": args.dc_lambda,
-           "table": rows, "best_over_lr_and_momentum": best,
-           "lookahead_k": lookahead_k, "wall_s": time.monotonic() - started}
+            lookahead_k.append(
+                {
+                    "c": c,
+                    "k": k,
+                    "momentum": 0.9,
+                    "boundary": tc.boundary(0.9, f),
+                    "best_rate": r,
+                    "best_aL": aL,
+                    "steps_per_efold": -1.0 / math.log(r),
+                }
+            )
+    out = {
+        "command": "python benchmarks/theory_corrections.py",
+        "kappa": args.kappa,
+        "dc_lambda": args.dc_lambda,
+        "table": rows,
+        "best_over_lr_and_momentum": best,
+        "lookahead_k": lookahead_k,
+        "wall_s": time.monotonic() - started,
+    }
     Path(args.out).write_text(json.dumps(out, indent=1))
-    print(f"{'c':>2} {'m':>4} {'correction':>19} {'m_applied':>9} {'boundary':>9} {'a/(1-m)':>8} {'rate':>8} {'steps/e':>8}")
+    print(
+        f"{'c':>2} {'m':>4} {'correction':>19} {'m_applied':>9} {'boundary':>9} {'a/(1-m)':>8} {'rate':>8} {'steps/e':>8}"
+    )
     for row in rows:
-        print(f"{row['c']:>2} {row['momentum']:>4} {row['correction']:>19} {row['momentum_applied']:>9.3f} "
-              f"{row['boundary']:>9.4f} {row['effective_boundary']:>8.3f} {row['best_rate']:>8.4f} "
-              f"{row['steps_per_efold']:>8.1f}")
+        print(
+            f"{row['c']:>2} {row['momentum']:>4} {row['correction']:>19} {row['momentum_applied']:>9.3f} "
+            f"{row['boundary']:>9.4f} {row['effective_boundary']:>8.3f} {row['best_rate']:>8.4f} "
+            f"{row['steps_per_efold']:>8.1f}"
+        )
     for row in lookahead_k:
         print("lookahead", row)
     for k, v in best.items():

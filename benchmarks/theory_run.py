@@ -33,12 +33,38 @@ RUNS = {
     "pgc_fr s=1 (c=2)": dict(strategy="pgc", strategy_kwargs={"scheme": "pgc_fr", "stragglers": 1}),
 }
 KEYS = [
-    "total_sq", "subset_sq", "sampling_sq", "staleness_sq", "grad_sq", "gamma_hat", "gamma_avg", "xi_hat",
-    "xi_within", "lemma3_mean_sq", "lemma3_ref_sq", "lemma3_gap_ratio", "subset_mse_uniform",
-    "subset_var_uniform", "subset_bias_uniform", "subset_mse_empirical", "subset_bias_empirical",
-    "subset_var_empirical", "copy_cos", "copy_noise_corr", "copy_sampling_corr", "lemma4_cross_ratio",
-    "oldest_age", "L_full", "decomp_residual", "recon_residual", "exact", "partial_caches", "cost_s",
-    "cross_subset_sampling", "cross_subset_staleness", "cross_sampling_staleness",
+    "total_sq",
+    "subset_sq",
+    "sampling_sq",
+    "staleness_sq",
+    "grad_sq",
+    "gamma_hat",
+    "gamma_avg",
+    "xi_hat",
+    "xi_within",
+    "lemma3_mean_sq",
+    "lemma3_ref_sq",
+    "lemma3_gap_ratio",
+    "subset_mse_uniform",
+    "subset_var_uniform",
+    "subset_bias_uniform",
+    "subset_mse_empirical",
+    "subset_bias_empirical",
+    "subset_var_empirical",
+    "copy_cos",
+    "copy_noise_corr",
+    "copy_sampling_corr",
+    "lemma4_cross_ratio",
+    "oldest_age",
+    "L_full",
+    "decomp_residual",
+    "recon_residual",
+    "exact",
+    "partial_caches",
+    "cost_s",
+    "cross_subset_sampling",
+    "cross_subset_staleness",
+    "cross_sampling_staleness",
 ]
 
 
@@ -60,9 +86,18 @@ def summarize(history: list[dict[str, float]], skip: int) -> dict[str, float]:
         if values:
             out[key] = statistics.median(values)
     steps, _ = series(history, "total_sq")
-    totals = {k: sum(series(history, k)[1][i] for i, s in enumerate(steps) if s >= skip)
-              for k in ("total_sq", "subset_sq", "sampling_sq", "staleness_sq", "cross_subset_sampling",
-                        "cross_subset_staleness", "cross_sampling_staleness")}
+    totals = {
+        k: sum(series(history, k)[1][i] for i, s in enumerate(steps) if s >= skip)
+        for k in (
+            "total_sq",
+            "subset_sq",
+            "sampling_sq",
+            "staleness_sq",
+            "cross_subset_sampling",
+            "cross_subset_staleness",
+            "cross_sampling_staleness",
+        )
+    }
     out["share"] = {k: totals[k] / totals["total_sq"] for k in totals if k != "total_sq"}
     return out
 
@@ -81,8 +116,12 @@ def expectation_ratios(history: list[dict[str, float]], skip: int) -> dict[str, 
     stale = sum(h["pgc/theory/staleness_sq"] for h in rows)
     mean = sum(h["pgc/theory/lemma3_mean_sq"] for h in rows if "pgc/theory/lemma3_mean_sq" in h)
     ref = sum(h["pgc/theory/lemma3_ref_sq"] for h in rows if "pgc/theory/lemma3_mean_sq" in h)
-    return {"gamma_hat": gamma / grad, "gamma_avg": stale / grad, "lemma3_gap_ratio": (mean - ref) / ref,
-            "measurements": len(rows)}
+    return {
+        "gamma_hat": gamma / grad,
+        "gamma_avg": stale / grad,
+        "lemma3_gap_ratio": (mean - ref) / ref,
+        "measurements": len(rows),
+    }
 
 
 def quadratic_checks() -> dict[str, list[float]]:
@@ -94,11 +133,19 @@ def quadratic_checks() -> dict[str, list[float]]:
     pipeline = [th.stability_threshold(np.full(c, 1.0 / c)) for c in cs]
     delays = list(range(1, 9))
     err, bound = th.staleness_error_curve(np.diag([1.0, 0.05]), eta=0.002, delays=delays, t=400, beta0=[1.0, 1.0])
-    return {"tau": taus, "pure_delay_closed_form": pure, "pure_delay_spectral": spectral,
-            "pure_delay_simulated": simulated, "c": cs, "pipeline_averaged": pipeline, "delays": delays,
-            "staleness_error": err.tolist(), "lipschitz_bound": bound.tolist(),
-            "slope": th.loglog_slope(delays, err),
-            "max_rel_error_simulated": max(abs(a - b) / b for a, b in zip(simulated, pure))}
+    return {
+        "tau": taus,
+        "pure_delay_closed_form": pure,
+        "pure_delay_spectral": spectral,
+        "pure_delay_simulated": simulated,
+        "c": cs,
+        "pipeline_averaged": pipeline,
+        "delays": delays,
+        "staleness_error": err.tolist(),
+        "lipschitz_bound": bound.tolist(),
+        "slope": th.loglog_slope(delays, err),
+        "max_rel_error_simulated": max(abs(a - b) / b for a, b in zip(simulated, pure)),
+    }
 
 
 def plot(results: dict, quad: dict, docs: Path) -> list[Path]:
@@ -109,18 +156,33 @@ def plot(results: dict, quad: dict, docs: Path) -> list[Path]:
 
     written = []
     names = list(results)
-    colors = {"subset_sq": "tab:orange", "sampling_sq": "tab:blue", "staleness_sq": "tab:red",
-              "total_sq": "black", "grad_sq": "tab:green"}
+    colors = {
+        "subset_sq": "tab:orange",
+        "sampling_sq": "tab:blue",
+        "staleness_sq": "tab:red",
+        "total_sq": "black",
+        "grad_sq": "tab:green",
+    }
     fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), sharey=True)
     for ax, name in zip(np.atleast_1d(axes), names):
         hist = results[name]["history"]
-        for key, label in [("total_sq", "|g_hat - grad F|^2 (total)"), ("sampling_sq", "sampling"),
-                           ("subset_sq", "subset selection"), ("staleness_sq", "staleness"),
-                           ("grad_sq", "|grad F|^2")]:
+        for key, label in [
+            ("total_sq", "|g_hat - grad F|^2 (total)"),
+            ("sampling_sq", "sampling"),
+            ("subset_sq", "subset selection"),
+            ("staleness_sq", "staleness"),
+            ("grad_sq", "|grad F|^2"),
+        ]:
             s, v = series(hist, key)
             keep = [(a, b) for a, b in zip(s, v) if a > 0]  # step 0: the warm-up step has no staleness at all
-            ax.plot([a for a, _ in keep], [b for _, b in keep], label=label, color=colors[key], lw=1.2,
-                    ls="--" if key == "grad_sq" else "-")
+            ax.plot(
+                [a for a, _ in keep],
+                [b for _, b in keep],
+                label=label,
+                color=colors[key],
+                lw=1.2,
+                ls="--" if key == "grad_sq" else "-",
+            )
         ax.set_yscale("log")
         ax.set_title(name)
         ax.set_xlabel("step")
@@ -175,8 +237,13 @@ def plot(results: dict, quad: dict, docs: Path) -> list[Path]:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     axes[0].plot(quad["tau"], quad["pure_delay_closed_form"], "k-", label="2 sin(pi / (2(2 tau + 1)))")
     axes[0].plot(quad["tau"], quad["pure_delay_simulated"], "o", mfc="none", label="simulated (bisection)")
-    axes[0].plot([c - 1 for c in quad["c"]], quad["pipeline_averaged"], "s-", color="tab:red",
-                 label="PGC pipeline, ages 0..c-1 averaged (x = c-1)")
+    axes[0].plot(
+        [c - 1 for c in quad["c"]],
+        quad["pipeline_averaged"],
+        "s-",
+        color="tab:red",
+        label="PGC pipeline, ages 0..c-1 averaged (x = c-1)",
+    )
     axes[0].set_xlabel("delay tau (= c - 1)")
     axes[0].set_ylabel("largest stable eta * h")
     axes[0].set_title("Delayed gradient on a quadratic: stability boundary")
@@ -204,9 +271,12 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "outputs" / "theory_run"))
     p.add_argument("--docs", default=str(ROOT / "docs"))
     p.add_argument("--replot", action="store_true", help="only redraw the figures from docs/theory_run.json")
-    p.add_argument("--resummarize", action="store_true",
-                   help="only recompute the per-run summaries (medians, shares, expectation ratios) of "
-                        "docs/theory_run.json from its saved series, with --skip")
+    p.add_argument(
+        "--resummarize",
+        action="store_true",
+        help="only recompute the per-run summaries (medians, shares, expectation ratios) of "
+        "docs/theory_run.json from its saved series, with --skip",
+    )
     args = p.parse_args()
     out, docs = Path(args.out), Path(args.docs)
     docs.mkdir(parents=True, exist_ok=True)
@@ -231,11 +301,21 @@ def main() -> None:
     results = {}
     for name, cfg in RUNS.items():
         started = time.time()
-        job = launch(dict(
-            out=str(out / name.split(" (")[0].replace(" ", "_").replace("=", "")), devices=4, max_steps=args.steps,
-            batch_size=16, lr=args.lr, delay=args.delay, check_val_every_n_epoch=10_000, val_every_n_steps=args.steps,
-            diagnostics={"every_n_steps": args.every, "theory_every_n_steps": args.every}, **cfg,
-        ), timeout=900)
+        job = launch(
+            dict(
+                out=str(out / name.split(" (")[0].replace(" ", "_").replace("=", "")),
+                devices=4,
+                max_steps=args.steps,
+                batch_size=16,
+                lr=args.lr,
+                delay=args.delay,
+                check_val_every_n_epoch=10_000,
+                val_every_n_steps=args.steps,
+                diagnostics={"every_n_steps": args.every, "theory_every_n_steps": args.every},
+                **cfg,
+            ),
+            timeout=900,
+        )
         hist = job.diagnostics
         theory_rows = [h for h in hist if "pgc/theory/total_sq" in h]
         admitted = {r: statistics.mean(h.get(f"pgc/admitted/rank{r}", 0.0) for h in hist) for r in range(4)}
@@ -248,18 +328,27 @@ def main() -> None:
             "val_acc": job.val_curve[-1][3],  # rank 0, whole validation set, after the last step
             "identical_replicas": job.identical_replicas,
             "wall_s": time.time() - started,
-            "history": [{"step": h["step"], **{k[len("pgc/theory/"):]: v for k, v in h.items()
-                                               if k.startswith("pgc/theory/")}} for h in theory_rows],
+            "history": [
+                {"step": h["step"], **{k[len("pgc/theory/") :]: v for k, v in h.items() if k.startswith("pgc/theory/")}}
+                for h in theory_rows
+            ],
         }
         med = results[name]["medians"]
-        print(f"{name}: gamma_hat {med.get('gamma_hat', float('nan')):.3g}  xi_hat {med['xi_hat']:.3g}  "
-              f"shares {json.dumps({k: round(v, 3) for k, v in med['share'].items()})}  "
-              f"admitted {admitted}  cost {med['cost_s']:.2f} s", flush=True)
+        print(
+            f"{name}: gamma_hat {med.get('gamma_hat', float('nan')):.3g}  xi_hat {med['xi_hat']:.3g}  "
+            f"shares {json.dumps({k: round(v, 3) for k, v in med['share'].items()})}  "
+            f"admitted {admitted}  cost {med['cost_s']:.2f} s",
+            flush=True,
+        )
     quad = quadratic_checks()
     written = plot({name: {"history": prefixed(r["history"])} for name, r in results.items()}, quad, docs)
-    payload = {"command": "python benchmarks/theory_run.py " + " ".join(sys.argv[1:]), "args": vars(args),
-               "runs": {k: {kk: vv for kk, vv in v.items() if kk != "history"} for k, v in results.items()},
-               "series": {k: v["history"] for k, v in results.items()}, "quadratic": quad}
+    payload = {
+        "command": "python benchmarks/theory_run.py " + " ".join(sys.argv[1:]),
+        "args": vars(args),
+        "runs": {k: {kk: vv for kk, vv in v.items() if kk != "history"} for k, v in results.items()},
+        "series": {k: v["history"] for k, v in results.items()},
+        "quadratic": quad,
+    }
     path = docs / "theory_run.json"
     path.write_text(json.dumps(payload, indent=1))
     written.insert(0, path)

@@ -44,13 +44,23 @@ BOUNDS = ("compute", "comm", "any")
 DATA = ("iid", "skewed", "any")
 
 #: the map's straggler models -> (the row's pattern, the anchor of its paragraph in docs/benchmarks.md)
-PATTERNS = {"slowrank": ("one persistently slow rank", "one-slow-rank"),
-            "exp": ("every rank's step time varies (exponential delays)", "exponential-delays"),
-            "stalls": ("log-normal jitter with rare long stalls", "rare-stalls")}
+PATTERNS = {
+    "slowrank": ("one persistently slow rank", "one-slow-rank"),
+    "exp": ("every rank's step time varies (exponential delays)", "exponential-delays"),
+    "stalls": ("log-normal jitter with rare long stalls", "rare-stalls"),
+}
 #: the map's costs -> the row's bound
 BOUND_OF_COST = {"sleep": "compute", "real": "compute", "comm": "comm"}
-DEFAULT = {"pattern": "no straggler, or a pattern not listed", "bound": "any", "data": "any", "strategy": "ddp",
-           "s": None, "lr": None, "momentum": None, "evidence": "docs/benchmarks.md#where-each-scheme-wins-and-loses"}
+DEFAULT = {
+    "pattern": "no straggler, or a pattern not listed",
+    "bound": "any",
+    "data": "any",
+    "strategy": "ddp",
+    "s": None,
+    "lr": None,
+    "momentum": None,
+    "evidence": "docs/benchmarks.md#where-each-scheme-wins-and-loses",
+}
 
 
 def arm_strategy(arm: str) -> tuple[str, Optional[int]]:
@@ -72,8 +82,11 @@ def derive(grid_map: dict[str, Any], source: str = "docs/grid_map.json") -> dict
     rows = []
     for delay, (pattern, anchor) in PATTERNS.items():
         for bound in ("compute", "comm"):
-            cells = [cell for key, cell in grid_map["cells"].items()
-                     if key.split("-")[0] == delay and BOUND_OF_COST[key.split("-", 1)[1]] == bound]
+            cells = [
+                cell
+                for key, cell in grid_map["cells"].items()
+                if key.split("-")[0] == delay and BOUND_OF_COST[key.split("-", 1)[1]] == bound
+            ]
             if not cells or any(cell["status"] != "complete" for cell in cells):
                 continue
             qualified: Optional[set[str]] = None
@@ -87,8 +100,16 @@ def derive(grid_map: dict[str, Any], source: str = "docs/grid_map.json") -> dict
                         ok.add(arm["arm"])
                         times.setdefault(arm["arm"], []).append(math.log(arm["time_to_target_s"]))
                 qualified = ok if qualified is None else qualified & ok
-            row = {"pattern": pattern, "bound": bound, "data": "iid", "strategy": "ddp", "s": None, "lr": None,
-                   "momentum": None, "evidence": f"docs/benchmarks.md#{anchor}"}
+            row = {
+                "pattern": pattern,
+                "bound": bound,
+                "data": "iid",
+                "strategy": "ddp",
+                "s": None,
+                "lr": None,
+                "momentum": None,
+                "evidence": f"docs/benchmarks.md#{anchor}",
+            }
             if qualified:
                 best = min(sorted(qualified), key=lambda a: sum(times[a]) / len(times[a]))
                 name, s = arm_strategy(best)
@@ -123,8 +144,18 @@ def _row(cell: dict[str, Any]) -> dict[str, Any]:
     words = USER_WORDS.get(pattern, pattern)
     if pattern == "none" and strategy == "ddp":
         words = "no stragglers: keep ddp"
-    return {"pattern": words, "bound": bound, "data": data, "strategy": strategy, "s": s, "lr": lr,
-            "momentum": momentum, "evidence": f"{EMULATED_EVIDENCE}-n{c['n']}", "_key": pattern, "_n": c["n"]}
+    return {
+        "pattern": words,
+        "bound": bound,
+        "data": data,
+        "strategy": strategy,
+        "s": s,
+        "lr": lr,
+        "momentum": momentum,
+        "evidence": f"{EMULATED_EVIDENCE}-n{c['n']}",
+        "_key": pattern,
+        "_n": c["n"],
+    }
 
 
 def _merge(rows: list[dict[str, Any]], field: str) -> list[dict[str, Any]]:
@@ -168,16 +199,23 @@ def build(summary: dict[str, Any], source: str) -> dict[str, Any]:
     if wins:
         arm = wins.most_common(1)[0][0]
         example = next(a for c in cells for a in c["arms"] if a["arm"] == arm)
-        default = {"strategy": example["strategy"], "s": example["s"], "lr": example["lr"],
-                   "momentum": example["momentum"]}
+        default = {
+            "strategy": example["strategy"],
+            "s": example["s"],
+            "lr": example["lr"],
+            "momentum": example["momentum"],
+        }
     if default is None:
         ddps = [c["ddp"] for c in cells]
         common = Counter((d["lr"], d["momentum"]) for d in ddps).most_common(1)[0][0]
         default = {"strategy": "ddp", "s": None, "lr": common[0], "momentum": common[1]}
     for r in rows:
         del r["_key"], r["_n"]
-    return {"source": source, "rows": rows,
-            "default": {"pattern": "don't know", "bound": "any", "data": "any", **default, "evidence": EMULATED_EVIDENCE}}
+    return {
+        "source": source,
+        "rows": rows,
+        "default": {"pattern": "don't know", "bound": "any", "data": "any", **default, "evidence": EMULATED_EVIDENCE},
+    }
 
 
 def check(table: dict[str, Any], strategies: set[str]) -> None:
@@ -206,16 +244,28 @@ def _setting(row: dict[str, Any]) -> str:
 
 def render(table: dict[str, Any]) -> str:
     """The README block (markers included)."""
-    lines = [MARK_BEGIN, "", "| straggler pattern | bound | data | use | setting | evidence |", "|---|---|---|---|---|---|"]
+    lines = [
+        MARK_BEGIN,
+        "",
+        "| straggler pattern | bound | data | use | setting | evidence |",
+        "|---|---|---|---|---|---|",
+    ]
     for row in [*table["rows"], table["default"]]:
         use = f"`{row['strategy']}`"
         if row["strategy"] == "ddp":
             use = "keep `ddp`" if row is table["default"] else "keep `ddp` (no scheme beat it and `dgd` in every cell)"
         path, anchor = row["evidence"].split("#", 1)
-        lines.append(f"| {row['pattern']} | {row['bound']} | {row['data']} | {use} | {_setting(row)} | "
-                     f"[{Path(path).name}#{anchor}]({row['evidence']}) |")
-    lines += ["", f"Rendered from [which_strategy.json](docs/which_strategy.json) (derived from `{table['source']}`) "
-              "by `python benchmarks/which_strategy.py`.", "", MARK_END]
+        lines.append(
+            f"| {row['pattern']} | {row['bound']} | {row['data']} | {use} | {_setting(row)} | "
+            f"[{Path(path).name}#{anchor}]({row['evidence']}) |"
+        )
+    lines += [
+        "",
+        f"Rendered from [which_strategy.json](docs/which_strategy.json) (derived from `{table['source']}`) "
+        "by `python benchmarks/which_strategy.py`.",
+        "",
+        MARK_END,
+    ]
     return "\n".join(lines)
 
 

@@ -140,9 +140,16 @@ def wrap_launcher(strategy: Any, wrap: Callable[[Any], Any]) -> None:
 # or its script (popen children run the whole script).
 
 
-def _reap(procs: list[Any], alive: Callable[[Any], bool], kill: Callable[[Any], None],
-          code: Callable[[Any], Optional[int]], grace_s: float, first_rank: int,
-          error: Callable[[int], str] = lambda i: "", after: str = "rank 0 returned") -> None:
+def _reap(
+    procs: list[Any],
+    alive: Callable[[Any], bool],
+    kill: Callable[[Any], None],
+    code: Callable[[Any], Optional[int]],
+    grace_s: float,
+    first_rank: int,
+    error: Callable[[int], str] = lambda i: "",
+    after: str = "rank 0 returned",
+) -> None:
     """Wait up to ``grace_s`` for ``procs`` (ranks ``first_rank``, ...) to exit, then kill the rest; log the ranks
     that exited with a non-zero status (with ``error(i)``, the last line of the error of the ``i``-th, if known)."""
     deadline = time.monotonic() + grace_s
@@ -150,12 +157,22 @@ def _reap(procs: list[Any], alive: Callable[[Any], bool], kill: Callable[[Any], 
         time.sleep(0.05)
     for i, p in enumerate(procs):
         if alive(p):
-            log.warning("lightning_pgc: rank %d (pid %s) still runs %.0f s after %s: killed",
-                        first_rank + i, p.pid, grace_s, after)
+            log.warning(
+                "lightning_pgc: rank %d (pid %s) still runs %.0f s after %s: killed",
+                first_rank + i,
+                p.pid,
+                grace_s,
+                after,
+            )
             kill(p)
         elif code(p):
-            log.warning("lightning_pgc: rank %d (pid %s) exited with status %s%s", first_rank + i, p.pid, code(p),
-                        error(first_rank + i))
+            log.warning(
+                "lightning_pgc: rank %d (pid %s) exited with status %s%s",
+                first_rank + i,
+                p.pid,
+                code(p),
+                error(first_rank + i),
+            )
 
 
 class SurvivingSubprocessLauncher(_SubprocessScriptLauncher):
@@ -179,8 +196,16 @@ class SurvivingSubprocessLauncher(_SubprocessScriptLauncher):
             # 2.6.6: starts ranks 1..n-1, fills ``self.procs`` and sets ``LOCAL_RANK`` in this process, so the
             # script's later launches (any Trainer) start no more children
             self._call_children_scripts()
-            atexit.register(_reap, list(self.procs), lambda p: p.poll() is None, lambda p: (p.kill(), p.wait()),
-                            lambda p: p.returncode, self.grace_s, first_rank=1, after="the script ended")
+            atexit.register(
+                _reap,
+                list(self.procs),
+                lambda p: p.poll() is None,
+                lambda p: (p.kill(), p.wait()),
+                lambda p: p.returncode,
+                self.grace_s,
+                first_rank=1,
+                after="the script ended",
+            )
         _set_num_threads_if_needed(num_processes=self.num_processes)
         return function(*args, **kwargs)
 
@@ -190,8 +215,13 @@ class SurvivingMultiprocessingLauncher(_MultiProcessingLauncher):
     tolerates dead ranks: it waits for rank 0, which returns the results; the launching process raises only if
     rank 0 failed. Other ranks get ``grace_s`` seconds after rank 0 to exit, then are killed."""
 
-    def __init__(self, base: _MultiProcessingLauncher, grace_s: float, failover: bool = False,
-                 preflight: Optional[Preflight] = None) -> None:
+    def __init__(
+        self,
+        base: _MultiProcessingLauncher,
+        grace_s: float,
+        failover: bool = False,
+        preflight: Optional[Preflight] = None,
+    ) -> None:
         super().__init__(base._strategy, base._start_method)
         self.grace_s = grace_s
         self.failover = failover
@@ -208,8 +238,10 @@ class SurvivingMultiprocessingLauncher(_MultiProcessingLauncher):
         if self._start_method == "spawn":
             _check_missing_main_guard()
         if self._already_fit and trainer is not None and trainer.state.fn == TrainerFn.FITTING:
-            raise NotImplementedError("fit() twice on one Trainer with a spawn-based strategy is not supported by "
-                                      "Lightning; create a new Trainer and pass fit(ckpt_path=...)")
+            raise NotImplementedError(
+                "fit() twice on one Trainer with a spawn-based strategy is not supported by "
+                "Lightning; create a new Trainer and pass fit(ckpt_path=...)"
+            )
         assert self._strategy.cluster_environment is not None
         os.environ["MASTER_PORT"] = str(self._strategy.cluster_environment.main_port)
         return_queue = self._results = mp.get_context(self._start_method).SimpleQueue()
@@ -217,8 +249,13 @@ class SurvivingMultiprocessingLauncher(_MultiProcessingLauncher):
         if self._start_method == "spawn":
             process_args.append(_GlobalStateSnapshot.capture())
         process_args[1] = functools.partial(_run_rank, trainer, function)
-        context = mp.start_processes(self._wrapping_function, args=tuple(process_args),
-                                     nprocs=self._strategy.num_processes, start_method=self._start_method, join=False)
+        context = mp.start_processes(
+            self._wrapping_function,
+            args=tuple(process_args),
+            nprocs=self._strategy.num_processes,
+            start_method=self._start_method,
+            join=False,
+        )
         self.procs = context.processes
         rank0, others = self.procs[0], self.procs[1:]
         rank0.join()
@@ -228,20 +265,35 @@ class SurvivingMultiprocessingLauncher(_MultiProcessingLauncher):
             while not any(o is not None for o in outputs) and any(p.is_alive() for p in others):
                 time.sleep(0.1)
                 outputs += _drain(return_queue)
-        _reap(others, lambda p: p.is_alive(), lambda p: (p.kill(), p.join()), lambda p: p.exitcode,
-              self.grace_s, first_rank=1, error=lambda i: ": " + _child_error(context, i).strip().splitlines()[-1]
-              if _child_error(context, i) else "")
+        _reap(
+            others,
+            lambda p: p.is_alive(),
+            lambda p: (p.kill(), p.join()),
+            lambda p: p.exitcode,
+            self.grace_s,
+            first_rank=1,
+            error=lambda i: (
+                ": " + _child_error(context, i).strip().splitlines()[-1] if _child_error(context, i) else ""
+            ),
+        )
         outputs += _drain(return_queue)
         led = [o for o in outputs if o is not None] if trainer is not None else outputs
         if rank0.exitcode != 0 and not led:
-            raise RuntimeError(f"lightning_pgc: rank 0 (the PGC leader) exited with status {rank0.exitcode}:\n"
-                               + (_child_error(context, 0) or "(no Python error: killed by a signal?)"))
+            raise RuntimeError(
+                f"lightning_pgc: rank 0 (the PGC leader) exited with status {rank0.exitcode}:\n"
+                + (_child_error(context, 0) or "(no Python error: killed by a signal?)")
+            )
         if rank0.exitcode != 0:
-            log.warning("lightning_pgc: rank 0 (the first PGC leader) exited with status %s; the rank that took over "
-                        "finished the job", rank0.exitcode)
+            log.warning(
+                "lightning_pgc: rank 0 (the first PGC leader) exited with status %s; the rank that took over "
+                "finished the job",
+                rank0.exitcode,
+            )
         if outputs and not led:
-            raise RuntimeError("lightning_pgc: rank 0 stepped down as leader (it froze) and no rank returned the fit's "
-                               "results; see the ranks' errors above")
+            raise RuntimeError(
+                "lightning_pgc: rank 0 stepped down as leader (it froze) and no rank returned the fit's "
+                "results; see the ranks' errors above"
+            )
         if not led:
             # Rank 0 exited 0 without results: a SIGTERM stopped it (``SIGTERMException`` is a ``SystemExit``, exit
             # status 0, as under ``ddp``), after its own on-exception hooks ran. Raising here would run the
@@ -257,7 +309,6 @@ class SurvivingMultiprocessingLauncher(_MultiProcessingLauncher):
         self._already_fit |= trainer.state.fn == TrainerFn.FITTING
         self._recover_results_in_main_process(worker_output, trainer)
         return worker_output.trainer_results
-
 
     @override
     def _collect_rank_zero_results(self, trainer: "pl.Trainer", results: Any) -> Optional[_WorkerOutput]:
@@ -317,8 +368,9 @@ def _child_error(context: Any, index: int) -> str:
         return ""
 
 
-def surviving_launcher(launcher: Any, grace_s: float, failover: bool = False,
-                       preflight: Optional[Preflight] = None) -> Any:
+def surviving_launcher(
+    launcher: Any, grace_s: float, failover: bool = False, preflight: Optional[Preflight] = None
+) -> Any:
     """The launcher that survives dead ranks for Lightning's ``launcher`` (others are returned unchanged); with
     ``failover`` the fork/spawn one also survives rank 0 (its results then come from the rank that took over).
 
@@ -345,7 +397,10 @@ def mark_launching_rank(launcher: Any) -> None:
     """In the launching process, before any rank starts: record (in the environment the ranks inherit) whether
     rank 0 is the launching process itself (2.6.6: ``_SubprocessScriptLauncher`` runs rank 0 in the process that
     called ``fit`` unless the cluster created the processes, e.g. SLURM or torchrun)."""
-    if isinstance(launcher, _SubprocessScriptLauncher) and not launcher.cluster_environment.creates_processes_externally:
+    if (
+        isinstance(launcher, _SubprocessScriptLauncher)
+        and not launcher.cluster_environment.creates_processes_externally
+    ):
         os.environ[_LAUNCHING_RANK] = "1"
     elif _LAUNCHING_RANK in os.environ and not isinstance(launcher, _SubprocessScriptLauncher):
         del os.environ[_LAUNCHING_RANK]  # a fork/spawn job after a popen one in the same process
@@ -386,8 +441,10 @@ def pin_loggers(loggers: list[Any], ids: list[Optional[str]]) -> None:
             continue
         if isinstance(lg, WandbLogger):
             if not isinstance(getattr(lg, "_wandb_init", None), dict):
-                raise RuntimeError("WandbLogger._wandb_init is gone (lightning_pgc was checked against Lightning "
-                                   "2.6.6); update lightning_pgc/_lightning.py, or pass PGCStrategy(failover=False)")
+                raise RuntimeError(
+                    "WandbLogger._wandb_init is gone (lightning_pgc was checked against Lightning "
+                    "2.6.6); update lightning_pgc/_lightning.py, or pass PGCStrategy(failover=False)"
+                )
             lg._id = ident
             lg._wandb_init.update(id=ident, resume="allow")
         elif hasattr(lg, "_version"):
@@ -453,8 +510,10 @@ def replace_sigterm_notifier(trainer: "pl.Trainer", notifier: Callable[[Any, Any
     """
     connector = getattr(trainer, "_signal_connector", None)
     if connector is None or not hasattr(connector, "_sigterm_notifier_fn"):
-        raise RuntimeError("lightning_pgc: this Lightning version has no `_signal_connector._sigterm_notifier_fn` "
-                           "(checked against 2.6.6); update lightning_pgc/_lightning.py")
+        raise RuntimeError(
+            "lightning_pgc: this Lightning version has no `_signal_connector._sigterm_notifier_fn` "
+            "(checked against 2.6.6); update lightning_pgc/_lightning.py"
+        )
     connector._sigterm_notifier_fn = notifier
 
 

@@ -86,8 +86,12 @@ class PGCDiagnostics(Callback):
         theory_max_patterns: int = 5000,
         theory_chunk: int = 512,
     ) -> None:
-        for name, value in (("every_n_steps", every_n_steps), ("log_every_n_steps", log_every_n_steps),
-                            ("loss_every_n_steps", loss_every_n_steps), ("history_size", history_size)):
+        for name, value in (
+            ("every_n_steps", every_n_steps),
+            ("log_every_n_steps", log_every_n_steps),
+            ("loss_every_n_steps", loss_every_n_steps),
+            ("history_size", history_size),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if per_rank is not None and per_rank < 0:
@@ -128,9 +132,11 @@ class PGCDiagnostics(Callback):
         self.history.clear()
         self._delay_counts = {}
         if isinstance(getattr(trainer.strategy, "scheme", None), BoundedScheme) and self.theory_every_n_steps:
-            raise ValueError("PGCDiagnostics(theory_every_n_steps=...) measures the coded schemes' theory; under "
-                             "scheme='bounded' the error decomposition is logged as pgc/bounded/err_* instead: "
-                             "set theory_every_n_steps=None")
+            raise ValueError(
+                "PGCDiagnostics(theory_every_n_steps=...) measures the coded schemes' theory; under "
+                "scheme='bounded' the error decomposition is logged as pgc/bounded/err_* instead: "
+                "set theory_every_n_steps=None"
+            )
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
         strategy = trainer.strategy
@@ -239,7 +245,9 @@ class PGCDiagnostics(Callback):
         out["pgc/copy_coef_max"] = float(copies.max())
         return out
 
-    def _probe_metrics(self, pending: tuple[int, Tensor, Tensor], max_age: int, aggregate_sq: float) -> dict[str, float]:
+    def _probe_metrics(
+        self, pending: tuple[int, Tensor, Tensor], max_age: int, aggregate_sq: float
+    ) -> dict[str, float]:
         version, params, gradient = pending
         out: dict[str, float] = {"pgc/probe_grad_sqnorm": float(gradient.pow(2).sum())}
         oldest = next((p for v, p in self._snapshots if v == version - max_age), None)
@@ -282,8 +290,14 @@ class PGCDiagnostics(Callback):
                 out[f"pgc/arrival_s/rank{r}"] = record.arrivals[r]
         return out
 
-    def _bounded_probe_metrics(self, pl_module: LightningModule, pending: tuple[int, Tensor, Tensor],
-                               record: BoundedRecord, info: Any, metrics: Mapping[str, float]) -> dict[str, float]:
+    def _bounded_probe_metrics(
+        self,
+        pl_module: LightningModule,
+        pending: tuple[int, Tensor, Tensor],
+        record: BoundedRecord,
+        info: Any,
+        metrics: Mapping[str, float],
+    ) -> dict[str, float]:
         """The bounded-staleness error decomposition of this aggregate's error on the probe batch (``grad F`` := probe gradient)."""
         version, params, gradient = pending
         present = [(i, e) for i, e in enumerate(record.entries) if e is not None]  # (a partition may be left out)
@@ -312,8 +326,9 @@ class PGCDiagnostics(Callback):
         return _loss_gradient(pl_module, self._probe)
 
     # ----------------------------------------------------------------------------------------- the theory
-    def _theory_metrics(self, trainer: Trainer, pl_module: LightningModule, strategy: Any, record: Any,
-                        info: Any) -> dict[str, float]:
+    def _theory_metrics(
+        self, trainer: Trainer, pl_module: LightningModule, strategy: Any, record: Any, info: Any
+    ) -> dict[str, float]:
         """The theory's constants at version ``t`` from exact recomputation of every copy in every rank's cache.
 
         Mini-batches are deterministic (``PartitionStreams``), so rank 0 recomputes ``g_j^(v)`` for every copy of
@@ -326,8 +341,10 @@ class PGCDiagnostics(Callback):
         found = _partition_loader(trainer)
         if found is None:
             if not self._theory_warned:
-                rank_zero_warn("PGCDiagnostics(theory_every_n_steps=...) needs PGCStrategy's partition sampler; "
-                               "the theory measurements are skipped")
+                rank_zero_warn(
+                    "PGCDiagnostics(theory_every_n_steps=...) needs PGCStrategy's partition sampler; "
+                    "the theory measurements are skipped"
+                )
                 self._theory_warned = True
             return {}
         loader, sampler = found
@@ -384,7 +401,9 @@ class PGCDiagnostics(Callback):
             "pgc/theory/sampling_sq": squares["sampling"],
             "pgc/theory/staleness_sq": squares["staleness"],
             "pgc/theory/decomp_residual": decomposition.residual,
-            "pgc/theory/recon_residual": float((reconstructed - aggregate).norm() / max(float(aggregate.norm()), 1e-300)),
+            "pgc/theory/recon_residual": float(
+                (reconstructed - aggregate).norm() / max(float(aggregate.norm()), 1e-300)
+            ),
             "pgc/theory/grad_sq": grad_sq,
             "pgc/theory/oldest_age": float(t - oldest),
             "pgc/theory/gamma_hat": theory.gamma_hat(objective[t], objective[oldest]),
@@ -466,8 +485,9 @@ class PGCDiagnostics(Callback):
                 row: dict[str, Any] = {"pgc/age_histogram": wandb.Histogram(ages), "trainer/global_step": version}
                 if stats:
                     columns = ["rank", "admitted", "late", "skipped", "mean_lag_s"]
-                    row["pgc/ranks"] = wandb.Table(columns=columns,
-                                                   data=[[float(r[c]) for c in columns] for r in stats])
+                    row["pgc/ranks"] = wandb.Table(
+                        columns=columns, data=[[float(r[c]) for c in columns] for r in stats]
+                    )
                     row["pgc/mean_lag_s_histogram"] = wandb.Histogram([float(r["mean_lag_s"]) for r in stats])
                 logger.experiment.log(row)
 
@@ -584,8 +604,10 @@ class StalenessValve(Callback):
         scheme = getattr(trainer.strategy, "scheme", None)
         if self.action == "window":
             if not isinstance(scheme, BoundedScheme):
-                raise ValueError("StalenessValve(action='window') lowers the window c of scheme='bounded'; this "
-                                 f"strategy's scheme is {getattr(scheme, 'name', None)!r}: use action='lr'")
+                raise ValueError(
+                    "StalenessValve(action='window') lowers the window c of scheme='bounded'; this "
+                    f"strategy's scheme is {getattr(scheme, 'name', None)!r}: use action='lr'"
+                )
             self._initial_window = scheme.window
             if self.window is not None:  # resumed: the checkpointed window, identical on every rank
                 scheme.window = self.window
@@ -638,8 +660,16 @@ class StalenessValve(Callback):
         self.final_lrs = [float(g["lr"]) for opt in trainer.optimizers for g in opt.param_groups]
 
     # ------------------------------------------------------------------------------------------- decision
-    def _check(self, trainer: Trainer, pl_module: LightningModule, t: int, params: Tensor, gradient: Tensor,
-               old_params: Tensor, old_gradient: Tensor) -> None:
+    def _check(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        t: int,
+        params: Tensor,
+        gradient: Tensor,
+        old_params: Tensor,
+        old_gradient: Tensor,
+    ) -> None:
         if not self._agg_sq:
             return
         agg_sq = sum(self._agg_sq) / len(self._agg_sq)
@@ -650,14 +680,36 @@ class StalenessValve(Callback):
         ratio = term / max(agg_sq, self.eps)
         new_scale, new_window = self.scale, self.window
         if self.action == "lr":
-            new_scale = adapt_step(ratio, threshold=self.threshold, recover_below=self.recover_below,
-                                   value=self.scale, factor=self.factor, lowest=self.min_scale, highest=1.0)
+            new_scale = adapt_step(
+                ratio,
+                threshold=self.threshold,
+                recover_below=self.recover_below,
+                value=self.scale,
+                factor=self.factor,
+                lowest=self.min_scale,
+                highest=1.0,
+            )
         elif self.action == "window" and self.window is not None:
-            new_window = int(adapt_step(ratio, threshold=self.threshold, recover_below=self.recover_below,
-                                        value=self.window, factor=-1, lowest=min(self.min_window, self.window),
-                                        highest=self._initial_window))
-        entry = {"step": float(t), "ratio": ratio, "staleness_term": term, "agg_sqnorm": agg_sq, "L_hat": l_hat,
-                 "displacement_sq": step**2, "lr_scale": new_scale}
+            new_window = int(
+                adapt_step(
+                    ratio,
+                    threshold=self.threshold,
+                    recover_below=self.recover_below,
+                    value=self.window,
+                    factor=-1,
+                    lowest=min(self.min_window, self.window),
+                    highest=self._initial_window,
+                )
+            )
+        entry = {
+            "step": float(t),
+            "ratio": ratio,
+            "staleness_term": term,
+            "agg_sqnorm": agg_sq,
+            "L_hat": l_hat,
+            "displacement_sq": step**2,
+            "lr_scale": new_scale,
+        }
         if new_window is not None:
             entry["window"] = float(new_window)
         self.history.append(entry)
@@ -688,9 +740,17 @@ class StalenessValve(Callback):
                 f"tolerated stragglers, c = s+1 = {self._age + 1}; bounded: `staleness`) or a lower learning rate."
             )
         if self.rank == 0:  # at the step measured, once (not at Lightning's log_every_n_steps cadence)
-            _log_at(trainer, {"pgc/valve/ratio": ratio, "pgc/valve/lr_scale": self.scale,
-                              "pgc/valve/L_hat_staleness": l_hat, "pgc/valve/staleness_term": term,
-                              **({"pgc/valve/window": float(self.window)} if self.window else {})}, t)
+            _log_at(
+                trainer,
+                {
+                    "pgc/valve/ratio": ratio,
+                    "pgc/valve/lr_scale": self.scale,
+                    "pgc/valve/L_hat_staleness": l_hat,
+                    "pgc/valve/staleness_term": term,
+                    **({"pgc/valve/window": float(self.window)} if self.window else {}),
+                },
+                t,
+            )
 
 
 # ================================================================================================== helpers

@@ -39,25 +39,35 @@ class PipelineCheckpoints:
         if cache is None or scheme is None or not scheme.pipelined or st.lightning_module is None:
             return None
         return PipelineState(
-            rank=st.global_rank, world_size=st.world_size, scheme=scheme.name, partitions=cache.partitions,
-            seed=st.seed, grad_numel=st._grad_numel, dtype=dtype_name(st._payload_dtype),
-            global_step=st.lightning_module.trainer.global_step, warm_start=st._warm_start_step(),
+            rank=st.global_rank,
+            world_size=st.world_size,
+            scheme=scheme.name,
+            partitions=cache.partitions,
+            seed=st.seed,
+            grad_numel=st._grad_numel,
+            dtype=dtype_name(st._payload_dtype),
+            global_step=st.lightning_module.trainer.global_step,
+            warm_start=st._warm_start_step(),
             entries=cache.entries(),
         )
 
     def entry(self, state: Optional[PipelineState], checkpoint: dict[str, Any], filepath: Any) -> None:
         """Rank 0: add the ``pgc`` entry that tells a resume where the pipeline files are."""
         if state is not None and self.strategy.is_global_zero:
-            checkpoint["pgc"] = {"world_size": state.world_size, "scheme": state.scheme,
-                                 "global_step": state.global_step, "warm_start": state.warm_start,
-                                 "pipeline": os.path.basename(sidecar_dir(str(filepath)))}
+            checkpoint["pgc"] = {
+                "world_size": state.world_size,
+                "scheme": state.scheme,
+                "global_step": state.global_step,
+                "warm_start": state.warm_start,
+                "pipeline": os.path.basename(sidecar_dir(str(filepath))),
+            }
 
     def save(self, state: Optional[PipelineState], filepath: Any, storage_options: Optional[Any] = None) -> None:
         """Write this rank's pipeline file (every rank, after Lightning's checkpoint; nothing if ``state`` is None)."""
         if state is not None:
-            self.strategy.checkpoint_io.save_checkpoint(state.to_dict(),
-                                                        sidecar_path(str(filepath), self.strategy.global_rank),
-                                                        storage_options=storage_options)
+            self.strategy.checkpoint_io.save_checkpoint(
+                state.to_dict(), sidecar_path(str(filepath), self.strategy.global_rank), storage_options=storage_options
+            )
 
     def remove(self, filepath: Any) -> None:
         """Remove this rank's pipeline file; the folder goes with the last rank's."""
@@ -83,32 +93,56 @@ class PipelineCheckpoints:
             return None
         checkpoint_path, info = self.resume_from
         self.resume_from = None
-        expected = PipelineState(rank=st.global_rank, world_size=st.world_size, scheme=st.scheme.name,
-                                 partitions=st.cache.partitions, seed=st.seed, grad_numel=st._grad_numel,
-                                 dtype=dtype_name(st._payload_dtype), global_step=step, warm_start=step)
+        expected = PipelineState(
+            rank=st.global_rank,
+            world_size=st.world_size,
+            scheme=st.scheme.name,
+            partitions=st.cache.partitions,
+            seed=st.seed,
+            grad_numel=st._grad_numel,
+            dtype=dtype_name(st._payload_dtype),
+            global_step=step,
+            warm_start=step,
+        )
         reasons = []
         for path in sidecar_paths(checkpoint_path, st.global_rank):  # next to it, then next to a symlink's target
             try:
                 saved = PipelineState.from_dict(st.checkpoint_io.load_checkpoint(path, weights_only=True))
             except FileNotFoundError:
-                reasons.append(f"{path} is missing (copy the .pgc folder along with the checkpoint)" if info is not None
-                               else "the checkpoint has no PGC pipeline state (saved by another strategy or scheme, "
-                                    "or after fit ended)")
+                reasons.append(
+                    f"{path} is missing (copy the .pgc folder along with the checkpoint)"
+                    if info is not None
+                    else "the checkpoint has no PGC pipeline state (saved by another strategy or scheme, "
+                    "or after fit ended)"
+                )
                 continue
             except Exception as err:  # an unreadable file must not stop the resume: warm up instead, loudly
                 reasons.append(f"{path} could not be read ({type(err).__name__}: {err})")
                 continue
             mismatch = saved.mismatch(expected)
             if mismatch is None:
-                log.info("PGC rank %d: resumed the stale cache at step %d (%d entries)", st.global_rank, step,
-                         len(saved.entries))
+                log.info(
+                    "PGC rank %d: resumed the stale cache at step %d (%d entries)",
+                    st.global_rank,
+                    step,
+                    len(saved.entries),
+                )
                 return saved
             reasons.append(f"{path} is from another run ({mismatch})")
-        how = ("every held partition is evaluated at that step" if st.warmup == "full"
-               else "the cache refills over the next c steps")
-        log.warning("PGC rank %d: resuming at step %d without the stale cache: %s. The pipeline warms up again "
-                    "(warmup=%r: %s), so this run does not continue the interrupted one bitwise.",
-                    st.global_rank, step, reasons[0], st.warmup, how)
+        how = (
+            "every held partition is evaluated at that step"
+            if st.warmup == "full"
+            else "the cache refills over the next c steps"
+        )
+        log.warning(
+            "PGC rank %d: resuming at step %d without the stale cache: %s. The pipeline warms up again "
+            "(warmup=%r: %s), so this run does not continue the interrupted one bitwise.",
+            st.global_rank,
+            step,
+            reasons[0],
+            st.warmup,
+            how,
+        )
         return None
 
     def fill(self, state: PipelineState) -> None:

@@ -27,8 +27,9 @@ class ChoiceBook:
         self.table = None
         self.own = {}
 
-    def choose(self, scheme: BoundedScheme, rank: int, version: int,
-               start: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    def choose(
+        self, scheme: BoundedScheme, rank: int, version: int, start: int
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """``(evaluations, sampled)`` of ``rank`` at ``version``; under "oldest" from the table as of the close of
         ``version - 1``."""
         table = self.table

@@ -125,8 +125,10 @@ class CIFAR10DataModule(pl.LightningDataModule):
         except RuntimeError as err:
             folder = os.path.join(os.path.abspath(self.data_dir), cls.base_folder)
             problem = "missing" if not os.path.isdir(folder) else "incomplete or not the official release"
-            hint = "" if not self.check_integrity or not os.path.isdir(folder) else (
-                " A re-packed copy in the same format can be used with `--data.check_integrity false`."
+            hint = (
+                ""
+                if not self.check_integrity or not os.path.isdir(folder)
+                else (" A re-packed copy in the same format can be used with `--data.check_integrity false`.")
             )
             raise FileNotFoundError(
                 f"CIFAR-10 not found at {folder} ({problem}; torchvision said: {err}). Pass `--data.download true` "

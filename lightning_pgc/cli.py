@@ -69,6 +69,7 @@ DESCRIPTION = (
 #: Exceptions that, raised while the classes are built from the config, mean "bad configuration".
 CONFIG_ERRORS = (ValueError, TypeError, KeyError, MisconfigurationException)
 
+
 def run_config(trainer: Trainer, seed: Optional[int] = None) -> dict[str, Any]:
     """The flat description of a run that every W&B run carries, read from the live trainer.
 

@@ -38,8 +38,18 @@ INSTEAD = (
 
 #: Names of collective calls looked for in the source of ``training_step``.
 COLLECTIVE_CALLS = frozenset(
-    {"all_gather", "all_reduce", "all_gather_object", "barrier", "broadcast", "broadcast_object_list",
-     "reduce_scatter", "all_to_all", "gather_all_tensors", "reduce_boolean_decision"}
+    {
+        "all_gather",
+        "all_reduce",
+        "all_gather_object",
+        "barrier",
+        "broadcast",
+        "broadcast_object_list",
+        "reduce_scatter",
+        "all_to_all",
+        "gather_all_tensors",
+        "reduce_boolean_decision",
+    }
 )
 
 
@@ -262,7 +272,8 @@ def _calls(body: list[ast.stmt], certain: bool) -> Iterator[tuple[ast.Call, bool
 
 def _is_compound(stmt: ast.stmt) -> bool:
     return isinstance(stmt, (ast.If, ast.For, ast.AsyncFor, ast.While, ast.Try, ast.Match)) or (
-        type(stmt).__name__ == "TryStar")
+        type(stmt).__name__ == "TryStar"
+    )
 
 
 def _expr_calls(expr: ast.expr, certain: bool) -> Iterator[tuple[ast.Call, bool]]:
@@ -380,4 +391,3 @@ class SingleUseClosure:
                 "evaluates the closure once (SGD, Adam, AdamW, ...)"
             )
         return self.exchange()
-

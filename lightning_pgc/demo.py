@@ -82,28 +82,37 @@ class Setting:
 DDP = Arm("ddp", "ddp", "ddp", "ddp", None, 0.1, 0.9)
 DGD = Arm("dgd", "dgd", "dgd", "dgd", None, 0.1, 0.9)
 GC = Arm("gc", "gc_fr c=2", "gc_fr_c2", "gc_fr", 1, 0.1, 0.9)
-SETTINGS: dict[str, Setting] = {s.key: s for s in (
-    Setting(
-        "wins", "one slow rank", "slowrank-sleep",
-        "lognormal(median=0.02, sigma=0.5) + slowranks(ranks=[3], seconds=0.1)", 0.025,
-        (DDP, DGD, GC, Arm("pgc", "pgc c=2", "pgc_cr_c2", "pgc_cr", 1, 0.5, 0.0)),
-        "rank 3 is 0.1 s slower on every step. pgc never waits for it and evaluates one partition per step "
-        "(gc_fr two, to stay exact), so its step costs about half of dgd's; its gradients, at most one version "
-        "old, cost it more steps than dgd needs, but far less than the time per step it saves. 4 ranks share 2 "
-        "cores: the sleeping rank frees a core, which flatters every strategy that does not wait for it.",
-        "pgc skips the slow rank's wait and does one evaluation per step (gc_fr two)",
-    ),
-    Setting(
-        "loses", "log-normal jitter + rare stalls", "stalls-sleep",
-        "lognormal(median=0.02, sigma=0.5) + spikes(prob=0.002, low=1.0, high=3.0)", 0.025,
-        (DDP, DGD, GC, Arm("pgc", "pgc c=4", "pgc_cr_c4", "pgc_cr", 3, 0.2, 0.0)),
-        "stragglers are rare here (small jitter, a 1-3 s stall with probability 0.002 per rank and step), so "
-        "there is little waiting to hide, while a window of 4 lets gradients be up to 3 versions old: pgc needs "
-        "far more steps than dgd, and its cheaper steps do not make up for them (with c = 2 the map finds no "
-        "difference here).",
-        "little waiting to hide, and gradients up to 3 versions old cost many extra steps",
-    ),
-)}
+SETTINGS: dict[str, Setting] = {
+    s.key: s
+    for s in (
+        Setting(
+            "wins",
+            "one slow rank",
+            "slowrank-sleep",
+            "lognormal(median=0.02, sigma=0.5) + slowranks(ranks=[3], seconds=0.1)",
+            0.025,
+            (DDP, DGD, GC, Arm("pgc", "pgc c=2", "pgc_cr_c2", "pgc_cr", 1, 0.5, 0.0)),
+            "rank 3 is 0.1 s slower on every step. pgc never waits for it and evaluates one partition per step "
+            "(gc_fr two, to stay exact), so its step costs about half of dgd's; its gradients, at most one version "
+            "old, cost it more steps than dgd needs, but far less than the time per step it saves. 4 ranks share 2 "
+            "cores: the sleeping rank frees a core, which flatters every strategy that does not wait for it.",
+            "pgc skips the slow rank's wait and does one evaluation per step (gc_fr two)",
+        ),
+        Setting(
+            "loses",
+            "log-normal jitter + rare stalls",
+            "stalls-sleep",
+            "lognormal(median=0.02, sigma=0.5) + spikes(prob=0.002, low=1.0, high=3.0)",
+            0.025,
+            (DDP, DGD, GC, Arm("pgc", "pgc c=4", "pgc_cr_c4", "pgc_cr", 3, 0.2, 0.0)),
+            "stragglers are rare here (small jitter, a 1-3 s stall with probability 0.002 per rank and step), so "
+            "there is little waiting to hide, while a window of 4 lets gradients be up to 3 versions old: pgc needs "
+            "far more steps than dgd, and its cheaper steps do not make up for them (with c = 2 the map finds no "
+            "difference here).",
+            "little waiting to hide, and gradients up to 3 versions old cost many extra steps",
+        ),
+    )
+}
 
 
 @dataclass
@@ -139,17 +148,35 @@ class Outcome:
 def job_spec(setting: Setting, arm: Arm, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """The experiments-harness spec of one demo job: the map grid's job for this cell, arm and seed."""
     return {
-        "strategy": arm.strategy, "strategy_kwargs": arm.strategy_kwargs(args.seed), "devices": 4,
-        "delay": setting.delay, "delay_seed": args.seed, "compute_s_per_eval": setting.compute_s_per_eval,
-        "seed": args.seed, "max_steps": args.steps, "batch_size": 16, "lr": arm.lr,
+        "strategy": arm.strategy,
+        "strategy_kwargs": arm.strategy_kwargs(args.seed),
+        "devices": 4,
+        "delay": setting.delay,
+        "delay_seed": args.seed,
+        "compute_s_per_eval": setting.compute_s_per_eval,
+        "seed": args.seed,
+        "max_steps": args.steps,
+        "batch_size": 16,
+        "lr": arm.lr,
         "model": {"sync_train_loss": False, **({"momentum": arm.momentum} if arm.momentum != RECIPE_MOMENTUM else {})},
         # no Lightning validation loop (its metric sync is a collective): rank 0 evaluates every val_every steps
-        "check_val_every_n_epoch": 100_000, "val_every_n_steps": args.val_every, "sync_loss": False,
-        "measure": True, "valve": None, "start_method": "popen", "out": str(out),
-        "wandb": None if not args.wandb else {
-            "project": args.wandb_project, "group": f"demo-{setting.key}", "name": f"{setting.key}__{arm.key}",
-            "offline": True, "tags": ["demo", setting.map_cell, arm.strategy],
-            "config": {"label": arm.label, "cell": setting.map_cell, "target_val_loss": args.target_loss}},
+        "check_val_every_n_epoch": 100_000,
+        "val_every_n_steps": args.val_every,
+        "sync_loss": False,
+        "measure": True,
+        "valve": None,
+        "start_method": "popen",
+        "out": str(out),
+        "wandb": None
+        if not args.wandb
+        else {
+            "project": args.wandb_project,
+            "group": f"demo-{setting.key}",
+            "name": f"{setting.key}__{arm.key}",
+            "offline": True,
+            "tags": ["demo", setting.map_cell, arm.strategy],
+            "config": {"label": arm.label, "cell": setting.map_cell, "target_val_loss": args.target_loss},
+        },
     }
 
 
@@ -179,8 +206,12 @@ def map_reference(path: Path = MAP) -> dict[tuple[str, str], dict[str, Any]]:
     if not path.is_file():
         return {}
     cells = json.loads(path.read_text())["cells"]
-    return {(cell, a["arm"]): {k: a["vs_dgd"][k] for k in ("estimate", "low", "high", "seeds")}
-            for cell, c in cells.items() for a in c["arms"] if a.get("vs_dgd")}
+    return {
+        (cell, a["arm"]): {k: a["vs_dgd"][k] for k in ("estimate", "low", "high", "seeds")}
+        for cell, c in cells.items()
+        for a in c["arms"]
+        if a.get("vs_dgd")
+    }
 
 
 def run_all(args: argparse.Namespace) -> list[Outcome]:
@@ -191,12 +222,17 @@ def run_all(args: argparse.Namespace) -> list[Outcome]:
     reference = map_reference()
     outcomes = []
     with Progress(
-        TextColumn("{task.description:<24}"), BarColumn(), TextColumn("{task.completed:>4.0f}/{task.total:.0f} steps"),
-        TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
+        TextColumn("{task.description:<24}"),
+        BarColumn(),
+        TextColumn("{task.completed:>4.0f}/{task.total:.0f} steps"),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
     ) as progress:
         runs = selected(args)
-        tasks = {(s.key, a.key): progress.add_task(f"{s.key}: {a.label}", total=args.steps, status="waiting")
-                 for s, a in runs}
+        tasks = {
+            (s.key, a.key): progress.add_task(f"{s.key}: {a.label}", total=args.steps, status="waiting")
+            for s, a in runs
+        }
         for setting, arm in runs:
             task = tasks[(setting.key, arm.key)]
             progress.update(task, status="starting ranks")
@@ -248,8 +284,11 @@ def split_vs_dgd(o: Outcome, outcomes: list[Outcome]) -> tuple[Optional[float], 
     dgd = next((d for d in outcomes if d.setting == o.setting and d.key == "dgd"), None)
     if dgd is None:
         return None, None, None
-    return (_ratio(o.time_to_target, dgd.time_to_target), _ratio(o.steps_to_target, dgd.steps_to_target),
-            _ratio(o.s_per_step, dgd.s_per_step))
+    return (
+        _ratio(o.time_to_target, dgd.time_to_target),
+        _ratio(o.steps_to_target, dgd.steps_to_target),
+        _ratio(o.s_per_step, dgd.s_per_step),
+    )
 
 
 def verdict(setting: Setting, outcomes: list[Outcome]) -> str:
@@ -264,13 +303,19 @@ def verdict(setting: Setting, outcomes: list[Outcome]) -> str:
         seen = "loses" if any(r.time_to_target is not None for r in refs.values()) else "ties"
     else:
         ratios = [_ratio(pgc.time_to_target, r.time_to_target) for r in refs.values()]
-        seen = ("wins" if all(r is None or r < 1 for r in ratios) else
-                "loses" if all(r is not None and r > 1 for r in ratios) else "ties")
+        seen = (
+            "wins"
+            if all(r is None or r < 1 for r in ratios)
+            else "loses"
+            if all(r is not None and r > 1 for r in ratios)
+            else "ties"
+        )
     time, steps, per_step = split_vs_dgd(pgc, outcomes)
     text = f"This run: {pgc.label} {seen}"
     if time is not None and steps is not None and per_step is not None:
-        text += (f" ({time:.2f}x dgd's time to the target: {steps:.2f}x its steps at {per_step:.2f}x its seconds "
-                 "per step)")
+        text += (
+            f" ({time:.2f}x dgd's time to the target: {steps:.2f}x its steps at {per_step:.2f}x its seconds per step)"
+        )
     elif time is not None:
         text += f" ({time:.2f}x dgd's time to the target)"
     if pgc.map_vs_dgd:
@@ -326,19 +371,27 @@ def plot(outcomes: list[Outcome], args: argparse.Namespace, path: Path) -> None:
     for ax, setting in zip(axes[0], settings):
         for o in outcomes:
             if o.setting == setting.key:
-                ax.plot([w for w, _, _ in o.val_curve], [v for _, _, v in o.val_curve], label=o.label,
-                        lw=2.2 if o.key == "pgc" else 1.2)
+                ax.plot(
+                    [w for w, _, _ in o.val_curve],
+                    [v for _, _, v in o.val_curve],
+                    label=o.label,
+                    lw=2.2 if o.key == "pgc" else 1.2,
+                )
         ax.axhline(args.target_loss, color="gray", ls=":", lw=1)
         ax.set_xlabel("wall-clock seconds since the first step")
         ax.set_ylabel(f"validation loss (every {args.val_every} steps)")
         ax.set_yscale("log")
         ax.grid(alpha=0.3)
         ax.legend()
-        lines = [setting.headline, *textwrap.wrap("why: " + setting.short_why, 90),
-                 *textwrap.wrap(verdict(setting, outcomes), 90)]
+        lines = [
+            setting.headline,
+            *textwrap.wrap("why: " + setting.short_why, 90),
+            *textwrap.wrap(verdict(setting, outcomes), 90),
+        ]
         ax.set_title("\n".join(lines), fontsize=8.5)
-    fig.suptitle(f"digits CNN, 4 CPU ranks on 2 cores, seed {args.seed}; each strategy at the map grid's rate "
-                 "and momentum")
+    fig.suptitle(
+        f"digits CNN, 4 CPU ranks on 2 cores, seed {args.seed}; each strategy at the map grid's rate and momentum"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -367,8 +420,11 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument("--val-every", type=int, default=20, help="steps between validation-loss measurements")
     p.add_argument("--seed", type=int, default=0, help="the delay realisation, weights, split and data streams")
     p.add_argument("--out", default="outputs/demo")
-    p.add_argument("--wandb", action="store_true",
-                   help="log every job as an offline W&B run (in its folder under --out; `wandb sync` uploads it)")
+    p.add_argument(
+        "--wandb",
+        action="store_true",
+        help="log every job as an offline W&B run (in its folder under --out; `wandb sync` uploads it)",
+    )
     p.add_argument("--wandb-project", default="lightning_pgc-demo")
     p.add_argument("--docs", action="store_true", help="also write docs/demo.md, docs/demo.json, docs/demo_loss.png")
     p.set_defaults(target_quantity="validation loss")  # saved with the settings: what the target is a value of
@@ -377,14 +433,16 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 def page(outcomes: list[Outcome], args: argparse.Namespace, command: str) -> str:
     """docs/demo.md: the command, the table, each setting's verdict, the PNG."""
-    verdicts = "\n\n".join(f"- **{s.headline}.** {verdict(s, outcomes)} Why: {s.why}"
-                           for s in shown_settings(outcomes))
+    verdicts = "\n\n".join(f"- **{s.headline}.** {verdict(s, outcomes)} Why: {s.why}" for s in shown_settings(outcomes))
     return (
         "# The demo's results\n\nProduced by `make demo` (here: `" + command + "`) on a 2-core, no-GPU machine; "
         "timings are noisy, compare rows of the same setting. One seed: the map's column is the paired ratio over "
         "its seeds, from [grid_map.json](grid_map.json) (docs/benchmarks.md). Every other number below is in "
-        "[demo.json](demo.json).\n\n" + markdown_table(outcomes, args) + "\n\n" + verdicts +
-        "\n\n![loss vs wall clock](demo_loss.png)\n"
+        "[demo.json](demo.json).\n\n"
+        + markdown_table(outcomes, args)
+        + "\n\n"
+        + verdicts
+        + "\n\n![loss vs wall clock](demo_loss.png)\n"
     )
 
 
@@ -396,14 +454,25 @@ def main(argv: Optional[list[str]] = None) -> None:
     console = Console()
     runs = selected(args)
     cells = ", ".join(f"{s.key} ({s.map_cell})" for s in SETTINGS.values() if any(r[0] is s for r in runs))
-    console.print(f"[bold]lightning_pgc demo[/]: {len(runs)} jobs x {args.steps} steps on 4 CPU processes, in the "
-                  f"map grid's settings {cells}")
+    console.print(
+        f"[bold]lightning_pgc demo[/]: {len(runs)} jobs x {args.steps} steps on 4 CPU processes, in the "
+        f"map grid's settings {cells}"
+    )
     outcomes = run_all(args)
 
     for setting in shown_settings(outcomes):
         table = Table(title=f"pgc {setting.key}: {setting.title} (time to validation loss {args.target_loss})")
-        for col in ("strategy", "lr, mom.", "to target (s)", "steps to it", "s/step", "vs dgd", "vs dgd, map",
-                    "val acc", "identical"):
+        for col in (
+            "strategy",
+            "lr, mom.",
+            "to target (s)",
+            "steps to it",
+            "s/step",
+            "vs dgd",
+            "vs dgd, map",
+            "val acc",
+            "identical",
+        ):
             table.add_column(col, justify="left" if col == "strategy" else "right")
         for o in outcomes:
             if o.setting != setting.key:
@@ -411,13 +480,15 @@ def main(argv: Optional[list[str]] = None) -> None:
             time = split_vs_dgd(o, outcomes)[0]
             m = o.map_vs_dgd
             table.add_row(
-                o.label, f"{o.lr:g}, {o.momentum:g}",
+                o.label,
+                f"{o.lr:g}, {o.momentum:g}",
                 "-" if o.time_to_target is None else f"{o.time_to_target:.1f}",
                 "-" if o.steps_to_target is None else f"{o.steps_to_target:.0f}",
                 "-" if o.s_per_step is None else f"{o.s_per_step:.3f}",
                 "-" if time is None or o.key == "dgd" else f"{time:.2f}x",
                 "-" if m is None else f"{m['estimate']:.2f}x [{m['low']:.2f}, {m['high']:.2f}]",
-                f"{o.val_acc:.3f}", "yes" if o.identical else "NO",
+                f"{o.val_acc:.3f}",
+                "yes" if o.identical else "NO",
             )
         console.print(table)
         console.print(f"[bold]{setting.headline}.[/] {verdict(setting, outcomes)} Why: {setting.why}")
@@ -432,8 +503,11 @@ def main(argv: Optional[list[str]] = None) -> None:
         docs = ROOT / "docs"
         plot(outcomes, args, docs / "demo_loss.png")
         command = ("python -m lightning_pgc.demo " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
-        (docs / "demo.json").write_text(json.dumps(
-            {"command": command, "settings": vars(args), "results": [_row(o, outcomes) for o in outcomes]}, indent=1))
+        (docs / "demo.json").write_text(
+            json.dumps(
+                {"command": command, "settings": vars(args), "results": [_row(o, outcomes) for o in outcomes]}, indent=1
+            )
+        )
         (docs / "demo.md").write_text(page(outcomes, args, command))
         written += [docs / "demo.md", docs / "demo.json", docs / "demo_loss.png"]
     for path in written:

@@ -65,8 +65,9 @@ class Fault(Callback):
             self._maybe_fire(trainer, pl_module)
 
     @override
-    def on_validation_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int,
-                                  dataloader_idx: int = 0) -> None:
+    def on_validation_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
         if self.during == ("sanity_check" if trainer.sanity_checking else "validation"):
             self._maybe_fire(trainer, pl_module)
 
@@ -134,8 +135,13 @@ class Freeze(_LastingFault):
     def fire(self, trainer: Trainer, pl_module: LightningModule) -> None:
         pid = os.getpid()
         # A stopped process cannot wake itself: a detached shell sends the SIGCONT.
-        subprocess.Popen(["/bin/sh", "-c", f"sleep {self.seconds}; kill -CONT {pid}"], start_new_session=True,
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        subprocess.Popen(
+            ["/bin/sh", "-c", f"sleep {self.seconds}; kill -CONT {pid}"],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         os.kill(pid, signal.SIGSTOP)
 
 

@@ -48,8 +48,12 @@ class Leadership:
         be the dead one)."""
         st = self.strategy
         scheme = st.scheme
-        return (st.failover is not False and scheme is not None and not launches_in_rank_zero(st)
-                and getattr(st, "data_plane", "sharded") == "sharded")
+        return (
+            st.failover is not False
+            and scheme is not None
+            and not launches_in_rank_zero(st)
+            and getattr(st, "data_plane", "sharded") == "sharded"
+        )
 
     def pin_loggers(self, trainer: "pl.Trainer") -> None:
         """Every rank learns rank 0's logger runs, so that a successor continues them instead of starting new ones
@@ -81,15 +85,25 @@ class Leadership:
         dead, self.rank = self.rank, runtime.leader_rank
         if dead == st.global_rank:  # this rank froze and was replaced: it gives the seat up
             make_rank_zero(False, st.world_size)
-            log.warning("PGC rank %d: rank %d took over as leader while this rank was frozen; it writes the "
-                        "checkpoints and the loggers' runs from step %d on", dead, self.rank, trainer.global_step)
+            log.warning(
+                "PGC rank %d: rank %d took over as leader while this rank was frozen; it writes the "
+                "checkpoints and the loggers' runs from step %d on",
+                dead,
+                self.rank,
+                trainer.global_step,
+            )
             return
         if self.rank != st.global_rank:
             return
         make_rank_zero()
         continue_loggers(trainer.loggers)
-        log.warning("PGC rank %d: rank %d (the leader) died or froze; this rank leads from step %d on: it writes the "
-                    "checkpoints and the loggers' runs from now on", self.rank, dead, trainer.global_step)
+        log.warning(
+            "PGC rank %d: rank %d (the leader) died or froze; this rank leads from step %d on: it writes the "
+            "checkpoints and the loggers' runs from now on",
+            self.rank,
+            dead,
+            trainer.global_step,
+        )
 
     def source(self, src: int) -> int:
         """The rank a broadcast from ``src`` comes from: Lightning broadcasts from rank 0, whose seat may have moved."""

@@ -14,11 +14,30 @@ STRATEGY_SCHEMES: tuple[str, ...] = SCHEMES + ("bounded",)
 
 
 def check_options(
-    *, scheme: str, stragglers: int, replication: Optional[int], staleness: Optional[int], fresh: Optional[int],
-    widen_after: Optional[float], max_staleness: Optional[int], choice: Optional[str], warmup: str, timeout: float,
-    max_lag: Optional[int], heartbeat_interval: float, heartbeat_misses: int, nonfinite: str, shard_bytes: int,
-    seed: int, diagnostics: bool, diagnostics_every: int, max_condition: float, failover: Optional[bool] = None,
-    staleness_correction: str = "none", lookahead_steps: Optional[float] = None, dc_lambda: Optional[float] = None,
+    *,
+    scheme: str,
+    stragglers: int,
+    replication: Optional[int],
+    staleness: Optional[int],
+    fresh: Optional[int],
+    widen_after: Optional[float],
+    max_staleness: Optional[int],
+    choice: Optional[str],
+    warmup: str,
+    timeout: float,
+    max_lag: Optional[int],
+    heartbeat_interval: float,
+    heartbeat_misses: int,
+    nonfinite: str,
+    shard_bytes: int,
+    seed: int,
+    diagnostics: bool,
+    diagnostics_every: int,
+    max_condition: float,
+    failover: Optional[bool] = None,
+    staleness_correction: str = "none",
+    lookahead_steps: Optional[float] = None,
+    dc_lambda: Optional[float] = None,
 ) -> None:
     """Check PGCStrategy's own arguments (types first, then values).
 
@@ -39,8 +58,12 @@ def check_options(
     _check_type("heartbeat_interval", heartbeat_interval, Real)
     _check_type("heartbeat_misses", heartbeat_misses, Integral)
     _check_type("nonfinite", nonfinite, str)
-    for name, value in (("replication", replication), ("staleness", staleness), ("fresh", fresh),
-                        ("max_staleness", max_staleness)):
+    for name, value in (
+        ("replication", replication),
+        ("staleness", staleness),
+        ("fresh", fresh),
+        ("max_staleness", max_staleness),
+    ):
         _check_type(name, value, (Integral, type(None)))
     _check_type("widen_after", widen_after, (Real, type(None)))
     _check_type("choice", choice, (str, type(None)))
@@ -51,8 +74,14 @@ def check_options(
         raise ValueError(f"stragglers must be >= 0, got {stragglers}")
     if seed < 0:
         raise ValueError(f"seed must be >= 0, got {seed}")
-    bounded_args = {"replication": replication, "staleness": staleness, "fresh": fresh,
-                    "widen_after": widen_after, "max_staleness": max_staleness, "choice": choice}
+    bounded_args = {
+        "replication": replication,
+        "staleness": staleness,
+        "fresh": fresh,
+        "widen_after": widen_after,
+        "max_staleness": max_staleness,
+        "choice": choice,
+    }
     if scheme != "bounded" and any(v is not None for v in bounded_args.values()):
         given = sorted(k for k, v in bounded_args.items() if v is not None)
         raise ValueError(f"{given} apply to scheme='bounded' only (scheme={scheme!r} uses `stragglers`)")
@@ -69,8 +98,9 @@ def check_options(
     if timeout <= 0:
         raise ValueError(f"timeout must be positive seconds, got {timeout}")
     if heartbeat_interval <= 0 or heartbeat_misses < 1:
-        raise ValueError(f"need heartbeat_interval > 0 and heartbeat_misses >= 1, got {heartbeat_interval} and "
-                         f"{heartbeat_misses}")
+        raise ValueError(
+            f"need heartbeat_interval > 0 and heartbeat_misses >= 1, got {heartbeat_interval} and {heartbeat_misses}"
+        )
     if nonfinite not in ("skip", "raise"):
         raise ValueError(f"nonfinite must be 'skip' or 'raise', got {nonfinite!r}")
     if max_lag is not None and max_lag < 1:
@@ -90,18 +120,26 @@ def _check_correction(scheme: str, kind: Any, lookahead_steps: Any, dc_lambda: A
     if kind not in CORRECTIONS:
         raise ValueError(f"staleness_correction must be one of {', '.join(CORRECTIONS)}, got {kind!r}")
     if kind != "none" and scheme not in STALE_SCHEMES:
-        raise ValueError(f"staleness_correction={kind!r}: scheme {scheme!r} uses fresh gradients only, there is no "
-                         f"staleness to correct (the corrections apply to {', '.join(STALE_SCHEMES)})")
+        raise ValueError(
+            f"staleness_correction={kind!r}: scheme {scheme!r} uses fresh gradients only, there is no "
+            f"staleness to correct (the corrections apply to {', '.join(STALE_SCHEMES)})"
+        )
     if kind == "delay_compensation" and scheme == "bounded":
-        raise ValueError("staleness_correction='delay_compensation' corrects the stale entries a rank encodes; under "
-                         "scheme='bounded' a rank sends only its fresh gradient and the aggregator reuses the stale "
-                         "ones: use 'momentum' or 'lookahead'")
+        raise ValueError(
+            "staleness_correction='delay_compensation' corrects the stale entries a rank encodes; under "
+            "scheme='bounded' a rank sends only its fresh gradient and the aggregator reuses the stale "
+            "ones: use 'momentum' or 'lookahead'"
+        )
     if lookahead_steps is not None and (kind != "lookahead" or lookahead_steps < 0):
-        raise ValueError(f"lookahead_steps must be >= 0 and applies to staleness_correction='lookahead' only, got "
-                         f"{lookahead_steps} with {kind!r}")
+        raise ValueError(
+            f"lookahead_steps must be >= 0 and applies to staleness_correction='lookahead' only, got "
+            f"{lookahead_steps} with {kind!r}"
+        )
     if dc_lambda is not None and (kind != "delay_compensation" or dc_lambda < 0):
-        raise ValueError(f"dc_lambda must be >= 0 and applies to staleness_correction='delay_compensation' only, got "
-                         f"{dc_lambda} with {kind!r}")
+        raise ValueError(
+            f"dc_lambda must be >= 0 and applies to staleness_correction='delay_compensation' only, got "
+            f"{dc_lambda} with {kind!r}"
+        )
 
 
 def _check_type(name: str, value: Any, types: Union[type, tuple[type, ...]]) -> None:

@@ -92,19 +92,31 @@ class PipelineState:
             raise ValueError(f"not a PGC pipeline file of format {FORMAT} (found {found!r})")
         try:
             entries = {int(p): (int(e["version"]), e["flat"]) for p, e in data["entries"].items()}
-            state = cls(rank=int(data["rank"]), world_size=int(data["world_size"]), scheme=str(data["scheme"]),
-                        partitions=tuple(int(p) for p in data["partitions"]), seed=int(data["seed"]),
-                        grad_numel=int(data["grad_numel"]), dtype=str(data["dtype"]),
-                        global_step=int(data["global_step"]), warm_start=int(data["warm_start"]), entries=entries)
+            state = cls(
+                rank=int(data["rank"]),
+                world_size=int(data["world_size"]),
+                scheme=str(data["scheme"]),
+                partitions=tuple(int(p) for p in data["partitions"]),
+                seed=int(data["seed"]),
+                grad_numel=int(data["grad_numel"]),
+                dtype=str(data["dtype"]),
+                global_step=int(data["global_step"]),
+                warm_start=int(data["warm_start"]),
+                entries=entries,
+            )
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"malformed PGC pipeline file ({type(err).__name__}: {err})") from err
         for p, (version, flat) in entries.items():
             if not isinstance(flat, Tensor) or flat.dim() != 1 or flat.numel() < state.grad_numel + 1:
-                raise ValueError(f"malformed PGC pipeline file: partition {p}'s entry is not a flat gradient of at "
-                                 f"least {state.grad_numel + 1} elements")
+                raise ValueError(
+                    f"malformed PGC pipeline file: partition {p}'s entry is not a flat gradient of at "
+                    f"least {state.grad_numel + 1} elements"
+                )
             if p not in state.partitions or not 0 <= version < state.global_step:
-                raise ValueError(f"malformed PGC pipeline file: entry of partition {p} at version {version} (holds "
-                                 f"{list(state.partitions)}, saved at step {state.global_step})")
+                raise ValueError(
+                    f"malformed PGC pipeline file: entry of partition {p} at version {version} (holds "
+                    f"{list(state.partitions)}, saved at step {state.global_step})"
+                )
         return state
 
     def mismatch(self, expected: PipelineState) -> Optional[str]:
@@ -118,8 +130,11 @@ class PipelineState:
             ("seed (partition split and data streams)", self.seed, expected.seed),
             ("gradient size (the model changed)", self.grad_numel, expected.grad_numel),
             ("payload dtype", self.dtype, expected.dtype),
-            ("global step (this file belongs to another save of the checkpoint)", self.global_step,
-             expected.global_step),
+            (
+                "global step (this file belongs to another save of the checkpoint)",
+                self.global_step,
+                expected.global_step,
+            ),
         )
         for what, saved, now in checks:
             if saved != now:

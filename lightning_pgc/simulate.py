@@ -154,8 +154,15 @@ def _default_leader(scheme: Scheme, steps: int) -> Leader:
     return Leader(scheme, scheme.n, 0, timeout=math.inf, max_lag=1 << 30, keep_records=keep, now=0.0)
 
 
-def simulate(scheme: Scheme, steps: int, delay: Union[DelayModel, str] = "none", costs: Costs = Costs(),
-             delay_seed: int = 0, scale: float = 1.0, leader: Optional[Leader] = None) -> SimResult:
+def simulate(
+    scheme: Scheme,
+    steps: int,
+    delay: Union[DelayModel, str] = "none",
+    costs: Costs = Costs(),
+    delay_seed: int = 0,
+    scale: float = 1.0,
+    leader: Optional[Leader] = None,
+) -> SimResult:
     """Simulate ``steps`` versions of ``scheme`` on ``scheme.n`` ranks with the delays of ``delay`` (times ``scale``,
     realisation ``delay_seed``, as :class:`~lightning_pgc.StragglerInjector` sleeps them) and the given ``costs``.
 
@@ -239,7 +246,8 @@ def simulate(scheme: Scheme, steps: int, delay: Union[DelayModel, str] = "none",
                 if len(records) >= steps:
                     break
     if len(records) < steps or any(len(t) < steps for t in res.applied):
-        raise RuntimeError(f"simulation stalled at version {len(records)} of {steps}: no admissible set of codes "
-                           f"(scheme {scheme!r}, leader waiting since {records[-1].closed_at if records else 0.0})")
+        raise RuntimeError(
+            f"simulation stalled at version {len(records)} of {steps}: no admissible set of codes "
+            f"(scheme {scheme!r}, leader waiting since {records[-1].closed_at if records else 0.0})"
+        )
     return res
-

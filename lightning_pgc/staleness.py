@@ -27,8 +27,15 @@ from typing import Any, Iterator, Mapping, Optional, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["CORRECTIONS", "StalenessCorrection", "accounted_momentum", "delay_compensate", "implicit_momentum",
-           "nominal_mean_age", "set_momentum"]
+__all__ = [
+    "CORRECTIONS",
+    "StalenessCorrection",
+    "accounted_momentum",
+    "delay_compensate",
+    "implicit_momentum",
+    "nominal_mean_age",
+    "set_momentum",
+]
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +101,8 @@ def set_momentum(optimizer: torch.optim.Optimizer, mean_age: float) -> list[tupl
             raise ValueError(
                 f"staleness_correction='momentum' adjusts the optimizer's momentum, but param group {i} of "
                 f"{type(optimizer).__name__} has neither 'momentum' nor 'betas'; use 'lookahead' or "
-                "'delay_compensation' with this optimizer")
+                "'delay_compensation' with this optimizer"
+            )
         applied = accounted_momentum(chosen, mean_age)
         group["pgc_momentum"] = chosen
         if key == "momentum":
@@ -132,8 +140,9 @@ class StalenessCorrection:
         window: how many versions back a cached entry can be (``c``): older snapshots are dropped.
     """
 
-    def __init__(self, kind: str, mean_age: float, *, lookahead: Optional[float] = None, dc_lambda: float = 0.04,
-                 window: int = 2) -> None:
+    def __init__(
+        self, kind: str, mean_age: float, *, lookahead: Optional[float] = None, dc_lambda: float = 0.04, window: int = 2
+    ) -> None:
         if kind not in CORRECTIONS:
             raise ValueError(f"staleness_correction must be one of {', '.join(CORRECTIONS)}, got {kind!r}")
         self.kind = kind
@@ -144,8 +153,15 @@ class StalenessCorrection:
         self._snapshots: dict[int, Tensor] = {}  # version -> flat parameters at that version
 
     @classmethod
-    def for_fit(cls, kind: str, scheme: Any, optimizers: Sequence[torch.optim.Optimizer], *,
-                lookahead: Optional[float] = None, dc_lambda: float = 0.04) -> "StalenessCorrection":
+    def for_fit(
+        cls,
+        kind: str,
+        scheme: Any,
+        optimizers: Sequence[torch.optim.Optimizer],
+        *,
+        lookahead: Optional[float] = None,
+        dc_lambda: float = 0.04,
+    ) -> "StalenessCorrection":
         """The correction for one fit of ``scheme``; under ``"momentum"`` it adjusts ``optimizers`` now
         (:func:`set_momentum`, identical on every rank)."""
         if kind == "none":
@@ -154,8 +170,12 @@ class StalenessCorrection:
         if kind == "momentum":
             for optimizer in optimizers:
                 for chosen, applied in set_momentum(optimizer, mean_age):
-                    log.info("PGC momentum accounting: momentum %.4g -> %.4g (window mean age %.3g)", chosen,
-                             applied, mean_age)
+                    log.info(
+                        "PGC momentum accounting: momentum %.4g -> %.4g (window mean age %.3g)",
+                        chosen,
+                        applied,
+                        mean_age,
+                    )
         window = scheme.window if getattr(scheme, "name", "") == "bounded" else scheme.c
         return cls(kind, mean_age, lookahead=lookahead, dc_lambda=dc_lambda, window=window)
 
@@ -212,8 +232,9 @@ class StalenessCorrection:
                 for p, old in zip(params, saved):
                     p.copy_(old)
 
-    def compensate(self, entries: Mapping[int, Tensor], versions: Mapping[int, int], version: int,
-                   numel: int) -> dict[int, Tensor]:
+    def compensate(
+        self, entries: Mapping[int, Tensor], versions: Mapping[int, int], version: int, numel: int
+    ) -> dict[int, Tensor]:
         """Under ``"delay_compensation"``: the entries to encode, each stale one (``versions[j] < version``) replaced
         by a corrected copy of its first ``numel`` values (the gradient; the tail, loss and padding, is kept).
         Fresh entries and every entry under other corrections are returned as they are (not copied).
@@ -234,4 +255,3 @@ class StalenessCorrection:
 
     def reset(self) -> None:
         self._snapshots.clear()
-

@@ -86,8 +86,9 @@ class StateTransfer:
         module = self.strategy.lightning_module
         assert module is not None
         buf = io.BytesIO()
-        torch.save({"model": module.state_dict(),
-                    "optimizers": [opt.state_dict() for opt in module.trainer.optimizers]}, buf)
+        torch.save(
+            {"model": module.state_dict(), "optimizers": [opt.state_dict() for opt in module.trainer.optimizers]}, buf
+        )
         return torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
 
     def load_state(self, state: Tensor) -> None:

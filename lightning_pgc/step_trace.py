@@ -65,8 +65,9 @@ class StepTimeTrace(Callback):
     def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._after_backward = time.perf_counter()
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         now = time.perf_counter()
         if self._t0 is None or self._forward is None:
             return  # e.g. a PGC rank that caught up without computing: no own work at this step
@@ -77,7 +78,7 @@ class StepTimeTrace(Callback):
         self.step_s.append(now - self._t0)
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        own = self.own_s[self.skip:]
+        own = self.own_s[self.skip :]
         n = trainer.world_size
         if n > 1:
             steps = torch.tensor([len(own)], dtype=torch.long)
@@ -89,6 +90,15 @@ class StepTimeTrace(Callback):
             ranks = [own]
         if trainer.is_global_zero:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.path.write_text(json.dumps({
-                "format": TRACE_FORMAT, "version": 1, "n": n, "strategy": type(trainer.strategy).__name__,
-                "own_s": ranks, "step_s": self.step_s[self.skip:]}))
+            self.path.write_text(
+                json.dumps(
+                    {
+                        "format": TRACE_FORMAT,
+                        "version": 1,
+                        "n": n,
+                        "strategy": type(trainer.strategy).__name__,
+                        "own_s": ranks,
+                        "step_s": self.step_s[self.skip :],
+                    }
+                )
+            )

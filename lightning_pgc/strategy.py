@@ -89,9 +89,13 @@ REGISTERED: dict[str, tuple[str, Optional[int], str]] = {
     "gc_fr": ("gc_fr", 1, "Gradient coding with fractional repetition (s=1)"),
     "ignore_stragglers": ("ignore", 1, "Average the fastest n-1 gradients, ignore the slowest rank"),
     "dgd": ("dgd", 0, "Distributed gradient descent through the PGC runtime (waits for all ranks)"),
-    "bounded_staleness": ("bounded", None, "Bounded-staleness table: replication 2, newest entry per partition "
-                                           "younger than c=2"),
+    "bounded_staleness": (
+        "bounded",
+        None,
+        "Bounded-staleness table: replication 2, newest entry per partition younger than c=2",
+    ),
 }
+
 
 @dataclass
 class StepInfo:
@@ -232,18 +236,38 @@ class PGCStrategy(DDPStrategy):
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
         failover: Optional[bool] = None,
     ) -> None:
-        check_options(scheme=scheme, stragglers=stragglers, replication=replication, staleness=staleness, fresh=fresh,
-                      widen_after=widen_after, max_staleness=max_staleness, choice=choice, warmup=warmup,
-                      timeout=timeout, max_lag=max_lag, heartbeat_interval=heartbeat_interval,
-                      heartbeat_misses=heartbeat_misses, nonfinite=nonfinite, shard_bytes=shard_bytes, seed=seed,
-                      diagnostics=diagnostics, diagnostics_every=diagnostics_every, max_condition=max_condition,
-                      failover=failover, staleness_correction=staleness_correction,
-                      lookahead_steps=lookahead_steps, dc_lambda=dc_lambda)
+        check_options(
+            scheme=scheme,
+            stragglers=stragglers,
+            replication=replication,
+            staleness=staleness,
+            fresh=fresh,
+            widen_after=widen_after,
+            max_staleness=max_staleness,
+            choice=choice,
+            warmup=warmup,
+            timeout=timeout,
+            max_lag=max_lag,
+            heartbeat_interval=heartbeat_interval,
+            heartbeat_misses=heartbeat_misses,
+            nonfinite=nonfinite,
+            shard_bytes=shard_bytes,
+            seed=seed,
+            diagnostics=diagnostics,
+            diagnostics_every=diagnostics_every,
+            max_condition=max_condition,
+            failover=failover,
+            staleness_correction=staleness_correction,
+            lookahead_steps=lookahead_steps,
+            dc_lambda=dc_lambda,
+        )
         if data_plane not in ("sharded", "collective"):
             raise ValueError(f"data_plane must be 'sharded' or 'collective', got {data_plane!r}")
         if data_plane == "collective" and failover:
-            raise ValueError("PGCStrategy(failover=True) needs data_plane='sharded': the collective data plane does not "
-                             "replace its leader yet")
+            raise ValueError(
+                "PGCStrategy(failover=True) needs data_plane='sharded': the collective data plane does not "
+                "replace its leader yet"
+            )
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -309,9 +333,14 @@ class PGCStrategy(DDPStrategy):
     # ------------------------------------------------------------------------------------------ configuration
     def _make_scheme(self, world_size: int) -> Scheme:
         if self.scheme_name == "bounded":
-            return BoundedScheme(world_size, 2 if self.replication is None else self.replication,
-                                 2 if self.staleness is None else self.staleness, fresh=self.fresh,
-                                 choice=self.choice or "round_robin", seed=self.seed)
+            return BoundedScheme(
+                world_size,
+                2 if self.replication is None else self.replication,
+                2 if self.staleness is None else self.staleness,
+                fresh=self.fresh,
+                choice=self.choice or "round_robin",
+                seed=self.seed,
+            )
         return make_scheme(
             self.scheme_name,
             world_size,
@@ -335,13 +364,19 @@ class PGCStrategy(DDPStrategy):
             host_store()  # this process starts the ranks: the control plane's store lives here, not in a rank
         # Lightning hands each call's model and loaders to the launcher: ``_preflight`` checks them there, before
         # any rank starts.
-        wrap_launcher(self, lambda launcher: surviving_launcher(launcher, self._live.reap_grace_s(), failover,
-                                                                preflight=self._preflight))
+        wrap_launcher(
+            self,
+            lambda launcher: surviving_launcher(
+                launcher, self._live.reap_grace_s(), failover, preflight=self._preflight
+            ),
+        )
         mark_launching_rank(self._launcher)
         if self.failover and launches_in_rank_zero(self):
-            raise ValueError("PGCStrategy(failover=True): rank 0 is the launching process under start_method='popen' "
-                             "(outside SLURM or torchrun), so its death ends the job; use start_method='fork' or "
-                             "'spawn', or leave failover unset")
+            raise ValueError(
+                "PGCStrategy(failover=True): rank 0 is the launching process under start_method='popen' "
+                "(outside SLURM or torchrun), so its death ends the job; use start_method='fork' or "
+                "'spawn', or leave failover unset"
+            )
 
     def _preflight(self, trainer: "pl.Trainer", args: tuple[Any, ...]) -> None:
         """Refuse, in the launching process, every setup PGC cannot run (see :mod:`lightning_pgc.compat`)."""
@@ -462,11 +497,14 @@ class PGCStrategy(DDPStrategy):
         if self._warm_start is None:
             self._warm_start = warm_start
         if self._warm_start != warm_start:
-            raise RuntimeError(f"PGC: training starts with the pipeline warmed up at step {warm_start}, data was laid "
-                               f"out for step {self._warm_start}")
+            raise RuntimeError(
+                f"PGC: training starts with the pipeline warmed up at step {warm_start}, data was laid "
+                f"out for step {self._warm_start}"
+            )
         wire_bytes = numel * torch.empty((), dtype=scheme.payload_dtype).element_size()
-        self._layout = ShardLayout(numel, self._grad_numel + 1,
-                                   choose_num_shards(wire_bytes, self.world_size, self.shard_bytes))
+        self._layout = ShardLayout(
+            numel, self._grad_numel + 1, choose_num_shards(wire_bytes, self.world_size, self.shard_bytes)
+        )
         message_bytes = self._layout.padded_numel * torch.empty((), dtype=dtype).element_size()
         make_leader = None
         window = scheme.c
@@ -482,12 +520,24 @@ class PGCStrategy(DDPStrategy):
             self._layout = ShardLayout(numel, self._grad_numel + 1, 1)  # codes: one flat buffer on the device
             store = open_store(self._timeout or default_pg_timeout)
             self.runtime = CollectiveRuntime(
-                scheme, store, rank=self.global_rank, world_size=self.world_size, numel=self._layout.padded_numel,
-                coded_numel=self._grad_numel + 1, agg_numel=numel, down_dtype=dtype,
-                start_version=trainer.global_step, timeout=self.liveness_timeout, max_lag=max_lag,
-                make_leader=make_leader, heartbeat_interval=self.heartbeat_interval,
-                heartbeat_misses=self.heartbeat_misses, device=self.root_device, prefix=run_prefix(self.global_rank),
-                keep_versions=window if isinstance(scheme, BoundedScheme) else None)
+                scheme,
+                store,
+                rank=self.global_rank,
+                world_size=self.world_size,
+                numel=self._layout.padded_numel,
+                coded_numel=self._grad_numel + 1,
+                agg_numel=numel,
+                down_dtype=dtype,
+                start_version=trainer.global_step,
+                timeout=self.liveness_timeout,
+                max_lag=max_lag,
+                make_leader=make_leader,
+                heartbeat_interval=self.heartbeat_interval,
+                heartbeat_misses=self.heartbeat_misses,
+                device=self.root_device,
+                prefix=run_prefix(self.global_rank),
+                keep_versions=window if isinstance(scheme, BoundedScheme) else None,
+            )
         else:
             self.runtime = self._sharded_runtime(trainer, scheme, dtype, max_lag, make_leader)
         self.runtime.start()
@@ -497,11 +547,17 @@ class PGCStrategy(DDPStrategy):
         self._rank_stats = []
         self._transfer.pending = None
         self._choices.reset()
-        self._staleness = StalenessCorrection.for_fit(self.staleness_correction, scheme, trainer.optimizers,
-                                                      lookahead=self.lookahead_steps, dc_lambda=self.dc_lambda)
+        self._staleness = StalenessCorrection.for_fit(
+            self.staleness_correction,
+            scheme,
+            trainer.optimizers,
+            lookahead=self.lookahead_steps,
+            dc_lambda=self.dc_lambda,
+        )
 
-    def _sharded_runtime(self, trainer: "pl.Trainer", scheme: Scheme, dtype: torch.dtype, max_lag: int,
-                         make_leader: Any) -> PGCRuntime:
+    def _sharded_runtime(
+        self, trainer: "pl.Trainer", scheme: Scheme, dtype: torch.dtype, max_lag: int, make_leader: Any
+    ) -> PGCRuntime:
         assert self._layout is not None
         return PGCRuntime(
             scheme,
@@ -537,8 +593,11 @@ class PGCStrategy(DDPStrategy):
             trainer = self.lightning_module.trainer if self.lightning_module is not None else None
             leave = trainer is not None and trainer.received_sigterm
             if leave:
-                log.warning("PGC rank %d: SIGTERM: leaving at step %d (the others go on while enough ranks are left)",
-                            self.global_rank, trainer.global_step)
+                log.warning(
+                    "PGC rank %d: SIGTERM: leaving at step %d (the others go on while enough ranks are left)",
+                    self.global_rank,
+                    trainer.global_step,
+                )
             self.runtime.stop(donate=self._transfer.state_bytes, leave=leave)
             self._leadership.follow()  # the leader may have died while this rank finished
             if trainer is not None:
@@ -581,9 +640,7 @@ class PGCStrategy(DDPStrategy):
 
     # ------------------------------------------------------------------------------------------ checkpoints
     @override
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], filepath: Any, storage_options: Optional[Any] = None
-    ) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Optional[Any] = None) -> None:
         """Rank 0 writes Lightning's checkpoint (with a ``pgc`` entry); during fit every rank also writes its stale
         cache to ``<filepath>.pgc/rank{k}.pt``, before the barrier that ``Trainer.save_checkpoint`` ends with.
 
@@ -653,8 +710,12 @@ class PGCStrategy(DDPStrategy):
             return super().all_gather(tensor, group=group, sync_grads=sync_grads)
         if live is ALONE or sync_grads:
             raise PGCUnsupportedError(
-                "`all_gather` during fit " + ("after SIGTERM (this rank is leaving)" if live is ALONE else
-                                              "with sync_grads=True (gradients through a gather)")
+                "`all_gather` during fit "
+                + (
+                    "after SIGTERM (this rank is leaving)"
+                    if live is ALONE
+                    else "with sync_grads=True (gradients through a gather)"
+                )
                 + " is not supported by PGCStrategy; gather outside fit, or use a reduce"
             )
         return live.all_gather(tensor)
@@ -744,8 +805,9 @@ class PGCStrategy(DDPStrategy):
         self._load_buffers(buffers)
         loss_t = loss_value.to(torch.float32).clone()
         set_closure_loss(closure, loss_t, skipped)
-        self.last_step = StepInfo(version, float(loss_t), skipped, () if skipped else self._evaluations, waited,
-                                  gradient)
+        self.last_step = StepInfo(
+            version, float(loss_t), skipped, () if skipped else self._evaluations, waited, gradient
+        )
         return loss_t
 
     def _compute_and_submit(self, version: int, closure: Callable[[], Any]) -> float:
@@ -770,8 +832,12 @@ class PGCStrategy(DDPStrategy):
                     "contains NaN or inf; lower the learning rate or clip gradients, or pass "
                     "PGCStrategy(nonfinite='skip') to drop such gradients and go on"
                 )
-            log.warning("PGC rank %d: non-finite gradient at step %d (partitions %s): not sent, evicted from the "
-                        "cache", self.global_rank, version, bad)
+            log.warning(
+                "PGC rank %d: non-finite gradient at step %d (partitions %s): not sent, evicted from the cache",
+                self.global_rank,
+                version,
+                bad,
+            )
             for p in bad:
                 cache.discard(p)  # its slot is the cache entry: the old value is overwritten anyway
         for partition in self._fresh.difference(bad):
@@ -848,8 +914,9 @@ class PGCStrategy(DDPStrategy):
         for p in self._params:
             n = p.numel()
             if p.requires_grad:  # frozen now (e.g. by a finetuning callback): no gradient, as without PGC
-                p.grad = _grad_view(gradient[offset : offset + n], p).to(device=p.device, dtype=p.dtype,
-                                                                          non_blocking=True)
+                p.grad = _grad_view(gradient[offset : offset + n], p).to(
+                    device=p.device, dtype=p.dtype, non_blocking=True
+                )
             else:
                 p.grad = None
             offset += n

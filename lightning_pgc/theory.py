@@ -84,9 +84,7 @@ def code_weights(scheme: Any, worker: int, present: Optional[Sequence[int]] = No
     return {j: float(code[j]) for j in parts}
 
 
-def copy_weights(
-    scheme: Any, received: Sequence[int], present: Optional[Mapping[int, Sequence[int]]] = None
-) -> Tensor:
+def copy_weights(scheme: Any, received: Sequence[int], present: Optional[Mapping[int, Sequence[int]]] = None) -> Tensor:
     """``W[k, j] = w_k(received) * b_kj(present_k)``: weight of rank ``k``'s copy of partition ``j`` in the aggregate.
 
     ``received`` is in arrival order (as the coordinator admitted it). With full caches this equals
@@ -145,13 +143,12 @@ def received_patterns(scheme: Any, max_patterns: int = 5000, seed: int = 0) -> l
     total = math.comb(n, m)
     if total <= max_patterns:
         return [(1.0 / total, p) for p in itertools.combinations(range(n), m)]
-    return [(1.0 / max_patterns, tuple(sorted(rng.choice(n, size=m, replace=False).tolist())))
-            for _ in range(max_patterns)]
+    return [
+        (1.0 / max_patterns, tuple(sorted(rng.choice(n, size=m, replace=False).tolist()))) for _ in range(max_patterns)
+    ]
 
 
-def pattern_rank_weights(
-    scheme: Any, patterns: Sequence[tuple[float, Sequence[int]]]
-) -> tuple[np.ndarray, np.ndarray]:
+def pattern_rank_weights(scheme: Any, patterns: Sequence[tuple[float, Sequence[int]]]) -> tuple[np.ndarray, np.ndarray]:
     """``(p, w)``: probabilities ``[P]`` and decoding weights ``w[P, n]`` (``w_k`` of rank ``k``'s code) per pattern."""
     probs = np.array([float(p) for p, _ in patterns], dtype=np.float64)
     weights = np.zeros((len(patterns), scheme.n), dtype=np.float64)

@@ -34,8 +34,20 @@ from numpy.typing import ArrayLike, NDArray
 
 from lightning_pgc.staleness import accounted_momentum
 
-__all__ = ["window_filter", "lookahead_filter", "compensated_filter", "filter_mean_age", "characteristic",
-           "spectral_radius", "boundary", "window_boundary_c2", "rate", "best_rate", "simulate", "corrected_filter"]
+__all__ = [
+    "window_filter",
+    "lookahead_filter",
+    "compensated_filter",
+    "filter_mean_age",
+    "characteristic",
+    "spectral_radius",
+    "boundary",
+    "window_boundary_c2",
+    "rate",
+    "best_rate",
+    "simulate",
+    "corrected_filter",
+]
 
 
 # =============================================================================================== gradient filters
@@ -136,8 +148,9 @@ def rate(aL: float, m: float, f: ArrayLike, kappa: float, points: int = 40) -> f
     return max(spectral_radius(aL * h, m, f) for h in np.geomspace(1.0 / kappa, 1.0, points))
 
 
-def best_rate(f: ArrayLike, kappa: float, momenta: Optional[Sequence[float]] = None,
-              rates: Optional[Sequence[float]] = None) -> tuple[float, float, float]:
+def best_rate(
+    f: ArrayLike, kappa: float, momenta: Optional[Sequence[float]] = None, rates: Optional[Sequence[float]] = None
+) -> tuple[float, float, float]:
     """``(rate, aL, m)``: the best :func:`rate` over a grid of momenta (default ``0, 0.02, ..., 0.98``) and of
     ``aL = lr L`` (default 60 values from 1e-2 to 8, log-spaced)."""
     momentum_grid: Iterable[float] = np.linspace(0.0, 0.98, 50) if momenta is None else momenta
@@ -169,8 +182,9 @@ def momentum_accounting(m: float, c: int) -> float:
 
 
 # ================================================================================================ the summary table
-def correction_table(cs: Sequence[int] = range(2, 9), momenta: Sequence[float] = (0.0, 0.9), kappa: float = 100.0,
-                     dc_lambda: float = 0.5) -> list[dict[str, Any]]:
+def correction_table(
+    cs: Sequence[int] = range(2, 9), momenta: Sequence[float] = (0.0, 0.9), kappa: float = 100.0, dc_lambda: float = 0.5
+) -> list[dict[str, Any]]:
     """Per ``c``, momentum ``m`` (the one the user sets) and correction: the stability boundary in ``a = lr h``, the
     boundary in effective-rate units ``a / (1 - m_applied)``, the best rate over ``aL`` (the grid of
     :func:`best_rate`) on a spectrum of condition number ``kappa`` and its steps per ``e``-fold error reduction.
@@ -178,13 +192,23 @@ def correction_table(cs: Sequence[int] = range(2, 9), momenta: Sequence[float] =
     rows: list[dict[str, Any]] = []
     for c in [1, *cs]:
         for m in momenta:
-            for correction in (("none",) if c == 1 else ("none", "momentum", "lookahead", "delay_compensation")):
+            for correction in ("none",) if c == 1 else ("none", "momentum", "lookahead", "delay_compensation"):
                 f = corrected_filter(correction, c, lam=dc_lambda)
                 applied = momentum_accounting(m, c) if correction == "momentum" else m
                 a_max = boundary(applied, f)
                 r, aL, _ = best_rate(f, kappa, momenta=[applied])
-                rows.append({"c": c, "momentum": m, "correction": correction, "momentum_applied": applied,
-                             "mean_age": filter_mean_age(f), "boundary": a_max,
-                             "effective_boundary": a_max / (1.0 - applied), "best_rate": r, "best_aL": aL,
-                             "steps_per_efold": -1.0 / math.log(r)})
+                rows.append(
+                    {
+                        "c": c,
+                        "momentum": m,
+                        "correction": correction,
+                        "momentum_applied": applied,
+                        "mean_age": filter_mean_age(f),
+                        "boundary": a_max,
+                        "effective_boundary": a_max / (1.0 - applied),
+                        "best_rate": r,
+                        "best_aL": aL,
+                        "steps_per_efold": -1.0 / math.log(r),
+                    }
+                )
     return rows

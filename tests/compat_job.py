@@ -118,8 +118,11 @@ class FeatureModule(pl.LightningModule):
         return [optimizer], [
             {"scheduler": torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.95), "interval": "step"},
             {"scheduler": torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=0.9), "interval": "epoch"},
-            {"scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0, factor=0.5),
-             "monitor": "val_loss", "interval": "epoch"},
+            {
+                "scheduler": torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=0, factor=0.5),
+                "monitor": "val_loss",
+                "interval": "epoch",
+            },
         ]
 
 
@@ -187,37 +190,71 @@ def main(case: str, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     pl.seed_everything(0, verbose=False)
     logger = RecordingLogger()
-    common = dict(accelerator="cpu", devices=2, strategy=PGCStrategy(timeout=60.0, diagnostics=False),
-                  logger=logger, enable_progress_bar=False, enable_model_summary=False)
+    common = dict(
+        accelerator="cpu",
+        devices=2,
+        strategy=PGCStrategy(timeout=60.0, diagnostics=False),
+        logger=logger,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     extra: dict[str, Any] = {}
     if case == "features":
         module: pl.LightningModule = FeatureModule()
         checkpoint = ModelCheckpoint(dirpath=out / "checkpoints", monitor="val_loss", save_top_k=1)
         watch = BackboneWatch()
-        callbacks = [PGCDiagnostics(**DIAGNOSTICS), BackboneFinetuning(unfreeze_backbone_at_epoch=1),
-                     checkpoint, EarlyStopping(monitor="val_loss", patience=3, min_delta=10.0), watch]
-        trainer = pl.Trainer(max_epochs=4, val_check_interval=0.5, gradient_clip_val=CLIP, log_every_n_steps=1,
-                             callbacks=callbacks, **common)
+        callbacks = [
+            PGCDiagnostics(**DIAGNOSTICS),
+            BackboneFinetuning(unfreeze_backbone_at_epoch=1),
+            checkpoint,
+            EarlyStopping(monitor="val_loss", patience=3, min_delta=10.0),
+            watch,
+        ]
+        trainer = pl.Trainer(
+            max_epochs=4,
+            val_check_interval=0.5,
+            gradient_clip_val=CLIP,
+            log_every_n_steps=1,
+            callbacks=callbacks,
+            **common,
+        )
         data = Samples()
         train = DataLoader(data, batch_size=8, shuffle=True, collate_fn=collate)
         val = DataLoader(data, batch_size=16, collate_fn=collate)
         trainer.fit(module, train, val)
-        extra = {"seen": module.seen, "backbone": watch.sums, "best_model_path": checkpoint.best_model_path,
-                 "lrs": [g["lr"] for g in trainer.optimizers[0].param_groups],
-                 "param_groups": len(trainer.optimizers[0].param_groups)}
+        extra = {
+            "seen": module.seen,
+            "backbone": watch.sums,
+            "best_model_path": checkpoint.best_model_path,
+            "lrs": [g["lr"] for g in trainer.optimizers[0].param_groups],
+            "param_groups": len(trainer.optimizers[0].param_groups),
+        }
     elif case == "timed":
         module = TinyModule()
         g = torch.Generator().manual_seed(1)
         x = torch.randn(256, 4, generator=g)
         data = TensorDataset(x, (x[:, 0] > 0).long())
-        trainer = pl.Trainer(max_steps=100_000, max_time={"seconds": 5}, precision="bf16-mixed", log_every_n_steps=50,
-                             callbacks=[PGCDiagnostics(**DIAGNOSTICS)], enable_checkpointing=False, **common)
+        trainer = pl.Trainer(
+            max_steps=100_000,
+            max_time={"seconds": 5},
+            precision="bf16-mixed",
+            log_every_n_steps=50,
+            callbacks=[PGCDiagnostics(**DIAGNOSTICS)],
+            enable_checkpointing=False,
+            **common,
+        )
         trainer.fit(module, DataLoader(data, batch_size=8, shuffle=True))
     else:
         raise SystemExit(f"unknown case {case!r}")
     rank = trainer.global_rank
-    result = {"rank": rank, "global_step": trainer.global_step, "checksum": checksum(module),
-              "skipped_steps": trainer.strategy.skipped_steps, "should_stop": trainer.should_stop, **extra}
+    result = {
+        "rank": rank,
+        "global_step": trainer.global_step,
+        "checksum": checksum(module),
+        "skipped_steps": trainer.strategy.skipped_steps,
+        "should_stop": trainer.should_stop,
+        **extra,
+    }
     (out / f"rank{rank}.json").write_text(json.dumps(result))
     if rank == 0:
         (out / "logged.json").write_text(json.dumps(logger.calls))

@@ -23,8 +23,15 @@ if __name__ == "__main__":
     out, scheme, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
     pl.seed_everything(0)
     trainer = pl.Trainer(
-        accelerator="cpu", devices=4, max_steps=steps, logger=False, enable_progress_bar=False,
-        enable_model_summary=False, enable_checkpointing=False, num_sanity_val_steps=0, limit_val_batches=0,
+        accelerator="cpu",
+        devices=4,
+        max_steps=steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
         strategy=PGCStrategy(scheme=scheme, stragglers=1, start_method="fork", diagnostics=False),
         callbacks=[ScheduleRecorder(out), StragglerInjector(DELAY, seed=0)],
     )

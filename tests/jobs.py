@@ -55,8 +55,14 @@ def soak(tmp_path, shard_bytes=None):
     """The soak job and its checks (``shard_bytes``: ``PGCStrategy(shard_bytes=...)``, default if None)."""
     kwargs = {"max_lag": MAX_LAG, **({"shard_bytes": shard_bytes} if shard_bytes else {})}
     job = run_job(
-        tmp_path, "soak", strategy="pgc_cr", devices=4, max_steps=300, check_val_every_n_epoch=100,
-        delay="lognormal(median=0.003, sigma=0.5)", strategy_kwargs=kwargs,
+        tmp_path,
+        "soak",
+        strategy="pgc_cr",
+        devices=4,
+        max_steps=300,
+        check_val_every_n_epoch=100,
+        delay="lognormal(median=0.003, sigma=0.5)",
+        strategy_kwargs=kwargs,
         faults=[{"kind": "Stall", "rank": r, "step": k, "seconds": 1.0} for r, k in ((1, 60), (2, 140), (3, 220))],
         resources=[50, 150],
     )

@@ -76,8 +76,21 @@ class _NoSend:
         return None
 
 
-def make_runtimes(scheme, timeout=5.0, max_lag=1000, shards=None, plain=0, numel=D, log=None, hold=None,
-                  ranks=None, heartbeat=(0.2, 15), wrap=None, failover=False, frozen_failover=False):
+def make_runtimes(
+    scheme,
+    timeout=5.0,
+    max_lag=1000,
+    shards=None,
+    plain=0,
+    numel=D,
+    log=None,
+    hold=None,
+    ranks=None,
+    heartbeat=(0.2, 15),
+    wrap=None,
+    failover=False,
+    frozen_failover=False,
+):
     """Runtimes of ``scheme`` on in-process queues; ``ranks``: the ranks started (others never come up, as dead
     processes); ``wrap``: rank -> a transport wrapper."""
     hub = QueueHub(scheme.n)
@@ -89,10 +102,23 @@ def make_runtimes(scheme, timeout=5.0, max_lag=1000, shards=None, plain=0, numel
             transport = RecordingTransport(transport, log, hold)
         if wrap and r in wrap:
             transport = wrap[r](transport)
-        runtimes.append(PGCRuntime(scheme, transport, rank=r, world_size=scheme.n, layout=layout,
-                                   down_dtype=torch.float32, start_version=0, timeout=timeout, max_lag=max_lag,
-                                   heartbeat_interval=heartbeat[0], heartbeat_misses=heartbeat[1],
-                                   failover=failover, frozen_failover=frozen_failover))
+        runtimes.append(
+            PGCRuntime(
+                scheme,
+                transport,
+                rank=r,
+                world_size=scheme.n,
+                layout=layout,
+                down_dtype=torch.float32,
+                start_version=0,
+                timeout=timeout,
+                max_lag=max_lag,
+                heartbeat_interval=heartbeat[0],
+                heartbeat_misses=heartbeat[1],
+                failover=failover,
+                frozen_failover=frozen_failover,
+            )
+        )
     for rt in runtimes:
         rt.hub = hub
         rt.start()

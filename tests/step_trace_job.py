@@ -15,7 +15,16 @@ from lightning_pgc.stragglers import StragglerInjector
 
 if __name__ == "__main__":
     out = sys.argv[1]
-    t = pl.Trainer(accelerator="cpu", devices=2, strategy="ddp_fork", max_steps=14, logger=False, enable_progress_bar=False,
-                   enable_model_summary=False, enable_checkpointing=False, limit_val_batches=0,
-                   callbacks=[StepTimeTrace(out, skip=2), StragglerInjector("slowranks(ranks=[1], seconds=0.1)")])
+    t = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy="ddp_fork",
+        max_steps=14,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+        callbacks=[StepTimeTrace(out, skip=2), StragglerInjector("slowranks(ranks=[1], seconds=0.1)")],
+    )
     t.fit(DigitsCNN(), DigitsDataModule(batch_size=16))

@@ -14,6 +14,7 @@ from lightning_pgc.step_trace import TRACE_FORMAT
 N, STEPS = 4, 60
 ARMS = ("gc_cr", "pgc_cr")  # two of the coded arms keep the test short
 
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     """The emulator's small batched kernels run best on one thread (and leave the other core to the machine)."""
@@ -23,7 +24,6 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
-
 def _base(seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     return 0.1 + rng.lognormal(np.log(0.005), 0.3, size=(N, STEPS))  # 100 ms of work, a few ms of jitter
@@ -31,8 +31,18 @@ def _base(seed: int = 0) -> np.ndarray:
 
 def _write(tmp_path, own: np.ndarray):
     path = tmp_path / "trace.json"
-    path.write_text(json.dumps({"format": TRACE_FORMAT, "version": 1, "n": N, "strategy": "DDPStrategy",
-                                "own_s": own.tolist(), "step_s": own.max(axis=0).tolist()}))
+    path.write_text(
+        json.dumps(
+            {
+                "format": TRACE_FORMAT,
+                "version": 1,
+                "n": N,
+                "strategy": "DDPStrategy",
+                "own_s": own.tolist(),
+                "step_s": own.max(axis=0).tolist(),
+            }
+        )
+    )
     return path
 
 
@@ -85,9 +95,17 @@ def test_step_trace_callback_records_own_times(tmp_path):
     from lightning_pgc.stragglers import StragglerInjector
 
     path = tmp_path / "trace.json"
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=12, logger=False, enable_progress_bar=False,
-                         enable_model_summary=False, enable_checkpointing=False, limit_val_batches=0,
-                         callbacks=[StepTimeTrace(str(path), skip=2), StragglerInjector("constant(seconds=0.05)")])
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=12,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        limit_val_batches=0,
+        callbacks=[StepTimeTrace(str(path), skip=2), StragglerInjector("constant(seconds=0.05)")],
+    )
     trainer.fit(DigitsCNN(), DigitsDataModule(batch_size=16))
     data = json.loads(path.read_text())
     assert data["format"] == TRACE_FORMAT and data["n"] == 1
@@ -106,8 +124,14 @@ def test_step_trace_under_ddp_names_the_slow_rank(tmp_path):
     root = Path(__file__).resolve().parents[1]
     path = tmp_path / "trace.json"
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, str(root / "tests" / "step_trace_job.py"), str(path)], check=True, env=env,
-                   cwd=tmp_path, timeout=240, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(root / "tests" / "step_trace_job.py"), str(path)],
+        check=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=240,
+        capture_output=True,
+    )
     data = json.loads(path.read_text())
     assert data["n"] == 2 and data["strategy"] == "DDPStrategy"
     fast, slow = (statistics.median(r) for r in data["own_s"])

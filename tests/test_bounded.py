@@ -76,8 +76,15 @@ def test_oldest_choice_rule_exhaustive_on_small_cases():
     assert BoundedScheme(4, 2, 2).sampled(1, 5) == (2,)
 
 
-def _simulate_choices(n: int, r: int, late: list[Optional[int]], slow: Optional[int], count_own: bool,
-                      skips: frozenset = frozenset(), count_skipped: bool = True):
+def _simulate_choices(
+    n: int,
+    r: int,
+    late: list[Optional[int]],
+    slow: Optional[int],
+    count_own: bool,
+    skips: frozenset = frozenset(),
+    count_skipped: bool = True,
+):
     """Pure model of the leader and ``n`` ranks under ``choice="oldest"``: at each step every rank except ``slow``
     picks a partition from the table ages at the last close (and its own codes when ``count_own``); the code of rank
     ``late[t]`` misses the close of ``t`` and enters the table just after it; a rank with ``(rank, t)`` in ``skips``
@@ -117,8 +124,9 @@ def test_oldest_choice_keeps_a_full_rotation_when_one_code_per_step_misses_the_c
         for late in itertools.product(range(n), repeat=4):
             for chosen, _ in _simulate_choices(n, 2, list(late), None, count_own=True):
                 assert sorted(chosen.values()) == list(range(n)), (n, late)
-            duplicated_without_own |= any(len(set(c.values())) < n
-                                          for c, _ in _simulate_choices(n, 2, list(late), None, count_own=False))
+            duplicated_without_own |= any(
+                len(set(c.values())) < n for c, _ in _simulate_choices(n, 2, list(late), None, count_own=False)
+            )
         assert duplicated_without_own
 
 
@@ -189,8 +197,9 @@ def test_decode_is_the_weighted_mean_over_partitions_float64_reference():
                         scheme.decode({i: grads[i] for i in parts})
                     continue
                 part = sum(w[i] * grads[i].numpy() for i in parts) / sum(w[i] for i in parts)
-                np.testing.assert_allclose(scheme.decode({i: grads[i] for i in parts}).numpy(), part, rtol=1e-13,
-                                           atol=1e-14)
+                np.testing.assert_allclose(
+                    scheme.decode({i: grads[i] for i in parts}).numpy(), part, rtol=1e-13, atol=1e-14
+                )
         with pytest.raises(ValueError, match="cannot decode"):
             scheme.decode({})
 
@@ -463,8 +472,14 @@ def test_a_version_that_cannot_be_covered_fails_naming_partitions_and_holders():
 def _trainer(strategy, devices=4):
     import lightning.pytorch as pl
 
-    return pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False,
-                      enable_progress_bar=False, enable_checkpointing=False)
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+    )
 
 
 def test_registered_name_and_bad_configurations_fail_in_the_launching_process():
@@ -499,11 +514,18 @@ def test_real_ranks_persistent_slow_rank_bounded_ages_identical_replicas_and_win
     from tests.jobs import run_job
 
     steps = 30
-    job = run_job(tmp_path, "bounded", strategy="bounded_staleness",
-                  strategy_kwargs={"staleness": 3, "shard_bytes": 4096, "choice": choice}, devices=4, max_steps=steps,
-                  delay="slowranks(ranks=[3], seconds=1.0)", check_val_every_n_epoch=100,
-                  diagnostics={"every_n_steps": 5},
-                  valve={"action": "window", "threshold": 0.0, "check_every_n_steps": 5, "min_window": 2})
+    job = run_job(
+        tmp_path,
+        "bounded",
+        strategy="bounded_staleness",
+        strategy_kwargs={"staleness": 3, "shard_bytes": 4096, "choice": choice},
+        devices=4,
+        max_steps=steps,
+        delay="slowranks(ranks=[3], seconds=1.0)",
+        check_val_every_n_epoch=100,
+        diagnostics={"every_n_steps": 5},
+        valve={"action": "window", "threshold": 0.0, "check_every_n_steps": 5, "min_window": 2},
+    )
     ranks = job["ranks"]
     assert len({r["checksum"] for r in ranks}) == 1 and {r["global_step"] for r in ranks} == {steps}
     assert ranks[3]["injected_sleep_s"] >= 1.0 and ranks[3]["skipped_steps"] >= 1
@@ -533,5 +555,6 @@ def test_real_ranks_persistent_slow_rank_bounded_ages_identical_replicas_and_win
         parts = h["pgc/bounded/err_staleness"] + h["pgc/bounded/err_noise"] + h["pgc/bounded/err_cross"]
         assert parts == pytest.approx(h["pgc/bounded/err_total"], rel=1e-6, abs=1e-9)
         assert h["pgc/bounded/err_card_rhs"] + h["pgc/bounded/err_card_gap"] == pytest.approx(
-            h["pgc/bounded/err_total"], rel=1e-6, abs=1e-9)
+            h["pgc/bounded/err_total"], rel=1e-6, abs=1e-9
+        )
         assert -1.0 <= h["pgc/bounded/stale_fresh_cos"] <= 1.0 + 1e-9

@@ -129,8 +129,11 @@ def test_a_partition_no_live_code_can_cover_is_left_out_instead_of_waiting_for_e
                     leader.on_code(Header(Kind.CODE, t, r, 0, 1, 0, (0,), 0, -1), 0.1 * t)
                 rec = leader.try_close(0.1 * t)
                 assert rec is not None and rec.version == t, (c, dead, t)
-                want = [i for i in range(4) if not any(scheme.evaluated(q, v) == i for q in live
-                                                       for v in range(max(0, t - c + 1), t + 1))]
+                want = [
+                    i
+                    for i in range(4)
+                    if not any(scheme.evaluated(q, v) == i for q in live for v in range(max(0, t - c + 1), t + 1))
+                ]
                 assert [i for i, e in enumerate(rec.entries) if e is None] == want, (c, dead, t, rec.entries)
                 for r, w in rec.weights.items():  # 1/4 per partition, or 1/(4 - left out)
                     assert w == pytest.approx(sum(e is not None and e.rank == r for e in rec.entries) / (4 - len(want)))
@@ -193,8 +196,9 @@ def test_a_rank_dead_from_the_start_leaves_its_partition_out_of_the_first_versio
         _kill(rts, 3)
         aggs = _step(rts, 0, live)
         assert all(torch.equal(a, aggs[0]) for a in aggs)
-        torch.testing.assert_close(aggs[0].double(), sum(payload(k, 0).double() for k in live) / 3, rtol=1e-6,
-                                   atol=1e-5)
+        torch.testing.assert_close(
+            aggs[0].double(), sum(payload(k, 0).double() for k in live) / 3, rtol=1e-6, atol=1e-5
+        )
         assert rts[0].record(0).entries[3] is None and rts[0].leader.uncovered == 1
         assert "version 0 closes without partitions [3]" in caplog.text
         for v in range(1, 6):
@@ -343,8 +347,9 @@ def test_a_frozen_leader_is_replaced_and_rejoins_as_a_worker_when_it_resumes(cap
     1-3. When rank 0 resumes it steps down, rejoins by state transfer, and all four go on: its codes count again
     from then on, and every aggregate is the reference of its entries, identical on every rank."""
     scheme = BoundedScheme(4, 2, 2)
-    rts = make_runtimes(scheme, shards=1, heartbeat=(0.05, 10), wrap={0: FrozenTransport}, failover=True,
-                        frozen_failover=True)
+    rts = make_runtimes(
+        scheme, shards=1, heartbeat=(0.05, 10), wrap={0: FrozenTransport}, failover=True, frozen_failover=True
+    )
     live = [1, 2, 3]
     state = torch.arange(7, dtype=torch.uint8)
     try:

@@ -28,15 +28,32 @@ FAST = ["--trainer.accelerator=cpu", "--trainer.devices=2", "--trainer.enable_pr
 
 def run_cli(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     """``python -m lightning_pgc ARGS`` in ``cwd``; returns the finished process (output in ``.stdout``)."""
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1",
-           "PYTHONWARNINGS": "ignore"}
-    for key in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PL_GLOBAL_SEED",
-                "LIGHTNING_PGC_TRACEBACK"):
+    env = {
+        **os.environ,
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
+    for key in (
+        "LOCAL_RANK",
+        "NODE_RANK",
+        "WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "PL_GLOBAL_SEED",
+        "LIGHTNING_PGC_TRACEBACK",
+    ):
         env.pop(key, None)
     cwd.mkdir(parents=True, exist_ok=True)
     return subprocess.run(
         [sys.executable, "-m", "lightning_pgc", *args],
-        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -48,8 +65,6 @@ def check_ok(proc: subprocess.CompletedProcess) -> str:
 def only(paths: list[Path]) -> Path:
     assert len(paths) == 1, paths
     return paths[0]
-
-
 
 
 # ------------------------------------------------------------------------------------------ no training
@@ -73,8 +88,13 @@ def test_version_and_recipes_listing(capsys: pytest.CaptureFixture[str]) -> None
     main(["recipes"])
     listing = capsys.readouterr().out
     names = recipes.available()
-    assert {"digits_cnn.yaml", "cifar10_resnet18.yaml", "wandb.yaml", "strategies/ddp.yaml",
-            "stragglers/seeds.yaml"} <= set(names)
+    assert {
+        "digits_cnn.yaml",
+        "cifar10_resnet18.yaml",
+        "wandb.yaml",
+        "strategies/ddp.yaml",
+        "stragglers/seeds.yaml",
+    } <= set(names)
     for name in names:
         assert name in listing
     assert recipes.resolve("recipes/digits_cnn.yaml") == recipes.resolve("digits_cnn.yaml")  # the old spelling
@@ -157,8 +177,11 @@ def test_resnet18_cifar_is_adapted_to_32x32() -> None:
 
 
 def test_digits_recipe_fit_then_validate_checkpoint(tmp_path: Path) -> None:
-    out = check_ok(run_cli(tmp_path, "fit", "--config", str(DIGITS), *FAST, "--trainer.max_steps=3",
-                           "--trainer.log_every_n_steps=1"))
+    out = check_ok(
+        run_cli(
+            tmp_path, "fit", "--config", str(DIGITS), *FAST, "--trainer.max_steps=3", "--trainer.log_every_n_steps=1"
+        )
+    )
     assert "`max_steps=3` reached" in out
     run_dir = tmp_path / "outputs" / "digits" / "digits_cnn" / "version_0"
     ckpt = only(list((run_dir / "checkpoints").glob("*.ckpt")))
@@ -177,10 +200,21 @@ def test_seeds_fragment_and_strategy_fragments(tmp_path: Path, strategy: str) ->
     """The documented comparison: recipe + the cluster stragglers (tiny scale) + a strategy fragment, either PGC
     by class_path or the ddp baseline; the same delay draws in both."""
     fragment = f"strategies/{strategy}.yaml"
-    out = check_ok(run_cli(
-        tmp_path, "fit", "--config", str(DIGITS), "--config", str(SEEDS), "--config", str(fragment),
-        *FAST, "--trainer.callbacks.init_args.scale=0.001", "--trainer.max_steps=3",  # devices=2 beats its 8
-    ))
+    out = check_ok(
+        run_cli(
+            tmp_path,
+            "fit",
+            "--config",
+            str(DIGITS),
+            "--config",
+            str(SEEDS),
+            "--config",
+            str(fragment),
+            *FAST,
+            "--trainer.callbacks.init_args.scale=0.001",
+            "--trainer.max_steps=3",  # devices=2 beats its 8
+        )
+    )
     assert "`max_steps=3` reached" in out
     run_dir = tmp_path / "outputs" / "digits" / "digits_cnn" / "version_0"
     assert only(list((run_dir / "checkpoints").glob("*.ckpt"))).name == "epoch=0-step=3.ckpt"
@@ -202,8 +236,20 @@ def test_seeds_fragment_and_strategy_fragments(tmp_path: Path, strategy: str) ->
 def test_wandb_fragment_composes_with_a_recipe_and_logs_the_flat_run_keys(tmp_path: Path) -> None:
     """`--config wandb.yaml` after the digits recipe and the ddp fragment: an offline W&B run whose config has
     the same flat keys the demo and the grid give their (PGC) runs (tests/test_grid.py checks those)."""
-    out = check_ok(run_cli(tmp_path, "fit", "--config", DIGITS, "--config", "strategies/ddp.yaml",
-                           "--config", "wandb.yaml", *FAST, "--trainer.max_steps=2"))
+    out = check_ok(
+        run_cli(
+            tmp_path,
+            "fit",
+            "--config",
+            DIGITS,
+            "--config",
+            "strategies/ddp.yaml",
+            "--config",
+            "wandb.yaml",
+            *FAST,
+            "--trainer.max_steps=2",
+        )
+    )
     assert "`max_steps=2` reached" in out
     records = only(list((tmp_path / "outputs" / "wandb").glob("offline-run-*/run-*.wandb"))).read_bytes()
     for key in (b"scheme", b"delay_seed", b"delay_scale", b"lognormal(median=0.005, sigma=0.5)", b"cli", b"ddp"):
@@ -212,12 +258,22 @@ def test_wandb_fragment_composes_with_a_recipe_and_logs_the_flat_run_keys(tmp_pa
 
 def test_cifar_recipe_on_tiny_cifar(tmp_path: Path) -> None:
     write_synthetic_cifar10(tmp_path / "data" / "cifar10")
-    out = check_ok(run_cli(
-        tmp_path, "fit", "--config", str(CIFAR), *FAST,
-        "--data.check_integrity=false", "--data.batch_size=8", "--data.num_workers=0",
-        "--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.limit_val_batches=1",
-        "--trainer.log_every_n_steps=1",
-    ))
+    out = check_ok(
+        run_cli(
+            tmp_path,
+            "fit",
+            "--config",
+            str(CIFAR),
+            *FAST,
+            "--data.check_integrity=false",
+            "--data.batch_size=8",
+            "--data.num_workers=0",
+            "--trainer.max_epochs=1",
+            "--trainer.limit_train_batches=2",
+            "--trainer.limit_val_batches=1",
+            "--trainer.log_every_n_steps=1",
+        )
+    )
     assert "`max_epochs=1` reached" in out
     save_dir = tmp_path / "outputs" / "cifar10"
     ckpt = only(list(save_dir.glob("lightning-pgc/*/checkpoints/*.ckpt")))
@@ -228,26 +284,40 @@ def test_cifar_recipe_on_tiny_cifar(tmp_path: Path) -> None:
     assert b"pgc_cr" in data  # the CLI config (trainer.strategy) is stored in the W&B run
 
     # `test` on the checkpoint: the 10 test images through ResNet18CIFAR.test_step on 2 ranks.
-    out = check_ok(run_cli(
-        tmp_path, "test", "--config", str(CIFAR), *FAST, f"--ckpt_path={ckpt}",
-        "--data.check_integrity=false", "--data.batch_size=8", "--data.num_workers=0",
-    ))
+    out = check_ok(
+        run_cli(
+            tmp_path,
+            "test",
+            "--config",
+            str(CIFAR),
+            *FAST,
+            f"--ckpt_path={ckpt}",
+            "--data.check_integrity=false",
+            "--data.batch_size=8",
+            "--data.num_workers=0",
+        )
+    )
     assert "test_acc" in out and "test_loss" in out
 
 
 @pytest.mark.parametrize(
     "init_args, message",
-    [("scheme: pgc_xx", "invalid configuration: ValueError: unknown scheme 'pgc_xx'; choose one of"),
-     ("timeout: 5m", 'Parser key "timeout":')],
+    [
+        ("scheme: pgc_xx", "invalid configuration: ValueError: unknown scheme 'pgc_xx'; choose one of"),
+        ("timeout: 5m", 'Parser key "timeout":'),
+    ],
     ids=["scheme", "timeout"],
 )
-def test_class_path_errors_name_the_parameter_not_a_union_dump(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                              init_args: str, message: str) -> None:
+def test_class_path_errors_name_the_parameter_not_a_union_dump(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], init_args: str, message: str
+) -> None:
     from lightning_pgc.cli import build_cli
 
     config = tmp_path / "bad.yaml"
-    config.write_text("trainer:\n  accelerator: cpu\n  devices: 2\n  strategy:\n"
-                      f"    class_path: lightning_pgc.PGCStrategy\n    init_args:\n      {init_args}\n")
+    config.write_text(
+        "trainer:\n  accelerator: cpu\n  devices: 2\n  strategy:\n"
+        f"    class_path: lightning_pgc.PGCStrategy\n    init_args:\n      {init_args}\n"
+    )
     with pytest.raises(SystemExit) as exit_info:
         build_cli(["--config", str(config)], run=False)
     assert exit_info.value.code == 2

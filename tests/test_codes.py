@@ -65,7 +65,14 @@ def test_scheme_names_and_attributes() -> None:
     for name, (s, c, wait_for, pipelined, dtype) in table.items():
         sc = make_scheme(name, 6, s)
         assert (sc.name, sc.n, sc.s, sc.c, sc.wait_for, sc.pipelined, sc.payload_dtype, sc.warmup) == (
-            name, 6, s, c, wait_for, pipelined, dtype, "full"
+            name,
+            6,
+            s,
+            c,
+            wait_for,
+            pipelined,
+            dtype,
+            "full",
         )
     assert make_scheme("pgc_cr", 6, 2, warmup="gradual").warmup == "gradual"
     for name in ("gc_cr", "pgc_cr_naive"):
@@ -158,7 +165,9 @@ def test_gc_fr_decodes_every_subset_exactly(n: int, s: int) -> None:
         out = sc.decode({k: codes[k] for k in order})
         assert out.dtype == torch.float64
         assert rel_err(out, ref) <= 1e-9
-        assert torch.allclose(sc.coefficients(order), torch.full((n,), 1.0 / n, dtype=torch.float64), rtol=0, atol=1e-15)
+        assert torch.allclose(
+            sc.coefficients(order), torch.full((n,), 1.0 / n, dtype=torch.float64), rtol=0, atol=1e-15
+        )
 
 
 def test_gc_fr_float32_random_gradients() -> None:
@@ -524,7 +533,11 @@ def test_encode_and_decode_in_place_match_the_allocating_versions(name: str) -> 
     for dtype in (torch.float64, torch.float32):
         shard = torch.full((12,), 3.0, dtype=dtype)
         scheme.decode({k: c.to(dtype) for k, c in admitted.items()}, out=shard)
-        torch.testing.assert_close(shard.double(), reference, rtol=1e-5 if dtype == torch.float32 else 1e-12,
-                                   atol=1e-5 if dtype == torch.float32 else 1e-12)
+        torch.testing.assert_close(
+            shard.double(),
+            reference,
+            rtol=1e-5 if dtype == torch.float32 else 1e-12,
+            atol=1e-5 if dtype == torch.float32 else 1e-12,
+        )
     with pytest.raises(ValueError, match="out must hold"):
         scheme.encode(0, {j: grads[j] for j in scheme.partitions(0)}, out=torch.zeros(5, dtype=scheme.payload_dtype))

@@ -28,12 +28,22 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # ================================================================================== works: real ranks
 def _run(case: str, out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
     for key in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK", "RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    proc = subprocess.run([sys.executable, "-m", "tests.compat_job", case, str(out)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.compat_job", case, str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     ranks = [json.loads((out / f"rank{k}.json").read_text()) for k in range(2)]
     assert len({r["checksum"] for r in ranks}) == 1, "replicas differ"  # parameters and buffers, bit for bit
@@ -44,14 +54,14 @@ def _run(case: str, out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any
 def _assert_logged_once_at_the_step_measured(logged: list[dict[str, Any]], steps: int) -> None:
     """Each diagnostic is logged exactly once per measurement, at the step it was measured, whatever Lightning's
     ``log_every_n_steps``."""
+
     def steps_of(key: str) -> list[int]:
         return [call["step"] for call in logged if key in call["keys"]]
 
     every, loss_every = compat_job.DIAGNOSTICS["every_n_steps"], compat_job.DIAGNOSTICS["loss_every_n_steps"]
     assert steps_of("pgc/train_loss") == list(range(steps))
     for k in range(2):  # every rank, the straggler included
-        for key in (f"pgc/admitted/rank{k}", f"pgc/rank{k}/late", f"pgc/rank{k}/skipped",
-                    f"pgc/rank{k}/mean_lag_s"):
+        for key in (f"pgc/admitted/rank{k}", f"pgc/rank{k}/late", f"pgc/rank{k}/skipped", f"pgc/rank{k}/mean_lag_s"):
             assert steps_of(key) == list(range(steps)), key
     assert steps_of("pgc/probe_loss") == list(range(0, steps, loss_every))
     assert steps_of("pgc/probe_grad_sqnorm") == list(range(0, steps, every))
@@ -158,8 +168,16 @@ def _data() -> TensorDataset:
 
 
 def _fit_refused(module: pl.LightningModule, loader: Any = None, match: str = "", **trainer_kwargs: Any) -> None:
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=PGCStrategy(), logger=False, max_steps=2,
-                         enable_progress_bar=False, enable_checkpointing=False, **trainer_kwargs)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=PGCStrategy(),
+        logger=False,
+        max_steps=2,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        **trainer_kwargs,
+    )
     with pytest.raises(PGCUnsupportedError, match=match):
         trainer.fit(module, loader if loader is not None else DataLoader(_data(), batch_size=4))
     assert trainer.strategy.launcher.procs == []  # refused before Lightning started rank 1
@@ -170,8 +188,7 @@ def _fit_refused(module: pl.LightningModule, loader: Any = None, match: str = ""
     [
         (Plain, None, "precision='16-true'.*bf16-mixed", {"precision": "16-true"}),
         (Plain, None, "accumulate_grad_batches.*batch_size", {"accumulate_grad_batches": 2}),
-        (Plain, None, "GradientAccumulationScheduler",
-         {"callbacks": [GradientAccumulationScheduler({0: 1, 1: 2})]}),
+        (Plain, None, "GradientAccumulationScheduler", {"callbacks": [GradientAccumulationScheduler({0: 1, 1: 2})]}),
         (Plain, None, "sync_batchnorm=True.*plain BatchNorm", {"sync_batchnorm": True}),
         (WithSyncBatchNorm, None, "SyncBatchNorm \\(norm\\)", {}),
         (StepSyncedMetric, None, "dist_sync_on_step=True", {}),
@@ -179,13 +196,28 @@ def _fit_refused(module: pl.LightningModule, loader: Any = None, match: str = ""
         (SyncDistInTrainingStep, None, "sync_dist=.*line .* of training_step.*sync_dist=False", {}),
         (AllGatherInAHelper, None, "`all_gather` \\(line .* of shared\\)", {}),
         (Plain, DataLoader(Stream(), batch_size=4), "map-style", {}),
-        (Plain, DataLoader(_data(), batch_size=4, sampler=WeightedRandomSampler([1.0] * 32, 32)),
-         "WeightedRandomSampler.*weight the loss", {}),
+        (
+            Plain,
+            DataLoader(_data(), batch_size=4, sampler=WeightedRandomSampler([1.0] * 32, 32)),
+            "WeightedRandomSampler.*weight the loss",
+            {},
+        ),
         (Plain, DataLoader(_data(), batch_sampler=[[0, 1], [2, 3]]), "batch_sampler", {}),
     ],
-    ids=["fp16", "accumulate", "accumulation-scheduler", "sync_batchnorm", "SyncBatchNorm", "metric-sync-on-step",
-         "manual-and-multiple-optimizers", "sync_dist", "all_gather-in-helper", "IterableDataset", "custom-sampler",
-         "custom-batch_sampler"],
+    ids=[
+        "fp16",
+        "accumulate",
+        "accumulation-scheduler",
+        "sync_batchnorm",
+        "SyncBatchNorm",
+        "metric-sync-on-step",
+        "manual-and-multiple-optimizers",
+        "sync_dist",
+        "all_gather-in-helper",
+        "IterableDataset",
+        "custom-sampler",
+        "custom-batch_sampler",
+    ],
 )
 def test_unsupported_setups_are_refused_before_any_rank_starts(module, loader, match, trainer_kwargs):
     _fit_refused(module(), loader, match, **trainer_kwargs)
@@ -273,8 +305,11 @@ def test_the_source_scan_refuses_only_collectives_that_run_at_every_call():
 
     found = scan_training_step(ConditionalSync)
     assert found.certain == []
-    assert [p.split(" (")[0] for p in found.possible] == ["`sync_dist=True`", "`sync_dist=self.trainer.world_size > 8`",
-                                                          "the collective `all_gather`"]
+    assert [p.split(" (")[0] for p in found.possible] == [
+        "`sync_dist=True`",
+        "`sync_dist=self.trainer.world_size > 8`",
+        "the collective `all_gather`",
+    ]
     with pytest.warns(UserWarning, match="may call a collective.*refused at that moment"):
         check_module(ConditionalSync())
 
@@ -298,8 +333,15 @@ def test_the_tuner_is_refused_before_any_rank_starts_naming_the_alternative():
     from lightning.pytorch.tuner import Tuner
 
     def trainer(strategy: Any) -> pl.Trainer:
-        return pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, logger=False, max_steps=2,
-                          enable_progress_bar=False, enable_checkpointing=False)
+        return pl.Trainer(
+            accelerator="cpu",
+            devices=2,
+            strategy=strategy,
+            logger=False,
+            max_steps=2,
+            enable_progress_bar=False,
+            enable_checkpointing=False,
+        )
 
     pgc = trainer(PGCStrategy())
     with pytest.raises(PGCUnsupportedError, match="Tuner.lr_find.*strategy='ddp'.*one device.*new PGC `Trainer`"):

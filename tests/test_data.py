@@ -161,8 +161,7 @@ def test_sampler_validates():
 def test_len_matches_distributed_sampler(num_samples, n, batch_size):
     dataset = TensorDataset(torch.arange(num_samples))
     ddp_batches = {
-        math.ceil(len(DistributedSampler(dataset, num_replicas=n, rank=r, shuffle=True)) / batch_size)
-        for r in range(n)
+        math.ceil(len(DistributedSampler(dataset, num_replicas=n, rank=r, shuffle=True)) / batch_size) for r in range(n)
     }
     assert len(ddp_batches) == 1
     lengths = {len(PartitionBatchSampler(num_samples, FakeScheme(n), rank=r, batch_size=batch_size)) for r in range(n)}
@@ -201,10 +200,15 @@ def test_oldest_choice_loader_yields_every_held_batch_and_the_chosen_one_is_the_
     streams = PartitionStreams(num_samples, n, seed=3)
     for rank in range(n):
         held = oldest.partitions(rank)
-        loader = DataLoader(TensorDataset(x, y), batch_sampler=PartitionBatchSampler(
-            num_samples, oldest, rank=rank, batch_size=batch_size, seed=3, base_step=lambda: 7))
-        rr_batches = list(PartitionBatchSampler(num_samples, rr, rank=rank, batch_size=batch_size, seed=3,
-                                                base_step=lambda: 7))
+        loader = DataLoader(
+            TensorDataset(x, y),
+            batch_sampler=PartitionBatchSampler(
+                num_samples, oldest, rank=rank, batch_size=batch_size, seed=3, base_step=lambda: 7
+            ),
+        )
+        rr_batches = list(
+            PartitionBatchSampler(num_samples, rr, rank=rank, batch_size=batch_size, seed=3, base_step=lambda: 7)
+        )
         for pos, (bx, by) in enumerate(loader):
             t = 7 + pos
             assert by.shape == (r * batch_size,)
@@ -244,8 +248,12 @@ def test_split_batch_slices_per_sample_lists_and_refuses_ragged_tensors():
     """A ``list[str]`` and a list of variable-length tensors are one entry per sample: each chunk gets its own
     samples' entries (not all strings, not each tensor cut along its own length)."""
     ids = torch.arange(4)
-    batch = {"x": ids.float().unsqueeze(1), "names": [f"s{i}" for i in range(4)],
-             "seqs": [torch.full((i + 1,), i) for i in range(4)], "pair": [ids, [f"p{i}" for i in range(4)]]}
+    batch = {
+        "x": ids.float().unsqueeze(1),
+        "names": [f"s{i}" for i in range(4)],
+        "seqs": [torch.full((i + 1,), i) for i in range(4)],
+        "pair": [ids, [f"p{i}" for i in range(4)]],
+    }
     first, second = split_batch(batch, 2, size=4)
     assert first["names"] == ["s0", "s1"] and second["names"] == ["s2", "s3"]
     assert [s.tolist() for s in second["seqs"]] == [[2, 2, 2], [3, 3, 3, 3]]

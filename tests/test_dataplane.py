@@ -59,14 +59,16 @@ def test_the_shares_add_up_to_the_decode_for_every_admitted_set(name):
     for ranks in _admissible_orders(scheme):
         plan = [(k, k, 3) for k in ranks]
         codes = {(k, 3): _code(k, 3, dtype) for k in range(n)}
-        torch.testing.assert_close(_sum_of_shares(scheme, plan, codes, dtype),
-                                   reference_decode(scheme, plan, codes, CODED), **tol)
+        torch.testing.assert_close(
+            _sum_of_shares(scheme, plan, codes, dtype), reference_decode(scheme, plan, codes, CODED), **tol
+        )
         weights = list(scheme.decoding_weights(sorted(ranks)).values()) + [1 / len(ranks)]
         if all(w == 0 or _power_of_two(w) for w in weights):
             exact.append(ranks)
             icodes = {(k, 3): _code(k, 3, dtype, integer=True) for k in range(n)}
-            assert torch.equal(_sum_of_shares(scheme, plan, icodes, dtype),
-                               reference_decode(scheme, plan, icodes, CODED)), (name, ranks)
+            assert torch.equal(
+                _sum_of_shares(scheme, plan, icodes, dtype), reference_decode(scheme, plan, icodes, CODED)
+            ), (name, ranks)
     if name in ("dgd", "ignore", "gc_fr", "pgc_fr"):
         assert exact  # (the full set at least: weights 1/4)
 
@@ -80,7 +82,8 @@ def test_a_rank_outside_the_plan_contributes_zeros_and_arrival_order_does_not_ma
     scheme = make_scheme("pgc_fr", 4, 1)  # FR: the first rank of each group (in rank order) is used
     assert contributions(scheme, [(3, 3, 0), (0, 0, 0), (2, 2, 0)], 1) == {}
     assert contributions(scheme, [(3, 3, 0), (2, 2, 0), (0, 0, 0)], 2) == contributions(
-        scheme, [(0, 0, 0), (2, 2, 0), (3, 3, 0)], 2)
+        scheme, [(0, 0, 0), (2, 2, 0), (3, 3, 0)], 2
+    )
     out = contribute(scheme, [(0, 0, 0), (2, 2, 0)], 1, {}, CODED, torch.full((D,), 7.0))
     assert torch.equal(out, torch.zeros(D))
 
@@ -96,17 +99,37 @@ def test_bounded_shares_sum_a_ranks_entries_across_versions():
         [(0, 0, 5), (1, -1, 5), (2, 2, 5), (3, 2, 4)],  # partition 1 left out, rank 2 twice
     ]
     for plan in plans:
-        torch.testing.assert_close(_sum_of_shares(scheme, plan, codes, torch.float32),
-                                   reference_decode(scheme, plan, codes, CODED), rtol=2e-6, atol=2e-6)
+        torch.testing.assert_close(
+            _sum_of_shares(scheme, plan, codes, torch.float32),
+            reference_decode(scheme, plan, codes, CODED),
+            rtol=2e-6,
+            atol=2e-6,
+        )
     assert contributions(scheme, plans[1], 3) == {4: (0.25, 0.25), 5: (0.25, 0.25)}
 
 
 # ------------------------------------------------------------------------------------------- the runtime, in threads
 def _planes(scheme, max_lag=100, timeout=3.0, heartbeat=(0.1, 50)):
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    rts = [CollectiveRuntime(scheme, store, r, scheme.n, D, CODED, D, torch.float32, 0, timeout, max_lag,
-                             heartbeat_interval=heartbeat[0], heartbeat_misses=heartbeat[1], prefix="test")
-           for r in range(scheme.n)]
+    rts = [
+        CollectiveRuntime(
+            scheme,
+            store,
+            r,
+            scheme.n,
+            D,
+            CODED,
+            D,
+            torch.float32,
+            0,
+            timeout,
+            max_lag,
+            heartbeat_interval=heartbeat[0],
+            heartbeat_misses=heartbeat[1],
+            prefix="test",
+        )
+        for r in range(scheme.n)
+    ]
     _together(rts, lambda rt: rt.start())  # building the first group needs every rank
     for rt in rts:
         rt.store_server = store
@@ -130,6 +153,7 @@ def _together(rts, fn, timeout=30):
     if any(t.is_alive() for t in threads):
         import faulthandler
         import sys
+
         faulthandler.dump_traceback(sys.stderr, all_threads=True)
     assert not any(t.is_alive() for t in threads), f"a call hung: {sorted(set(range(len(rts))) - set(out))}"
     return out
@@ -190,8 +214,9 @@ def test_every_rank_gets_the_same_bits_equal_to_the_decode_and_a_straggler_is_no
             codes = {(k, v): _code(k, v, scheme.payload_dtype) for k in range(4)}
             plan = [(k, k, v) for k in record.admitted]
             tol = 1e-6 if scheme.payload_dtype == torch.float32 else 1e-7
-            torch.testing.assert_close(aggs[0], reference_decode(scheme, plan, codes, CODED, torch.float32),
-                                       rtol=tol, atol=tol)
+            torch.testing.assert_close(
+                aggs[0], reference_decode(scheme, plan, codes, CODED, torch.float32), rtol=tol, atol=tol
+            )
             for rt in rts:
                 rt.release(aggs[rt.rank])
     finally:
@@ -331,8 +356,12 @@ def test_a_rank_too_far_behind_is_detached_and_rejoins_by_state_transfer():
 def test_nccl_group_gives_identical_bits_on_the_device():
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     scheme = make_scheme("pgc_cr", 2, 1)
-    rts = [CollectiveRuntime(scheme, store, r, 2, D, CODED, D, torch.float32, 0, 3.0, 100, prefix="cuda",
-                             device=torch.device("cuda", 0)) for r in range(2)]
+    rts = [
+        CollectiveRuntime(
+            scheme, store, r, 2, D, CODED, D, torch.float32, 0, 3.0, 100, prefix="cuda", device=torch.device("cuda", 0)
+        )
+        for r in range(2)
+    ]
     _together(rts, lambda rt: rt.start())
     try:
         for rt in rts:

@@ -73,8 +73,9 @@ def test_a_dead_worker_that_owns_no_shard_is_survived_with_identical_aggregates_
         got = _together(rts, lambda rt: rt.collectives.reduce(torch.tensor(rt.rank), "sum"))
         assert all(int(v) == 3 for v in got.values())
         got = _together(rts, lambda rt: rt.collectives.broadcast(rt.rank, src=3))
-        assert all(isinstance(v, CollectiveError) and "rank 3, which is no longer in the job" in str(v)
-                   for v in got.values())
+        assert all(
+            isinstance(v, CollectiveError) and "rank 3, which is no longer in the job" in str(v) for v in got.values()
+        )
         got = _together(rts, lambda rt: rt.collectives.all_gather(torch.tensor([rt.rank])))
         assert all(isinstance(v, CollectiveError) and "ranks [3] are gone" in str(v) for v in got.values())
     finally:
@@ -150,8 +151,9 @@ def test_two_owners_dying_together_are_survived_with_s_2(caplog):
         rts[4].transport.freeze()
         _kill(live_rts := [rts[r] for r in live], 3)
         _kill(live_rts, 4)
-        assert all(_eventually(lambda rt=rts[r]: {rt.owners.owner(3, 2), rt.owners.owner(4, 2)} == {1, 2})
-                   for r in live)
+        assert all(
+            _eventually(lambda rt=rts[r]: {rt.owners.owner(3, 2), rt.owners.owner(4, 2)} == {1, 2}) for r in live
+        )
         for v in range(2, 5):
             aggs = _step_all(rts, v, live)
             torch.testing.assert_close(aggs[0], sum(code(k, v) for k in live) / 3 / 3)  # mu / n = 1 / (|R| c)
@@ -386,8 +388,14 @@ def test_the_launchers_kill_nobody_while_the_job_runs_and_reap_every_rank_after_
     procs = [subprocess.Popen(["sleep", "30"]), subprocess.Popen(["sh", "-c", "exit 3"]), subprocess.Popen(["true"])]
     procs[1].wait()
     procs[2].wait()
-    _reap(procs, lambda p: p.poll() is None, lambda p: (p.kill(), p.wait()), lambda p: p.returncode, grace_s=0.5,
-          first_rank=1)
+    _reap(
+        procs,
+        lambda p: p.poll() is None,
+        lambda p: (p.kill(), p.wait()),
+        lambda p: p.returncode,
+        grace_s=0.5,
+        first_rank=1,
+    )
     assert procs[0].returncode == -9  # killed after the grace period, not waited for (it sleeps 30 s)
     assert re.search(rf"rank 1 \(pid {procs[0].pid}\) still runs \d+ s after rank 0 returned: killed", caplog.text)
     assert f"rank 2 (pid {procs[1].pid}) exited with status 3" in caplog.text and "rank 3" not in caplog.text

@@ -18,10 +18,20 @@ def test_outcome_reads_the_crossing_of_the_validation_loss():
     """The demo's time/steps to target: where the validation loss (not the decoded training loss, which mixes
     model versions under PGC) first reaches the target, linear between measurements."""
     curve = [(0.0, 1, 0.01), (1.0, 2, 0.01)]  # a training loss already below every target: not what is read
-    val_curve = [(0.0, 0, 3.0, 0.1, 0.01), (1.0, 10, 2.0, 0.3, 0.01), (2.0, 20, 0.55, 0.8, 0.01),
-                 (3.0, 30, 0.1, 0.9, 0.01)]
-    result = JobResult(out=Path("."), ok=True, curve=curve, val_curve=val_curve,
-                       summary={"global_step": 30, "fit_wall_s": 3.5}, ranks=[{"checksum": "a", "skipped_steps": 0}] * 2)
+    val_curve = [
+        (0.0, 0, 3.0, 0.1, 0.01),
+        (1.0, 10, 2.0, 0.3, 0.01),
+        (2.0, 20, 0.55, 0.8, 0.01),
+        (3.0, 30, 0.1, 0.9, 0.01),
+    ]
+    result = JobResult(
+        out=Path("."),
+        ok=True,
+        curve=curve,
+        val_curve=val_curve,
+        summary={"global_step": 30, "fit_wall_s": 3.5},
+        ranks=[{"checksum": "a", "skipped_steps": 0}] * 2,
+    )
     args = demo.parse_args(["--target-loss", "0.6"])
     o = demo.outcome("pgc", result, args)
     # 2.0 at wall 1 / step 10 and 0.55 at wall 2 / step 20: 0.6 is reached 1.4/1.45 of the way
@@ -63,8 +73,9 @@ def test_every_demo_job_is_the_map_grids_job_for_its_cell_arm_and_seed():
             mine = demo.job_spec(setting, arm, args, Path("x"))
             drop = ("out", "wandb")
             assert mine["wandb"] is None
-            assert {k: v for k, v in mine.items() if k not in drop} == \
-                {k: v for k, v in theirs.items() if k not in drop}, (setting.key, arm.key)
+            assert {k: v for k, v in mine.items() if k not in drop} == {
+                k: v for k, v in theirs.items() if k not in drop
+            }, (setting.key, arm.key)
 
 
 def test_the_demos_settings_are_where_the_map_says_pgc_wins_and_loses():
@@ -72,8 +83,11 @@ def test_the_demos_settings_are_where_the_map_says_pgc_wins_and_loses():
     sweep chose, and the map's paired interval for its pgc arm lies below 1 against dgd and ddp where the demo says
     pgc wins, above 1 where it says pgc loses. If a new map changes this, the demo must change with it."""
     grid = json.loads(demo.MAP.read_text())
-    assert (grid["settings"]["steps"], grid["settings"]["val_every"], grid["settings"]["target"]) == \
-        (demo.parse_args([]).steps, demo.parse_args([]).val_every, demo.parse_args([]).target_loss)
+    assert (grid["settings"]["steps"], grid["settings"]["val_every"], grid["settings"]["target"]) == (
+        demo.parse_args([]).steps,
+        demo.parse_args([]).val_every,
+        demo.parse_args([]).target_loss,
+    )
     for setting in demo.SETTINGS.values():
         cell = grid["cells"][setting.map_cell]
         assert cell["status"] == "complete" and cell["runs_ok"] == cell["runs_expected"]
@@ -97,15 +111,28 @@ def test_with_wandb_every_demo_job_is_an_offline_run_grouped_by_setting():
 
 
 def _outcome(setting: str, key: str, time: float, steps: float, ref: dict | None = None) -> demo.Outcome:
-    return demo.Outcome(label=key, wall_s=1.0, steps=200, time_to_target=time, steps_to_target=steps, val_acc=0.9,
-                        final_loss=0.1, curve=[], skipped=[0] * 4, identical=True, setting=setting, key=key,
-                        lr=0.1, momentum=0.9, map_vs_dgd=ref)
+    return demo.Outcome(
+        label=key,
+        wall_s=1.0,
+        steps=200,
+        time_to_target=time,
+        steps_to_target=steps,
+        val_acc=0.9,
+        final_loss=0.1,
+        curve=[],
+        skipped=[0] * 4,
+        identical=True,
+        setting=setting,
+        key=key,
+        lr=0.1,
+        momentum=0.9,
+        map_vs_dgd=ref,
+    )
 
 
 def test_the_verdict_says_what_this_run_shows_the_split_and_why_and_flags_disagreement_with_the_map():
     ref = {"estimate": 0.56, "low": 0.46, "high": 0.68, "seeds": 5}
-    runs = [_outcome("wins", "ddp", 10.0, 80), _outcome("wins", "dgd", 9.0, 80),
-            _outcome("wins", "pgc", 4.5, 100, ref)]
+    runs = [_outcome("wins", "ddp", 10.0, 80), _outcome("wins", "dgd", 9.0, 80), _outcome("wins", "pgc", 4.5, 100, ref)]
     text = demo.verdict(demo.SETTINGS["wins"], runs)
     # 4.5 / 9 = 0.5x the time; 100 / 80 = 1.25x the steps; (4.5 / 100) / (9 / 80) = 0.40x the seconds per step
     assert "This run: pgc wins (0.50x dgd's time to the target: 1.25x its steps at 0.40x its seconds per step)" in text
@@ -114,12 +141,15 @@ def test_the_verdict_says_what_this_run_shows_the_split_and_why_and_flags_disagr
     assert "pgc ties" in demo.verdict(demo.SETTINGS["wins"], slower)  # slower than dgd, faster than ddp
     lost = [_outcome("loses", "dgd", 5.0, 70), _outcome("loses", "pgc", 8.0, 170)]
     assert "pgc loses (1.60x" in demo.verdict(demo.SETTINGS["loses"], lost)
-    flipped = demo.verdict(demo.SETTINGS["wins"], lost[:1] + [_outcome("wins", "pgc", 8.0, 170)]
-                           + [_outcome("wins", "dgd", 5.0, 70)])
+    flipped = demo.verdict(
+        demo.SETTINGS["wins"], lost[:1] + [_outcome("wins", "pgc", 8.0, 170)] + [_outcome("wins", "dgd", 5.0, 70)]
+    )
     assert "pgc loses" in flipped and "disagrees with the map" in flipped
     table = demo.markdown_table(runs, demo.parse_args([]))
-    assert "| pgc wins: one slow rank | pgc | 0.1, 0.9 | 4.5 | 100 | 0.045 | 0.50x | 1.25x, 0.40x | " \
-           "0.56x [0.46, 0.68] (5) | 0.900 | yes | " + demo.SETTINGS["wins"].short_why + " |" in table
+    assert (
+        "| pgc wins: one slow rank | pgc | 0.1, 0.9 | 4.5 | 100 | 0.045 | 0.50x | 1.25x, 0.40x | "
+        "0.56x [0.46, 0.68] (5) | 0.900 | yes | " + demo.SETTINGS["wins"].short_why + " |" in table
+    )
     assert demo.verdict(demo.SETTINGS["wins"], runs[2:]) == ""  # no reference run: nothing to compare
 
 

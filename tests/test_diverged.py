@@ -125,7 +125,9 @@ def test_every_runtime_fails_fast_when_every_code_of_a_version_is_rejected():
             rt.release(rt.wait(0))
         for rt in rts:
             rt.reject(1)
-        with pytest.raises(DivergedError, match=r"Training diverged: ranks \[\d, \d(, \d)?\]'s gradients for version 1"):
+        with pytest.raises(
+            DivergedError, match=r"Training diverged: ranks \[\d, \d(, \d)?\]'s gradients for version 1"
+        ):
             rts[0].wait(1)
         for rt in rts[1:]:
             with pytest.raises(RuntimeError, match=r"leader failed: DivergedError: Training diverged"):
@@ -140,8 +142,7 @@ def test_a_new_leader_is_told_again_of_the_rejected_codes_of_the_open_version():
     rejection, the codes of ranks 2 and 3 cannot decode version 1: every live rank fails at once saying so (without
     the rejection told again, the new leader would wait for ever for rank 1's code)."""
     scheme = make_scheme("pgc_cr", 4, 1)
-    rts = make_runtimes(scheme, shards=1, timeout=60.0, heartbeat=(0.05, 40), wrap={0: FrozenTransport},
-                        failover=True)
+    rts = make_runtimes(scheme, shards=1, timeout=60.0, heartbeat=(0.05, 40), wrap={0: FrozenTransport}, failover=True)
     errors: dict[int, BaseException] = {}
 
     def wait(r: int) -> None:
@@ -176,12 +177,21 @@ def test_a_real_job_whose_every_gradient_turns_nan_fails_fast_saying_it_diverged
     rank alive and ``timeout`` is 600 s, longer than the harness's 120 s limit): the job exits non-zero, each worker
     with the leader's "Training diverged" error, instead of hanging until the harness kills it."""
     with pytest.raises(JobFailed) as failed:
-        run_job(tmp_path, "nan", strategy=strategy, devices=4, max_steps=40, check_val_every_n_epoch=100,
-                strategy_kwargs={"timeout": 600.0, "heartbeat_interval": 0.1, "heartbeat_misses": 10},
-                faults=[{"kind": "NaNGradient", "rank": r, "step": 5} for r in range(4)], timeout=120)
+        run_job(
+            tmp_path,
+            "nan",
+            strategy=strategy,
+            devices=4,
+            max_steps=40,
+            check_val_every_n_epoch=100,
+            strategy_kwargs={"timeout": 600.0, "heartbeat_interval": 0.1, "heartbeat_misses": 10},
+            faults=[{"kind": "NaNGradient", "rank": r, "step": 5} for r in range(4)],
+            timeout=120,
+        )
     log = whole_log(failed.value.result.out)
     # (it fails as soon as the ranks left cannot decode: after the second rejection under s = 1)
-    assert re.search(r"Training diverged: ranks \[\d(, \d)+\]'s gradients for version 5 are NaN or inf", log), \
-        log[-3000:]
+    assert re.search(r"Training diverged: ranks \[\d(, \d)+\]'s gradients for version 5 are NaN or inf", log), log[
+        -3000:
+    ]
     for r in (1, 2, 3):
         assert re.search(rf"rank {r} \(pid \d+\) exited with status 1: .*Training diverged", log), log[-3000:]

@@ -47,6 +47,7 @@ GENERATED: dict[str, set[str]] = {
     "docs/simulation.md": {"sim", "simgrid"},  # below
     "docs/demo.md": {"*"},  # below
     "docs/step_time.md": {"*"},  # below
+    "docs/step_time_planes.md": {"*"},  # below
     "docs/stall.md": {"*"},  # below
     "docs/math.md": {"table:| n | s | C(n,s) |"},  # its rows, below
 }
@@ -80,7 +81,7 @@ def generated_lines(text: str, names: set[str]) -> set[int]:
     if "*" in names:
         return set(range(1, len(lines) + 1))
     inside, out = False, set()
-    for header in (name[len("table:"):] for name in names if name.startswith("table:")):
+    for header in (name[len("table:") :] for name in names if name.startswith("table:")):
         first = next(k for k, line in enumerate(lines, 1) if line.startswith(header))
         out.add(first)
     for k, line in enumerate(lines, 1):
@@ -147,8 +148,9 @@ def _select(x: Any, keys: list[str]) -> list[Any]:
     if isinstance(x, dict):
         children = list(x.values()) if key == "*" else [x[key]] if key in x else []
     elif isinstance(x, list):
-        children = x if key == "*" else [x[int(key)]] if key.lstrip("-").isdigit() and -len(x) <= int(key) < len(x) \
-            else []
+        children = (
+            x if key == "*" else [x[int(key)]] if key.lstrip("-").isdigit() and -len(x) <= int(key) < len(x) else []
+        )
     else:
         children = []
     return [found for child in children for found in _select(child, rest)]
@@ -170,17 +172,28 @@ def cited_numbers(citation: str) -> list[float]:
     values: list[float] = []
     if path.suffix == ".py":
         tree = ast.parse(path.read_text())
-        nodes = [n for n in tree.body if (isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == key)
-                 or (isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == key for t in n.targets))]
+        nodes = [
+            n
+            for n in tree.body
+            if (isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == key)
+            or (isinstance(n, ast.Assign) and any(isinstance(t, ast.Name) and t.id == key for t in n.targets))
+        ]
         if not nodes:
             raise KeyError(f"{citation}: no top-level {key} in {name}")
         for node in nodes:
             for sub in ast.walk(node):
-                if isinstance(sub, ast.Constant) and isinstance(sub.value, (int, float)) \
-                        and not isinstance(sub.value, bool):
+                if (
+                    isinstance(sub, ast.Constant)
+                    and isinstance(sub.value, (int, float))
+                    and not isinstance(sub.value, bool)
+                ):
                     values.append(float(sub.value))
-                elif isinstance(sub, ast.UnaryOp) and isinstance(sub.op, ast.USub) \
-                        and isinstance(sub.operand, ast.Constant) and isinstance(sub.operand.value, (int, float)):
+                elif (
+                    isinstance(sub, ast.UnaryOp)
+                    and isinstance(sub.op, ast.USub)
+                    and isinstance(sub.operand, ast.Constant)
+                    and isinstance(sub.operand.value, (int, float))
+                ):
                     values.append(-float(sub.operand.value))
         return values
     if path.suffix == ".yaml":
@@ -210,7 +223,10 @@ def matches(token: str, value: float) -> bool:
     if "e" in token.lower():
         mantissa = token.lower().split("e")[0]
         digits = len(mantissa.split(".")[1]) if "." in mantissa else 0
-        return shown != 0 and abs(value - shown) <= 0.5 * 10 ** (-digits) * 10 ** math.floor(math.log10(abs(shown))) * 1.0001
+        return (
+            shown != 0
+            and abs(value - shown) <= 0.5 * 10 ** (-digits) * 10 ** math.floor(math.log10(abs(shown))) * 1.0001
+        )
     decimals = len(token.split(".")[1]) if "." in token else 0
     return abs(value - shown) <= 0.5 * 10 ** (-decimals) * 1.0001
 
@@ -253,14 +269,17 @@ def test_the_checker_catches_a_wrong_number(tmp_path: Path, monkeypatch: pytest.
         cited_numbers("r.json#d")
     with pytest.raises(ValueError, match="cite a key"):
         cited_numbers("r.json")
-    (tmp_path / "t.py").write_text("LIMIT = 0.25\n\n\ndef f():\n    assert g() < 1.5  # 7.75 in a comment\n"
-                                   "    return 'v2.125', -3.5\n")
+    (tmp_path / "t.py").write_text(
+        "LIMIT = 0.25\n\n\ndef f():\n    assert g() < 1.5  # 7.75 in a comment\n    return 'v2.125', -3.5\n"
+    )
     f = cited_numbers("t.py#f")
     assert backed("1.5", f) and backed("-3.5", f) and not backed("0.25", f)  # LIMIT is not in f
     assert not backed("7.75", f) and not backed("2.125", f) and not backed("1.6", f)  # no comment, no substring
     assert backed("0.25", cited_numbers("t.py#LIMIT"))
-    page = "# t\n\n<!-- numbers: r.json#a 3=r.json#b -->\n\n| x | y | z |\n|---|---|---|\n| a | 0.988 | 12.3 |\n" \
-           "| b | 16-mixed | 0.987 |\n"
+    page = (
+        "# t\n\n<!-- numbers: r.json#a 3=r.json#b -->\n\n| x | y | z |\n|---|---|---|\n| a | 0.988 | 12.3 |\n"
+        "| b | 16-mixed | 0.987 |\n"
+    )
     ((line, rows, cited),) = tables(page)
     assert checked_cells(rows) == [(2, "0.988"), (3, "12.3"), (3, "0.987")] and cited == "r.json#a 3=r.json#b"
     assert unbacked(rows, cited) == ["0.988", "0.987"]  # 0.987 is under #a, but column 3 cites #b
@@ -270,7 +289,7 @@ def _last_digit_changed(token: str, delta: int) -> str:
     """``token`` with its last digit moved by ``delta`` (carrying), or "" when that changes its length."""
     mantissa, _, exponent = token.lower().partition("e")
     sign = mantissa[: len(mantissa) - len(mantissa.lstrip("+-"))]
-    digits = mantissa[len(sign):]
+    digits = mantissa[len(sign) :]
     body = digits.replace(".", "")
     if int(body) + delta < 0 or len(str(int(body) + delta).rjust(len(body), "0")) != len(body):
         return ""
@@ -308,7 +327,7 @@ def test_benchmarks_block_is_what_grid_renders_from_benchmarks_json() -> None:
 
     result = json.loads((DOCS / "benchmarks.json").read_text())
     text = (DOCS / "benchmarks.md").read_text()
-    block = text[text.index(grid.MARK_BEGIN): text.index(grid.MARK_END) + len(grid.MARK_END)]
+    block = text[text.index(grid.MARK_BEGIN) : text.index(grid.MARK_END) + len(grid.MARK_END)]
     assert block == grid.render_markdown(result, result["table"])
 
 
@@ -325,17 +344,24 @@ def test_demo_page_is_what_the_demo_renders_from_demo_json() -> None:
 def test_math_conditioning_table_is_tandon_conditions_json() -> None:
     saved = json.loads((DOCS / "tandon_conditions.json").read_text())
     text = (DOCS / "math.md").read_text()
-    table = text[text.index("| n | s | C(n,s) |"):].split("\n\n")[0].splitlines()
+    table = text[text.index("| n | s | C(n,s) |") :].split("\n\n")[0].splitlines()
     assert len(table) == 2 + len(saved["rows"])  # header, separator, one line per saved row: nothing else
     for row in saved["rows"]:
-        cells = [str(row["n"]), str(row["s"]), str(row["subsets_total"]),
-                 "all" if row["exact"] else f"{row['subsets_checked']} sampled", f"{row['worst_condition']:.2g}",
-                 str(row["seed_used"]), f"{row['single_seed_spread']:.0f}x", "yes" if row["admitted"] else "**no**"]
+        cells = [
+            str(row["n"]),
+            str(row["s"]),
+            str(row["subsets_total"]),
+            "all" if row["exact"] else f"{row['subsets_checked']} sampled",
+            f"{row['worst_condition']:.2g}",
+            str(row["seed_used"]),
+            f"{row['single_seed_spread']:.0f}x",
+            "yes" if row["admitted"] else "**no**",
+        ]
         assert "| " + " | ".join(cells) + " |" in text, cells
 
 
 def _block(text: str, begin: str, end: str) -> str:
-    return text[text.index(begin): text.index(end) + len(end)]
+    return text[text.index(begin) : text.index(end) + len(end)]
 
 
 def test_bounded_staleness_blocks_are_what_the_benchmark_renders_from_their_json() -> None:
@@ -372,13 +398,25 @@ def test_simulation_blocks_are_what_the_simulator_scripts_render_from_their_json
 
 
 @pytest.mark.parametrize("name", ["step_time", "stall"])
-def test_measured_pages_are_what_their_benchmark_renders_from_their_json(name: str, tmp_path: Path,
-                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_measured_pages_are_what_their_benchmark_renders_from_their_json(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     module = __import__(name)
     monkeypatch.setattr(module, "DOCS", tmp_path)
     module.write_markdown(json.loads((DOCS / f"{name}.json").read_text()))
     assert (tmp_path / f"{name}.md").read_text() == (DOCS / f"{name}.md").read_text()
+
+
+def test_the_data_plane_page_is_what_the_benchmark_renders_from_its_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import step_time
+
+    monkeypatch.setattr(step_time, "DOCS", tmp_path)
+    step_time.write_planes_markdown(json.loads((DOCS / "step_time_planes.json").read_text()))
+    assert (tmp_path / "step_time_planes.md").read_text() == (DOCS / "step_time_planes.md").read_text()
 
 
 @pytest.mark.parametrize("report", ["staleness", "staleness_bounded"])

@@ -21,6 +21,7 @@ from lightning_pgc.stragglers import delay_for
 
 SCHEMES = [("dgd", 0), ("ignore", 1), ("gc_fr", 1), ("gc_cr", 1), ("pgc_fr", 1), ("pgc_cr", 1), ("pgc_cr", 2)]
 
+
 @pytest.fixture(autouse=True)
 def _one_thread():
     """The emulator's small batched kernels run best on one thread (and leave the other core to the machine)."""
@@ -28,7 +29,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
-
 
 
 def _reference_aggregate(scheme, steps, admitted_per_step, vectors):
@@ -205,7 +205,9 @@ def test_import_lightning_pgc_does_not_load_the_emulator():
     import subprocess
     import sys
 
-    code = ("import sys, lightning_pgc, lightning_pgc.cli; "
-            "print(sorted(m for m in sys.modules if m.startswith('lightning_pgc.emulator')))")
+    code = (
+        "import sys, lightning_pgc, lightning_pgc.cli; "
+        "print(sorted(m for m in sys.modules if m.startswith('lightning_pgc.emulator')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -30,8 +30,14 @@ TOLERANCE = 1e-5
 def _record(tmp_path: Path, scheme: str) -> Path:
     out = tmp_path / scheme
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    subprocess.run([sys.executable, str(ROOT / "tests" / "emulator_job.py"), str(out), scheme, str(STEPS)],
-                   check=True, env=env, cwd=tmp_path, timeout=240, capture_output=True)
+    subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "emulator_job.py"), str(out), scheme, str(STEPS)],
+        check=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=240,
+        capture_output=True,
+    )
     return out
 
 
@@ -60,8 +66,12 @@ def test_emulator_reproduces_a_real_run_from_its_admitted_sets_and_ages(tmp_path
     # The check can fail (pgc_cr): the same run replayed with another version's admitted set (and its codes' ages, same
     # rotation phase) at one version ends elsewhere.
     plan = AggregatePlan(make_scheme(scheme, 4, 1))
-    swaps = [(i, j) for i in range(2, STEPS) for j in range(2, STEPS)
-             if j % 2 == i % 2 and schedule[j].admitted != schedule[i].admitted]
+    swaps = [
+        (i, j)
+        for i in range(2, STEPS)
+        for j in range(2, STEPS)
+        if j % 2 == i % 2 and schedule[j].admitted != schedule[i].admitted
+    ]
     for i, j in swaps:
         try:
             plan.terms(i, schedule[j].admitted, schedule[j].ages)

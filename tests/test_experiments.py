@@ -14,12 +14,23 @@ from lightning_pgc.experiments.spec import recipe_path, resolve_spec
 
 
 def test_job_config_is_a_lightningcli_config_over_the_recipe(tmp_path: Path) -> None:
-    config = job_config({"strategy": "pgc_fr", "strategy_kwargs": {"stragglers": 1, "warmup": "gradual"},
-                         "devices": 4, "delay": "constant(seconds=0.01)", "measure": True, "val_every_n_steps": 5,
-                         "out": str(tmp_path), "seed": 3})
+    config = job_config(
+        {
+            "strategy": "pgc_fr",
+            "strategy_kwargs": {"stragglers": 1, "warmup": "gradual"},
+            "devices": 4,
+            "delay": "constant(seconds=0.01)",
+            "measure": True,
+            "val_every_n_steps": 5,
+            "out": str(tmp_path),
+            "seed": 3,
+        }
+    )
     trainer = config["trainer"]
-    assert trainer["strategy"] == {"class_path": "lightning_pgc.PGCStrategy",
-                                   "init_args": {"scheme": "pgc_fr", "stragglers": 1, "warmup": "gradual"}}
+    assert trainer["strategy"] == {
+        "class_path": "lightning_pgc.PGCStrategy",
+        "init_args": {"scheme": "pgc_fr", "stragglers": 1, "warmup": "gradual"},
+    }
     kinds = [cb["class_path"].rsplit(".", 1)[1] for cb in trainer["callbacks"]]
     assert kinds == ["JobRecorder", "LossRecorder", "StragglerInjector", "WorkMeter", "ValidationCurve"]
     assert trainer["callbacks"][2]["init_args"] == {"delay": "constant(seconds=0.01)", "seed": 0}
@@ -36,18 +47,33 @@ def test_job_config_is_a_lightningcli_config_over_the_recipe(tmp_path: Path) -> 
 
 
 def test_start_method_faults_and_resources_reach_the_config(tmp_path: Path) -> None:
-    forked = job_config({"strategy": "pgc", "start_method": "fork", "out": str(tmp_path), "resources": [50, 150],
-                         "faults": [{"kind": "Stall", "rank": 2, "step": 4, "seconds": 1.5}]})
-    assert forked["trainer"]["strategy"] == {"class_path": "lightning_pgc.PGCStrategy",
-                                             "init_args": {"scheme": "pgc_cr", "stragglers": 1, "start_method": "fork"}}
-    assert forked["trainer"]["callbacks"][3] == {"class_path": "lightning_pgc.faults.Stall",
-                                                 "init_args": {"rank": 2, "step": 4, "seconds": 1.5}}
-    assert forked["trainer"]["callbacks"][4] == {"class_path": "lightning_pgc.experiments.callbacks.ResourceMeter",
-                                                 "init_args": {"after_steps": [50, 150]}}
+    forked = job_config(
+        {
+            "strategy": "pgc",
+            "start_method": "fork",
+            "out": str(tmp_path),
+            "resources": [50, 150],
+            "faults": [{"kind": "Stall", "rank": 2, "step": 4, "seconds": 1.5}],
+        }
+    )
+    assert forked["trainer"]["strategy"] == {
+        "class_path": "lightning_pgc.PGCStrategy",
+        "init_args": {"scheme": "pgc_cr", "stragglers": 1, "start_method": "fork"},
+    }
+    assert forked["trainer"]["callbacks"][3] == {
+        "class_path": "lightning_pgc.faults.Stall",
+        "init_args": {"rank": 2, "step": 4, "seconds": 1.5},
+    }
+    assert forked["trainer"]["callbacks"][4] == {
+        "class_path": "lightning_pgc.experiments.callbacks.ResourceMeter",
+        "init_args": {"after_steps": [50, 150]},
+    }
     with pytest.raises(ValueError, match="after_steps must be positive"):
         ResourceMeter(after_steps=[0, 10])
-    assert job_config({"strategy": "ddp", "start_method": "fork", "out": str(tmp_path)})["trainer"]["strategy"] == \
-        "ddp_fork"
+    assert (
+        job_config({"strategy": "ddp", "start_method": "fork", "out": str(tmp_path)})["trainer"]["strategy"]
+        == "ddp_fork"
+    )
     assert job_config({"strategy": "pgc", "out": str(tmp_path)})["trainer"]["strategy"] == "pgc"  # popen: unchanged
     with pytest.raises(ValueError, match="start_method"):
         job_config({"start_method": "thread", "out": str(tmp_path)})

@@ -35,12 +35,19 @@ def test_a_long_stall_costs_nobody_and_the_stalled_rank_rejoins_by_state_transfe
     Rank 1's NaN is rejected (counted, not decoded). Every replica ends identical, losses stay finite.
     """
     job = run_job(
-        tmp_path, "stall", strategy="pgc", devices=4, max_steps=90, check_val_every_n_epoch=100,
+        tmp_path,
+        "stall",
+        strategy="pgc",
+        devices=4,
+        max_steps=90,
+        check_val_every_n_epoch=100,
         compute_s_per_eval=0.05,
         strategy_kwargs={"max_lag": MAX_LAG, "heartbeat_interval": 0.1, "heartbeat_misses": 20},
-        faults=[{"kind": "Freeze", "rank": 3, "step": 2, "seconds": 3.0},
-                {"kind": "NaNGradient", "rank": 1, "step": 50},
-                {"kind": "Stall", "rank": 2, "step": 70, "seconds": 2.0}],
+        faults=[
+            {"kind": "Freeze", "rank": 3, "step": 2, "seconds": 3.0},
+            {"kind": "NaNGradient", "rank": 1, "step": 50},
+            {"kind": "Stall", "rank": 2, "step": 70, "seconds": 2.0},
+        ],
     )
     ranks = job["ranks"]
     assert len({r["checksum"] for r in ranks}) == 1 and len({r["global_step"] for r in ranks}) == 1
@@ -126,7 +133,12 @@ def test_more_than_s_frozen_ranks_fail_every_survivor_fast_naming_them(tmp_path)
 
     with pytest.raises(JobFailed) as failed:
         run_job(
-            tmp_path, "frozen", strategy="pgc", devices=4, max_steps=40, check_val_every_n_epoch=100,
+            tmp_path,
+            "frozen",
+            strategy="pgc",
+            devices=4,
+            max_steps=40,
+            check_val_every_n_epoch=100,
             strategy_kwargs={"timeout": 1.0, "heartbeat_interval": 0.1, "heartbeat_misses": 10},
             faults=[{"kind": "Freeze", "rank": r, "step": 3, "seconds": 8.0} for r in (2, 3)],
         )
@@ -155,8 +167,15 @@ def _descendants(pid: int) -> set[int]:
     return out
 
 
-@pytest.mark.parametrize("during,step,strategy", [("train", 3, "pgc"), ("validation", 8, "pgc"),
-                                                 ("sanity_check", 0, "pgc"), ("sanity_check", 0, "bounded_staleness")])
+@pytest.mark.parametrize(
+    "during,step,strategy",
+    [
+        ("train", 3, "pgc"),
+        ("validation", 8, "pgc"),
+        ("sanity_check", 0, "pgc"),
+        ("sanity_check", 0, "bounded_staleness"),
+    ],
+)
 def test_a_killed_worker_is_survived_validation_and_checkpoints_included(tmp_path, during, step, strategy):
     """SIGKILL of rank 3 (4 CPU ranks, s = 1, one shard on rank 0) at step 3, in the validation after step 8, or in
     fit's sanity check (2 batches; the runtime starts there): the launcher kills nobody, the other three finish fit
@@ -165,8 +184,16 @@ def test_a_killed_worker_is_survived_validation_and_checkpoints_included(tmp_pat
     to 3; the launching process exits 0. Under bounded staleness version 0 closes without the dead rank's partition
     (nobody else evaluates it at version 0)."""
     job = run_job(
-        tmp_path, "kill", strategy=strategy, devices=4, max_steps=16, val_check_interval=8, check_val_every_n_epoch=None,
-        limit_val_batches=2, checkpoint_every_n_steps=8, num_sanity_val_steps=2 if during == "sanity_check" else 0,
+        tmp_path,
+        "kill",
+        strategy=strategy,
+        devices=4,
+        max_steps=16,
+        val_check_interval=8,
+        check_val_every_n_epoch=None,
+        limit_val_batches=2,
+        checkpoint_every_n_steps=8,
+        num_sanity_val_steps=2 if during == "sanity_check" else 0,
         strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0},
         faults=[{"kind": "Kill", "rank": 3, "step": step, "during": during}],
     )
@@ -180,8 +207,9 @@ def test_a_killed_worker_is_survived_validation_and_checkpoints_included(tmp_pat
     assert math.isfinite(job["summary"]["metrics"]["val_loss"]) and "val_acc" in job["summary"]["metrics"]
     ckpt = torch.load(tmp_path / "kill" / "checkpoints" / "last.ckpt", weights_only=False)
     assert ckpt["global_step"] == 16
-    saved = sorted(int(re.search(r"step=(\d+)", p.name).group(1))
-                   for p in (tmp_path / "kill" / "checkpoints").glob("epoch*.ckpt"))
+    saved = sorted(
+        int(re.search(r"step=(\d+)", p.name).group(1)) for p in (tmp_path / "kill" / "checkpoints").glob("epoch*.ckpt")
+    )
     assert saved == [8, 16]
 
 
@@ -191,8 +219,13 @@ def test_more_than_s_killed_ranks_fail_every_survivor_fast_naming_them_and_leave
     of the second kill, the errors name the dead ranks and the last version closed, the last checkpoint on disk
     loads, and no process of the job is left."""
     failed, exits = _failing_job_watched(
-        tmp_path, "kill2", max_steps=40, check_val_every_n_epoch=100, checkpoint_every_n_steps=2,
-        faults=[{"kind": "Kill", "rank": r, "step": 3} for r in (2, 3)])
+        tmp_path,
+        "kill2",
+        max_steps=40,
+        check_val_every_n_epoch=100,
+        checkpoint_every_n_steps=2,
+        faults=[{"kind": "Kill", "rank": r, "step": 3} for r in (2, 3)],
+    )
     ranks = sorted(t for t in exits.values() if t is not None)[:4]  # the launcher exits last (it reaps the ranks)
     # the two killed ranks go first; the job is lost only at the second kill (one dead rank is survived), so the
     # survivors' clock starts there: under load rank 3 reached its step 3 seconds after rank 2 was killed
@@ -214,9 +247,19 @@ def _failing_job_watched(tmp_path, name: str, failover=None, **spec):
 
     def run() -> None:
         try:
-            run_job(tmp_path, name, strategy="pgc", devices=4,
-                    strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0,
-                                     "failover": failover}, **spec)
+            run_job(
+                tmp_path,
+                name,
+                strategy="pgc",
+                devices=4,
+                strategy_kwargs={
+                    "heartbeat_interval": 0.1,
+                    "heartbeat_misses": 10,
+                    "timeout": 1.0,
+                    "failover": failover,
+                },
+                **spec,
+            )
         except JobFailed as exc:
             failed.append(exc)
 
@@ -239,9 +282,14 @@ def test_without_failover_a_killed_leader_ends_the_job_fast_and_clean(tmp_path):
     heartbeat window (plus teardown: ``EXIT_SPREAD_S``), naming the lost leader, and the launching process exits
     non-zero saying rank 0 died.
     (With failover the job finishes: tests/test_leader_faults.py.)"""
-    failed, exits = _failing_job_watched(tmp_path, "kill0", failover=False, max_steps=40,
-                                         check_val_every_n_epoch=100,
-                                         faults=[{"kind": "Kill", "rank": 0, "step": 3}])
+    failed, exits = _failing_job_watched(
+        tmp_path,
+        "kill0",
+        failover=False,
+        max_steps=40,
+        check_val_every_n_epoch=100,
+        faults=[{"kind": "Kill", "rank": 0, "step": 3}],
+    )
     ranks = sorted(t for t in exits.values() if t is not None)[:4]
     assert ranks[3] - ranks[0] < EXIT_SPREAD_S, ranks
     log = whole_log(failed.result.out)
@@ -267,15 +315,22 @@ def test_sigterm_on_one_worker_leaves_the_others_training(tmp_path, shard_bytes)
     if shard_bytes is not None:
         kwargs["shard_bytes"] = shard_bytes
     job = run_job(
-        tmp_path, "term1", strategy="pgc", devices=4, max_steps=16, check_val_every_n_epoch=100,
-        strategy_kwargs=kwargs, faults=[{"kind": "Terminate", "rank": 2, "step": 3}],
+        tmp_path,
+        "term1",
+        strategy="pgc",
+        devices=4,
+        max_steps=16,
+        check_val_every_n_epoch=100,
+        strategy_kwargs=kwargs,
+        faults=[{"kind": "Terminate", "rank": 2, "step": 3}],
     )
     ranks = job["ranks"]
     assert ranks[2] is None
     assert len({ranks[r]["checksum"] for r in (0, 1, 3)}) == 1 and {ranks[r]["global_step"] for r in (0, 1, 3)} == {16}
     assert re.search(r"PGC rank 2: SIGTERM: leaving at step [3-5] ", job["stderr"]), job["stderr"][-3000:]
-    assert re.search(r"PGC: rank 2 left at version \d+ \(SIGTERM on that rank\); training goes on with 3 of 4",
-                     job["stderr"]), job["stderr"][-3000:]
+    assert re.search(
+        r"PGC: rank 2 left at version \d+ \(SIGTERM on that rank\); training goes on with 3 of 4", job["stderr"]
+    ), job["stderr"][-3000:]
     if shard_bytes is not None:
         assert re.search(r"shard 2 to rank [013]", job["stderr"]), job["stderr"][-3000:]
 
@@ -286,12 +341,22 @@ def test_sigterm_on_every_rank_stops_the_job_cleanly_with_a_checkpoint(tmp_path)
     of its state, nothing hangs and the launcher exits 0 (as Lightning's ``SIGTERMException``, a ``SystemExit``)."""
     from lightning_pgc.experiments import launch
 
-    result = launch({"out": str(tmp_path / "term_all"), "start_method": "fork", "strategy": "pgc", "devices": 4,
-                     "max_steps": 40, "check_val_every_n_epoch": 100, "checkpoint_every_n_steps": 100,
-                     "checkpoint_on_exception": True,
-                     "strategy_kwargs": {"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0},
-                     "faults": [{"kind": "Terminate", "rank": r, "step": 5} for r in range(4)]},
-                    timeout=240, check=False)
+    result = launch(
+        {
+            "out": str(tmp_path / "term_all"),
+            "start_method": "fork",
+            "strategy": "pgc",
+            "devices": 4,
+            "max_steps": 40,
+            "check_val_every_n_epoch": 100,
+            "checkpoint_every_n_steps": 100,
+            "checkpoint_on_exception": True,
+            "strategy_kwargs": {"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0},
+            "faults": [{"kind": "Terminate", "rank": r, "step": 5} for r in range(4)],
+        },
+        timeout=240,
+        check=False,
+    )
     assert result.returncode == 0, result.log_tail[-3000:]
     log = whole_log(result.out)
     assert all(f"PGC rank {r}: SIGTERM: leaving at step" in log for r in range(4)), log[-3000:]

@@ -54,22 +54,56 @@ def _synthetic_run(cfg: grid.Config, seed: int, slowdown: float, evals: int, age
     """Validation every 10 steps, loss 2.0 -> 0.2 over 40 steps; wall time = slowdown * step / 10."""
     val = [(slowdown * s / 10, s, 2.0 - 0.045 * s, 0.2 + 0.02 * s) for s in range(0, 41, 10)]
     train = [(slowdown * s / 10, s, 2.0 - 0.045 * s) for s in range(40)]
-    measure = {"evals_per_step": [evals] * 40, "samples_per_step": [16 * evals] * 40,
-               "flops_fwd_bwd_per_sample": 1e6, "utilization": 0.5, "busy_s": 1.0, "wall_s": 2.0, "forward_s": 0.2,
-               "backward_s": 0.3, "injected_sleep_s": 0.5, "wait_s": 0.4}
+    measure = {
+        "evals_per_step": [evals] * 40,
+        "samples_per_step": [16 * evals] * 40,
+        "flops_fwd_bwd_per_sample": 1e6,
+        "utilization": 0.5,
+        "busy_s": 1.0,
+        "wall_s": 2.0,
+        "forward_s": 0.2,
+        "backward_s": 0.3,
+        "injected_sleep_s": 0.5,
+        "wait_s": 0.4,
+    }
     ranks = [{"measure": measure, "checksum": "x", "skipped_steps": 0} for _ in range(2)]
-    diagnostics = [{"step": float(t), "pgc/max_age": float(ages), "pgc/mean_age": ages / 2,
-                    "pgc/coordinator_wait_s": 0.05, "pgc/arrival_s/rank0": 0.01, "pgc/arrival_s/rank1": 0.04}
-                   for t in range(40)] if cfg.scheme != "ddp" else []
-    return grid.Run(cfg, seed, Path("/nowhere"), ok=True, job_wall_s=10.0, val=val, train=train, ranks=ranks,
-                    diagnostics=diagnostics)
+    diagnostics = (
+        [
+            {
+                "step": float(t),
+                "pgc/max_age": float(ages),
+                "pgc/mean_age": ages / 2,
+                "pgc/coordinator_wait_s": 0.05,
+                "pgc/arrival_s/rank0": 0.01,
+                "pgc/arrival_s/rank1": 0.04,
+            }
+            for t in range(40)
+        ]
+        if cfg.scheme != "ddp"
+        else []
+    )
+    return grid.Run(
+        cfg,
+        seed,
+        Path("/nowhere"),
+        ok=True,
+        job_wall_s=10.0,
+        val=val,
+        train=train,
+        ranks=ranks,
+        diagnostics=diagnostics,
+    )
 
 
 def test_rows_table_and_csv(tmp_path):
     ddp, pgc = grid.Config("ddp", 0, 1), grid.Config("pgc_cr", 1, 2)
-    runs = [_synthetic_run(ddp, 0, 2.0, 1, 0), _synthetic_run(pgc, 0, 1.0, 1, 1),
-            _synthetic_run(ddp, 1, 2.2, 1, 0), _synthetic_run(pgc, 1, 1.2, 1, 1),
-            grid.Run(pgc, 2, Path("/nowhere"), ok=False, error="boom")]
+    runs = [
+        _synthetic_run(ddp, 0, 2.0, 1, 0),
+        _synthetic_run(pgc, 0, 1.0, 1, 1),
+        _synthetic_run(ddp, 1, 2.2, 1, 0),
+        _synthetic_run(pgc, 1, 1.2, 1, 1),
+        grid.Run(pgc, 2, Path("/nowhere"), ok=False, error="boom"),
+    ]
     equal = grid.equal_wall_times(runs)
     assert equal == {("stragglers", 0): pytest.approx(4.0), ("stragglers", 1): pytest.approx(4.8)}  # pgc is first
     rows = [grid.run_row(r, 1.0, equal.get(("stragglers", r.seed))) for r in runs]
@@ -104,7 +138,9 @@ def test_rows_table_and_csv(tmp_path):
     assert float(read[1]["time_to_target_s"]) == pytest.approx(rows[1]["time_to_target_s"], rel=1e-5)
 
     doc = tmp_path / "bench.md"
-    doc.write_text("# mine\n\nhand-written intro\n\n" + grid.MARK_BEGIN + "\nold\n" + grid.MARK_END + "\n\nmy discussion\n")
+    doc.write_text(
+        "# mine\n\nhand-written intro\n\n" + grid.MARK_BEGIN + "\nold\n" + grid.MARK_END + "\n\nmy discussion\n"
+    )
     grid.update_markdown(doc, grid.MARK_BEGIN + "\nnew table\n" + grid.MARK_END)
     text = doc.read_text()
     assert "hand-written intro" in text and "my discussion" in text and "new table" in text and "old" not in text
@@ -112,10 +148,20 @@ def test_rows_table_and_csv(tmp_path):
 
 def test_tiny_job_logs_one_offline_wandb_run(tmp_path):
     """One real job (2 ranks, 6 steps) with W&B offline: a run directory with the grid's config keys."""
-    spec = dict(strategy="pgc_cr", strategy_kwargs={"stragglers": 1}, devices=2, max_steps=6, batch_size=8,
-                delay="lognormal(median=0.001, sigma=0.5)", check_val_every_n_epoch=100_000, val_every_n_steps=3,
-                measure=True, sync_loss=False, model={"sync_train_loss": False},
-                wandb={"project": "test", "group": "test-group", "name": "tiny", "offline": True})
+    spec = dict(
+        strategy="pgc_cr",
+        strategy_kwargs={"stragglers": 1},
+        devices=2,
+        max_steps=6,
+        batch_size=8,
+        delay="lognormal(median=0.001, sigma=0.5)",
+        check_val_every_n_epoch=100_000,
+        val_every_n_steps=3,
+        measure=True,
+        sync_loss=False,
+        model={"sync_train_loss": False},
+        wandb={"project": "test", "group": "test-group", "name": "tiny", "offline": True},
+    )
     job = launch({**spec, "out": str(tmp_path / "tiny")}, timeout=180)
     out = job.out
     info = job.wandb

@@ -34,8 +34,17 @@ def test_choose_setting_lowest_mean_final_loss_ties_to_the_smaller_rate():
 
 def test_sweep_settings_keep_the_effective_rate_across_momenta_and_old_names_stay_valid():
     settings = cx.sweep_settings([0.02, 0.05, 0.1], [0.9, 0.0, 0.5])
-    assert settings == [(0.02, 0.9), (0.05, 0.9), (0.1, 0.9), (0.2, 0.0), (0.5, 0.0), (1.0, 0.0),
-                        (0.1, 0.5), (0.25, 0.5), (0.5, 0.5)]  # lr / (1 - m) in {0.2, 0.5, 1.0} at every momentum
+    assert settings == [
+        (0.02, 0.9),
+        (0.05, 0.9),
+        (0.1, 0.9),
+        (0.2, 0.0),
+        (0.5, 0.0),
+        (1.0, 0.0),
+        (0.1, 0.5),
+        (0.25, 0.5),
+        (0.5, 0.5),
+    ]  # lr / (1 - m) in {0.2, 0.5, 1.0} at every momentum
     with pytest.raises(ValueError, match="momentum must be in"):
         cx.sweep_settings([0.1], [1.0])
     cell, arm = cx.Cell("exponential", "sleep"), cx.Arm("pgc_cr", 2)
@@ -57,10 +66,14 @@ def test_a_new_round_reruns_every_arm_of_a_cell_and_round_one_keeps_its_names():
     setting_of = {("sleep", "dgd"): (0.1, 0.9), ("sleep", "pgc_cr_c2"): (0.5, 0.0)}
     first, _ = cx.plan_main([cell], arms, [0], setting_of, main_round=1)
     second, _ = cx.plan_main([cell], arms, [0], setting_of, main_round=2)
-    assert [j.name for j in first] == ["main__slowrank-sleep__dgd__lr0.1__seed0",
-                                       "main__slowrank-sleep__pgc_cr_c2__lr0.5__m0__seed0"]
-    assert [j.name for j in second] == ["main__slowrank-sleep__dgd__lr0.1__r2__seed0",
-                                        "main__slowrank-sleep__pgc_cr_c2__lr0.5__m0__r2__seed0"]
+    assert [j.name for j in first] == [
+        "main__slowrank-sleep__dgd__lr0.1__seed0",
+        "main__slowrank-sleep__pgc_cr_c2__lr0.5__m0__seed0",
+    ]
+    assert [j.name for j in second] == [
+        "main__slowrank-sleep__dgd__lr0.1__r2__seed0",
+        "main__slowrank-sleep__pgc_cr_c2__lr0.5__m0__r2__seed0",
+    ]
     assert [j.setting for j in first] == [j.setting for j in second]
     assert grid_map.parse_args([]).round == 2
     sweep = cx.plan_sweep([cell], arms, [0.1], [0], "lognormal + stalls")
@@ -71,16 +84,29 @@ def _record(time_to_target: float, final_acc: float = 0.9, reach: bool = True) -
     """Validation loss 1.0 at t=0 falling linearly to 0.0 (reach) or 0.6 at 2 * time_to_target: with target 0.5 the
     crossing is at ``time_to_target``; accuracy rises linearly from 0.1 to ``final_acc``."""
     end = 2 * time_to_target
-    return {"ok": True, "error": "", "row": {"final_val_loss": 0.0 if reach else 0.6, "max_age": 1.0,
-                                              "utilization_mean": 0.5, "grad_evals_to_target": 10.0,
-                                              "error_decomposition": {"pgc/staleness_ratio": time_to_target}},
-            "val": [[0.0, 0, 1.0, 0.1], [end, 10, 0.0 if reach else 0.6, final_acc]]}
+    return {
+        "ok": True,
+        "error": "",
+        "row": {
+            "final_val_loss": 0.0 if reach else 0.6,
+            "max_age": 1.0,
+            "utilization_mean": 0.5,
+            "grad_evals_to_target": 10.0,
+            "error_decomposition": {"pgc/staleness_ratio": time_to_target},
+        },
+        "val": [[0.0, 0, 1.0, 0.1], [end, 10, 0.0 if reach else 0.6, final_acc]],
+    }
 
 
 def _cell(times: dict[str, list[float]], reach: dict[str, list[bool]] | None = None) -> dict:
     arms = [cx.Arm("ddp"), cx.Arm("dgd"), cx.Arm("pgc_cr", 2)]
-    records = {a.key: {seed: _record(t, reach=(reach or {}).get(a.key, [True] * 3)[i])
-                       for i, (seed, t) in enumerate(zip([0, 1, 2], times[a.key]))} for a in arms}
+    records = {
+        a.key: {
+            seed: _record(t, reach=(reach or {}).get(a.key, [True] * 3)[i])
+            for i, (seed, t) in enumerate(zip([0, 1, 2], times[a.key]))
+        }
+        for a in arms
+    }
     return cx.summarize_cell(records, arms, [0, 1, 2], 0.5, {a.key: (0.05, 0.9) for a in arms})
 
 
@@ -93,8 +119,10 @@ def test_cell_winner_margin_and_paired_intervals_by_hand():
     half = T_975_DF2 * statistics.stdev(d) / math.sqrt(3)
     margin = cell["margin"]
     assert margin["estimate"] == pytest.approx(math.exp(statistics.fmean(d)))
-    assert (margin["low"], margin["high"]) == (pytest.approx(math.exp(statistics.fmean(d) - half)),
-                                               pytest.approx(math.exp(statistics.fmean(d) + half)))
+    assert (margin["low"], margin["high"]) == (
+        pytest.approx(math.exp(statistics.fmean(d) - half)),
+        pytest.approx(math.exp(statistics.fmean(d) + half)),
+    )
     pgc = next(a for a in cell["arms"] if a["arm"] == "pgc_cr_c2")
     assert pgc["time_to_target_s"] == pytest.approx(24 ** (1 / 3))
     assert pgc["means"]["error_decomposition"] == {"pgc/staleness_ratio": pytest.approx(3.0)}  # mean of 2, 3, 4
@@ -116,12 +144,16 @@ def test_cell_winner_margin_and_paired_intervals_by_hand():
 def test_the_ratio_against_dgd_splits_into_steps_and_seconds_per_step_by_hand():
     """An arm whose steps are cheaper but that needs more of them (what PGC does here): the two paired ratios
     are computed on the same seeds and multiply to the time ratio."""
+
     def rec(wall_end: float, steps_end: float) -> dict:  # loss 1 -> 0 linearly: target 0.5 is crossed half way
         return {"ok": True, "error": "", "row": {}, "val": [[0.0, 0, 1.0, 0.1], [wall_end, steps_end, 0.0, 0.9]]}
+
     arms = [cx.Arm("ddp"), cx.Arm("dgd"), cx.Arm("pgc_cr", 2)]
-    records = {"ddp": {s: rec(10.0, 100) for s in (0, 1, 2)},
-               "dgd": {0: rec(10.0, 100), 1: rec(12.0, 100), 2: rec(8.0, 100)},  # 50 steps, 0.1 0.12 0.08 s each
-               "pgc_cr_c2": {0: rec(12.0, 200), 1: rec(12.0, 160), 2: rec(12.0, 240)}}  # 100 80 120 steps, 6 s
+    records = {
+        "ddp": {s: rec(10.0, 100) for s in (0, 1, 2)},
+        "dgd": {0: rec(10.0, 100), 1: rec(12.0, 100), 2: rec(8.0, 100)},  # 50 steps, 0.1 0.12 0.08 s each
+        "pgc_cr_c2": {0: rec(12.0, 200), 1: rec(12.0, 160), 2: rec(12.0, 240)},
+    }  # 100 80 120 steps, 6 s
     cell = cx.summarize_cell(records, arms, [0, 1, 2], 0.5, {})
     assert [a["momentum"] for a in cell["arms"]] == [None] * 3  # no setting given
     pgc = next(a for a in cell["arms"] if a["arm"] == "pgc_cr_c2")
@@ -132,10 +164,13 @@ def test_the_ratio_against_dgd_splits_into_steps_and_seconds_per_step_by_hand():
         half = T_975_DF2 * statistics.stdev(d) / math.sqrt(3)
         iv = pgc[key]
         assert iv["estimate"] == pytest.approx(math.exp(statistics.fmean(d))), key
-        assert (iv["low"], iv["high"]) == (pytest.approx(math.exp(statistics.fmean(d) - half)),
-                                           pytest.approx(math.exp(statistics.fmean(d) + half))), key
+        assert (iv["low"], iv["high"]) == (
+            pytest.approx(math.exp(statistics.fmean(d) - half)),
+            pytest.approx(math.exp(statistics.fmean(d) + half)),
+        ), key
     assert pgc["steps_vs_dgd"]["estimate"] * pgc["step_time_vs_dgd"]["estimate"] == pytest.approx(
-        pgc["vs_dgd"]["estimate"])
+        pgc["vs_dgd"]["estimate"]
+    )
     assert pgc["steps_vs_dgd"]["low"] > 1 and pgc["step_time_vs_dgd"]["high"] < 1  # more, cheaper steps
     dgd = next(a for a in cell["arms"] if a["arm"] == "dgd")
     assert dgd["steps_vs_dgd"] is None and dgd["step_time_vs_dgd"] is None
@@ -148,8 +183,10 @@ def test_the_ratio_against_dgd_splits_into_steps_and_seconds_per_step_by_hand():
 
 
 def test_an_arm_that_missed_the_target_on_a_seed_cannot_win():
-    cell = _cell({"ddp": [4.0, 6.0, 8.0], "dgd": [5.0, 5.0, 5.0], "pgc_cr_c2": [2.0, 3.0, 4.0]},
-                 reach={"pgc_cr_c2": [True, False, True]})
+    cell = _cell(
+        {"ddp": [4.0, 6.0, 8.0], "dgd": [5.0, 5.0, 5.0], "pgc_cr_c2": [2.0, 3.0, 4.0]},
+        reach={"pgc_cr_c2": [True, False, True]},
+    )
     pgc = next(a for a in cell["arms"] if a["arm"] == "pgc_cr_c2")
     assert pgc["reached"] == 2 and pgc["vs_dgd"] is None and pgc["vs_ddp"] is None
     assert (cell["winner"], cell["runner_up"]) == ("dgd", "ddp")
@@ -157,8 +194,10 @@ def test_an_arm_that_missed_the_target_on_a_seed_cannot_win():
 
 def test_the_arms_table_marks_where_each_arm_is_separably_faster_or_slower_than_dgd():
     fast = _cell({"ddp": [4.0, 6.0, 8.0], "dgd": [5.0, 5.0, 5.0], "pgc_cr_c2": [2.0, 2.1, 1.9]})
-    slow = _cell({"ddp": [4.0, 6.0, 8.0], "dgd": [5.0, 5.0, 5.0], "pgc_cr_c2": [9.0, 10.0, 11.0]},
-                 reach={"ddp": [True, False, True]})
+    slow = _cell(
+        {"ddp": [4.0, 6.0, 8.0], "dgd": [5.0, 5.0, 5.0], "pgc_cr_c2": [9.0, 10.0, 11.0]},
+        reach={"ddp": [True, False, True]},
+    )
     lines = cx.arms_table({"a-sleep": fast, "b-sleep": slow}, ["a-sleep", "b-sleep"]).splitlines()
     assert lines[0] == "| arm | `a-sleep` | `b-sleep` |" and len(lines) == 4  # header, separator, ddp, pgc: no dgd
     pgc = next(a for a in fast["arms"] if a["arm"] == "pgc_cr_c2")
@@ -167,8 +206,9 @@ def test_the_arms_table_marks_where_each_arm_is_separably_faster_or_slower_than_
     assert pgc["vs_dgd"]["high"] < 1 and slower["vs_dgd"]["low"] > 1
     assert not cx.separated(ddp["vs_dgd"])  # 4/5, 6/5, 8/5: [0.53, 2.2]
     assert lines[2] == f"| ddp | {cx._interval(ddp['vs_dgd'])} | reached 2/3 |"
-    assert lines[3] == (f"| pgc_cr c=2 | **{cx._interval(pgc['vs_dgd'])} faster** | "
-                        f"{cx._interval(slower['vs_dgd'])} slower |")
+    assert lines[3] == (
+        f"| pgc_cr c=2 | **{cx._interval(pgc['vs_dgd'])} faster** | {cx._interval(slower['vs_dgd'])} slower |"
+    )
 
 
 def test_a_cell_with_a_missing_run_is_incomplete_and_names_no_winner():
@@ -191,13 +231,41 @@ def test_arms_follow_n():
     assert "gc_fr_c2" in keys and not any(k.endswith("_c8") for k in keys)
     assert any("c=8" in reason for reason in skipped)
     assert cx.Arm("bounded", 4, True).strategy(3) == (
-        "bounded_staleness", {"seed": 3, "replication": 2, "staleness": 4}, {**cx.VALVE, "action": "window"})
+        "bounded_staleness",
+        {"seed": 3, "replication": 2, "staleness": 4},
+        {**cx.VALVE, "action": "window"},
+    )
     assert cx.Arm("ignore", 2).strategy(0)[:2] == ("ignore_stragglers", {"seed": 0, "stragglers": 1})
 
 
-ARGV = ["--devices", "2", "--c", "2", "--families", "ddp", "dgd", "pgc_cr", "--adaptive", "--delays",
-        "exponential", "one slow rank", "--costs", "sleep", "--seeds", "0", "1", "2", "--lrs", "0.05", "0.1",
-        "--sweep-seeds", "0", "--target", "0.5", "--no-wandb"]
+ARGV = [
+    "--devices",
+    "2",
+    "--c",
+    "2",
+    "--families",
+    "ddp",
+    "dgd",
+    "pgc_cr",
+    "--adaptive",
+    "--delays",
+    "exponential",
+    "one slow rank",
+    "--costs",
+    "sleep",
+    "--seeds",
+    "0",
+    "1",
+    "2",
+    "--lrs",
+    "0.05",
+    "0.1",
+    "--sweep-seeds",
+    "0",
+    "--target",
+    "0.5",
+    "--no-wandb",
+]
 
 
 def test_report_renders_from_run_records_and_marks_incomplete_cells(tmp_path):
@@ -212,8 +280,11 @@ def test_report_renders_from_run_records_and_marks_incomplete_cells(tmp_path):
     assert len(sweep) == 3 * 2 * 2  # one cost, three arms, two rates at two momenta, one seed
     for job in sweep:  # rate 0.1 at momentum 0.9 is best for pgc_cr only, momentum 0 for nobody
         best = job.setting == ((0.1, 0.9) if job.arm.family == "pgc_cr" else (0.05, 0.9))
-        store.save(job, grid_map.job_spec(job, args, args.sweep_steps),
-                   {"ok": True, "error": "", "row": {"final_val_loss": 0.2 if best else 0.4}, "val": []})
+        store.save(
+            job,
+            grid_map.job_spec(job, args, args.sweep_steps),
+            {"ok": True, "error": "", "row": {"final_val_loss": 0.2 if best else 0.4}, "val": []},
+        )
     setting_of = grid_map.chosen_settings(sweep, store, args)
     assert setting_of[("sleep", "pgc_cr_c2")] == (0.1, 0.9) and setting_of[("sleep", "ddp")] == (0.05, 0.9)
     main_jobs, waiting = cx.plan_main(cells, arms, [0, 1, 2], setting_of, args.round)
@@ -243,7 +314,8 @@ def test_report_renders_from_run_records_and_marks_incomplete_cells(tmp_path):
     assert "| pgc_cr c=2 | 0.1 | 0.9 | 3/3 | 2.88 |" in text
     assert (tmp_path / "docs" / "grid_map.png").stat().st_size > 10_000
     assert json.loads((tmp_path / "docs" / "grid_map.json").read_text())["cells"] == json.loads(
-        json.dumps(cells_out, default=float))
+        json.dumps(cells_out, default=float)
+    )
     # rendering again replaces the block instead of adding another
     grid_map.main(argv + ["--render-only"])
     assert (tmp_path / "docs" / "benchmarks.md").read_text().count(cx.MARK_BEGIN) == 1
@@ -251,10 +323,38 @@ def test_report_renders_from_run_records_and_marks_incomplete_cells(tmp_path):
 
 def test_smoke_grid_two_steps_per_cell_real_jobs(tmp_path):
     """Two real jobs (dgd and pgc_cr c=2 on 2 ranks, 2 steps, one seed, no sweep), then a rerun that reuses both."""
-    argv = ["--devices", "2", "--c", "2", "--families", "dgd", "pgc_cr", "--adaptive", "--delays", "exponential",
-            "--costs", "sleep", "--seeds", "0", "--steps", "2", "--val-every", "1", "--no-sweep",
-            "--start-method", "fork", "--no-wandb", "--timeout", "120", "--runs", str(tmp_path / "runs"),
-            "--docs", str(tmp_path / "docs"), "--out", str(tmp_path / "out")]
+    argv = [
+        "--devices",
+        "2",
+        "--c",
+        "2",
+        "--families",
+        "dgd",
+        "pgc_cr",
+        "--adaptive",
+        "--delays",
+        "exponential",
+        "--costs",
+        "sleep",
+        "--seeds",
+        "0",
+        "--steps",
+        "2",
+        "--val-every",
+        "1",
+        "--no-sweep",
+        "--start-method",
+        "fork",
+        "--no-wandb",
+        "--timeout",
+        "120",
+        "--runs",
+        str(tmp_path / "runs"),
+        "--docs",
+        str(tmp_path / "docs"),
+        "--out",
+        str(tmp_path / "out"),
+    ]
     result = grid_map.main(argv)
     store = cx.Store(tmp_path / "runs")
     records = store.records.records("round2")  # the default round
@@ -285,7 +385,7 @@ def test_records_are_appended_and_the_newest_line_of_a_name_wins(tmp_path):
     assert fresh.books() == ["round1"] and list(fresh.records("round1")) == ["a", "b"]
     assert fresh.get("round1", "a") == {"job": "a", "x": 2.0} and math.isnan(fresh.get("round1", "b")["x"])
     assert fresh.get("round1", "c") is None and fresh.get("round2", "a") is None
-    records.path("round1").write_bytes(data + data[len(first):][:-5])  # a member still being written
+    records.path("round1").write_bytes(data + data[len(first) :][:-5])  # a member still being written
     assert RunRecords(tmp_path).get("round1", "a") == {"job": "a", "x": 2.0}
 
 
@@ -296,7 +396,7 @@ def test_grid_map_json_is_what_the_shipped_records_render(page, tmp_path):
     shipped = json.loads((ROOT / page / "grid_map.json").read_text())
     argv = shipped["command"].split("benchmarks/grid.py ", 1)[1].split()
     if "--docs" in argv:
-        del argv[argv.index("--docs"):argv.index("--docs") + 2]
+        del argv[argv.index("--docs") : argv.index("--docs") + 2]
     grid_map.main(argv + ["--runs", str(ROOT / shipped["runs_folder"]), "--docs", str(tmp_path)])
     rendered = json.loads((tmp_path / "grid_map.json").read_text())
     for key in ("command", "rendered", "runs_folder"):
@@ -311,7 +411,7 @@ def test_benchmarks_map_block_is_what_grid_renders_from_grid_map_json(page):
     docs = ROOT / page
     result = json.loads((docs / "grid_map.json").read_text())
     text = (docs / "benchmarks.md").read_text()
-    block = text[text.index(cx.MARK_BEGIN): text.index(cx.MARK_END) + len(cx.MARK_END)]
+    block = text[text.index(cx.MARK_BEGIN) : text.index(cx.MARK_END) + len(cx.MARK_END)]
     assert block == cx.render_markdown(result)
 
 
@@ -328,8 +428,10 @@ def test_the_summarys_count_of_separated_winners_is_the_maps():
     separated = {k: c for k, c in complete.items() if c["margin"]["high"] < 1}
     text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().replace("**", "").split()).lower()
     plural = "cell has" if len(separated) == 1 else "cells have"
-    assert f"{NUMBER_WORDS[len(separated)]} of the {len(complete)} {plural} a winner separated from its runner-up" \
+    assert (
+        f"{NUMBER_WORDS[len(separated)]} of the {len(complete)} {plural} a winner separated from its runner-up"
         in text.replace(f"of the {len(complete)} cells has", f"of the {len(complete)} cell has")
+    )
 
     def named(arm: str) -> str:  # an arm key as the summary writes it: `gc_fr` c = 2
         family, _, c = arm.rpartition("_c")

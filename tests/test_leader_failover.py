@@ -100,8 +100,9 @@ def test_a_code_send_to_the_dead_leader_that_fails_at_once_does_not_fail_its_sen
     stays kept and goes to rank 1 when shard 0 moves; versions 2-3 close exact and identical."""
     scheme = make_scheme("pgc_cr", 4, 1)
     _RefusesRank0.refuse.clear()
-    rts = make_runtimes(scheme, shards=1, heartbeat=(0.05, 40), wrap={0: FrozenTransport, 3: _RefusesRank0},
-                        failover=True)
+    rts = make_runtimes(
+        scheme, shards=1, heartbeat=(0.05, 40), wrap={0: FrozenTransport, 3: _RefusesRank0}, failover=True
+    )
     live = [1, 2, 3]
     try:
         for v in range(2):
@@ -153,8 +154,9 @@ def test_a_version_the_dead_leader_closed_but_never_published_is_decided_again_b
             submit(rt, 2, ages=(0, 0))
         assert _eventually(lambda: rts[0].leader.record(2) is not None)
         first = rts[0].leader.record(2).admitted
-        assert _eventually(lambda: all(rts[r].mailbox.failure() is None and rts[r]._shard_seen[r] == 2
-                                       for r in live))  # shards 1-3 of version 2 are out
+        assert _eventually(
+            lambda: all(rts[r].mailbox.failure() is None and rts[r]._shard_seen[r] == 2 for r in live)
+        )  # shards 1-3 of version 2 are out
         _die(rts, 0)
         aggs = []
         for r in live:
@@ -203,8 +205,7 @@ def test_a_donor_that_dies_during_the_state_transfer_is_replaced_by_another(capl
     1 takes over, attaches it at its own open version and donates while it waits for that version, which needs rank
     3's code. Rank 3 gets rank 1's state, and ranks 1-3 go on with exact, identical aggregates."""
     scheme = make_scheme("pgc_cr", 4, 1)
-    rts = make_runtimes(scheme, shards=1, max_lag=2, heartbeat=(0.05, 40), wrap={0: _DiesWhileDonating},
-                        failover=True)
+    rts = make_runtimes(scheme, shards=1, max_lag=2, heartbeat=(0.05, 40), wrap={0: _DiesWhileDonating}, failover=True)
     live = [1, 2, 3]
     first, second = torch.full((9,), 7, dtype=torch.uint8), torch.arange(9, dtype=torch.uint8)
     try:
@@ -232,8 +233,9 @@ def test_a_frozen_leader_is_replaced_and_rejoins_as_a_worker_when_it_resumes(cap
     rejoins by state transfer; then all four go on with exact, identical aggregates, and nothing it sent on resuming
     is used."""
     scheme = make_scheme("pgc_cr", 4, 1)
-    rts = make_runtimes(scheme, shards=1, heartbeat=(0.05, 10), wrap={0: FrozenTransport}, failover=True,
-                        frozen_failover=True)
+    rts = make_runtimes(
+        scheme, shards=1, heartbeat=(0.05, 10), wrap={0: FrozenTransport}, failover=True, frozen_failover=True
+    )
     live = [1, 2, 3]
     state = torch.arange(7, dtype=torch.uint8)
     try:

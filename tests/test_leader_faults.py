@@ -14,9 +14,16 @@ import torch
 from tests.jobs import run_job
 
 
-@pytest.mark.parametrize("strategy,shard_bytes,during", [
-    ("pgc", None, "train"), ("pgc", 64, "train"), ("bounded_staleness", None, "train"),
-    ("bounded_staleness", None, "sanity_check")], ids=["one_shard", "every_rank_owns_one", "bounded", "bounded_sanity"])
+@pytest.mark.parametrize(
+    "strategy,shard_bytes,during",
+    [
+        ("pgc", None, "train"),
+        ("pgc", 64, "train"),
+        ("bounded_staleness", None, "train"),
+        ("bounded_staleness", None, "sanity_check"),
+    ],
+    ids=["one_shard", "every_rank_owns_one", "bounded", "bounded_sanity"],
+)
 def test_a_killed_leader_is_replaced_by_rank_1_and_the_job_finishes(tmp_path, strategy, shard_bytes, during):
     """SIGKILL of rank 0 (the leader, and Lightning's rank zero) at step 3: rank 1 takes over. Ranks 1-3 finish fit
     with identical replicas; validation and checkpoints go on (written by rank 1, in the same folder); the CSV
@@ -28,8 +35,16 @@ def test_a_killed_leader_is_replaced_by_rank_1_and_the_job_finishes(tmp_path, st
     if shard_bytes is not None:
         kwargs["shard_bytes"] = shard_bytes
     job = run_job(
-        tmp_path, "kill0", strategy=strategy, devices=4, max_steps=16, val_check_interval=8,
-        check_val_every_n_epoch=None, limit_val_batches=2, checkpoint_every_n_steps=8, strategy_kwargs=kwargs,
+        tmp_path,
+        "kill0",
+        strategy=strategy,
+        devices=4,
+        max_steps=16,
+        val_check_interval=8,
+        check_val_every_n_epoch=None,
+        limit_val_batches=2,
+        checkpoint_every_n_steps=8,
+        strategy_kwargs=kwargs,
         num_sanity_val_steps=2 if during == "sanity_check" else 0,
         faults=[{"kind": "Kill", "rank": 0, "step": 3 if during == "train" else 0, "during": during}],
     )
@@ -39,7 +54,9 @@ def test_a_killed_leader_is_replaced_by_rank_1_and_the_job_finishes(tmp_path, st
     live = [ranks[r] for r in (1, 2, 3)]
     assert len({r["checksum"] for r in live}) == 1 and {r["global_step"] for r in live} == {16}
     assert re.search(r"the leader \(rank 0\) is gone at version \d+ .*; rank 1 takes over", log), log[-3000:]
-    assert re.search(r"PGC rank 1: rank 0 \(the leader\) died or froze; this rank leads from step \d+ on", log), log[-3000:]
+    assert re.search(r"PGC rank 1: rank 0 \(the leader\) died or froze; this rank leads from step \d+ on", log), log[
+        -3000:
+    ]
     assert "rank 0 (the first PGC leader) exited with status -9" in log
     alive = [row["pgc/alive"] for row in job["summary"]["diagnostics"] if "pgc/alive" in row]
     assert alive and alive[-1] == 3.0
@@ -66,8 +83,16 @@ def test_a_frozen_leader_is_replaced_and_rejoins_as_a_worker_when_it_resumes(tmp
     replicas; checkpoints, validation, the CSV run and the results come from rank 1 (one ``metrics.csv``, readable,
     rows up to the last step)."""
     job = run_job(
-        tmp_path, "freeze0", strategy=strategy, devices=4, max_steps=40, val_check_interval=20,
-        check_val_every_n_epoch=None, limit_val_batches=2, checkpoint_every_n_steps=20, compute_s_per_eval=0.02,
+        tmp_path,
+        "freeze0",
+        strategy=strategy,
+        devices=4,
+        max_steps=40,
+        val_check_interval=20,
+        check_val_every_n_epoch=None,
+        limit_val_batches=2,
+        checkpoint_every_n_steps=20,
+        compute_s_per_eval=0.02,
         strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0},
         faults=[{"kind": "Freeze", "rank": 0, "step": 3, "seconds": 3.0}],
     )

@@ -20,8 +20,15 @@ def test_a_killed_shard_owner_is_survived_its_shard_moves_to_a_live_rank(tmp_pat
     checkpoints, identical replicas and ``pgc/alive`` 3; the launching process exits 0. Under bounded staleness the
     live ranks send the new owner their kept codes and the leader forgets rank 2's entries."""
     job = run_job(
-        tmp_path, "kill_owner", strategy=strategy, devices=4, max_steps=16, val_check_interval=8,
-        check_val_every_n_epoch=None, limit_val_batches=2, checkpoint_every_n_steps=8,
+        tmp_path,
+        "kill_owner",
+        strategy=strategy,
+        devices=4,
+        max_steps=16,
+        val_check_interval=8,
+        check_val_every_n_epoch=None,
+        limit_val_batches=2,
+        checkpoint_every_n_steps=8,
         strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0, "shard_bytes": 64},
         faults=[{"kind": "Kill", "rank": 2, "step": 3}],
     )
@@ -29,8 +36,9 @@ def test_a_killed_shard_owner_is_survived_its_shard_moves_to_a_live_rank(tmp_pat
     assert ranks[2] is None
     live = [ranks[r] for r in (0, 1, 3)]
     assert len({r["checksum"] for r in live}) == 1 and {r["global_step"] for r in live} == {16}
-    assert re.search(r"rank 2 died at version \d+ .*its shard\(s\) \[2\] move to live ranks", job["stderr"]), \
-        job["stderr"][-3000:]
+    assert re.search(r"rank 2 died at version \d+ .*its shard\(s\) \[2\] move to live ranks", job["stderr"]), job[
+        "stderr"
+    ][-3000:]
     assert re.search(r"shard 2 to rank [013]", job["stderr"]), job["stderr"][-3000:]
     alive = [row["pgc/alive"] for row in job["summary"]["diagnostics"] if "pgc/alive" in row]
     assert alive and alive[-1] == 3.0
@@ -45,15 +53,21 @@ def test_a_frozen_shard_owner_is_fenced_off_and_rejoins_when_it_resumes(tmp_path
     """SIGSTOP of rank 2 for 3 s at step 3 with 4 shards: after a heartbeat window (1 s) its shard moves to a live
     rank and the others go on; after SIGCONT it rejoins by state transfer. All four finish with identical replicas."""
     job = run_job(
-        tmp_path, "freeze_owner", strategy="pgc", devices=4, max_steps=40, check_val_every_n_epoch=100,
+        tmp_path,
+        "freeze_owner",
+        strategy="pgc",
+        devices=4,
+        max_steps=40,
+        check_val_every_n_epoch=100,
         compute_s_per_eval=0.02,
         strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "shard_bytes": 64},
         faults=[{"kind": "Freeze", "rank": 2, "step": 3, "seconds": 3.0}],
     )
     ranks = job["ranks"]
     assert len({r["checksum"] for r in ranks}) == 1 and {r["global_step"] for r in ranks} == {40}
-    assert re.search(r"rank 2 owns shards \[2\] and sent no heartbeat .*\(frozen\)", job["stderr"]), \
-        job["stderr"][-3000:]
+    assert re.search(r"rank 2 owns shards \[2\] and sent no heartbeat .*\(frozen\)", job["stderr"]), job["stderr"][
+        -3000:
+    ]
     assert re.search(r"shard 2 to rank [013]", job["stderr"]) and "rank 2: rejoined at version" in job["stderr"]
     assert ranks[0]["rank_stats"][2]["rejoined"] >= 1
 

@@ -27,8 +27,9 @@ def _run(args: list[str], cwd: Path, timeout: float = 240) -> str:
     env = {**os.environ, "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     for key in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PL_GLOBAL_SEED", "PYTHONPATH"):
         env.pop(key, None)
-    proc = subprocess.run(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout)
+    proc = subprocess.run(
+        args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, f"{args}: exit {proc.returncode}\n{proc.stdout[-6000:]}"
     return proc.stdout
 
@@ -37,12 +38,26 @@ def _run(args: list[str], cwd: Path, timeout: float = 240) -> str:
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # build from a copy of the sources, so no stale build/ folder of the checkout can leak into the wheel
     src = tmp_path_factory.mktemp("src") / "lightning_pgc"
-    ignore = shutil.ignore_patterns(".venv", ".git", "build", "dist", "outputs", "*.egg-info", "__pycache__",
-                                    "wandb", "lightning_logs")
+    ignore = shutil.ignore_patterns(
+        ".venv", ".git", "build", "dist", "outputs", "*.egg-info", "__pycache__", "wandb", "lightning_logs"
+    )
     shutil.copytree(ROOT, src, ignore=ignore)
     dist = tmp_path_factory.mktemp("dist")
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--quiet", "-w", str(dist),
-          str(src)], cwd=dist)
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--quiet",
+            "-w",
+            str(dist),
+            str(src),
+        ],
+        cwd=dist,
+    )
     (path,) = dist.glob("lightning_pgc-*.whl")
     return path
 
@@ -71,8 +86,10 @@ def test_wheel_installs_and_runs_a_packaged_recipe_from_any_directory(wheel: Pat
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd=tmp_path)
     py = venv / "bin" / "python"
-    _run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", "--quiet",
-          str(wheel)], cwd=tmp_path)
+    _run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index", "--quiet", str(wheel)],
+        cwd=tmp_path,
+    )
     # this environment's third-party packages (torch, lightning, ...), appended after the venv's own site-packages
     purelib = _run([str(py), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd=tmp_path).strip()
     (Path(purelib) / "outer_env.pth").write_text("\n".join(site.getsitepackages()) + "\n")
@@ -82,7 +99,17 @@ def test_wheel_installs_and_runs_a_packaged_recipe_from_any_directory(wheel: Pat
     assert Path(where).is_relative_to(venv), where  # the wheel, not this checkout
     script = venv / "bin" / "lightning-pgc"
     assert _run([str(script), "--version"], cwd=work).startswith("lightning-pgc ")
-    out = _run([str(script), "fit", "--config", "digits_cnn.yaml", "--trainer.devices=2", "--trainer.max_steps=3",
-                "--trainer.enable_progress_bar=false"], cwd=work)
+    out = _run(
+        [
+            str(script),
+            "fit",
+            "--config",
+            "digits_cnn.yaml",
+            "--trainer.devices=2",
+            "--trainer.max_steps=3",
+            "--trainer.enable_progress_bar=false",
+        ],
+        cwd=work,
+    )
     assert "`max_steps=3` reached" in out
     assert list((work / "outputs" / "digits" / "digits_cnn").glob("version_0/checkpoints/*.ckpt"))

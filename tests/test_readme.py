@@ -21,7 +21,7 @@ README = (ROOT / "README.md").read_text()
 
 
 def example() -> str:
-    section = README[README.index("## A complete example"):]
+    section = README[README.index("## A complete example") :]
     return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
@@ -31,8 +31,9 @@ def test_the_readme_example_runs_as_pasted(tmp_path):
     script = tmp_path / "example.py"
     script.write_text(example())
     env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "offline"}
-    done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=240)
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "`Trainer.fit` stopped: `max_steps=30` reached." in done.stderr + done.stdout
     table = [line for line in done.stdout.splitlines() if line.startswith("[{")]
@@ -49,11 +50,14 @@ def test_the_which_strategy_table_is_rendered_from_its_file():
 
     which_strategy.check(table, set(REGISTERED))
     begin, end = README.index(which_strategy.MARK_BEGIN), README.index(which_strategy.MARK_END)
-    assert README[begin:end + len(which_strategy.MARK_END)] == which_strategy.render(table)
+    assert README[begin : end + len(which_strategy.MARK_END)] == which_strategy.render(table)
     for row in [*table["rows"], table["default"]]:  # every evidence link lands on a heading of its page
         path, anchor = row["evidence"].split("#")
-        slugs = {re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
-                 for line in (ROOT / path).read_text().splitlines() if line.startswith("#")}
+        slugs = {
+            re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+            for line in (ROOT / path).read_text().splitlines()
+            if line.startswith("#")
+        }
         assert anchor in slugs, row["evidence"]
 
 
@@ -73,10 +77,16 @@ def test_the_rule_recommends_only_an_arm_separated_from_ddp_and_dgd_in_every_cel
     def arm(name, t, dgd_high, ddp_high):
         return {"arm": name, "time_to_target_s": t, "vs_dgd": {"high": dgd_high}, "vs_ddp": {"high": ddp_high}}
 
-    cells = {"slowrank-sleep": {"status": "complete", "arms": [arm("gc_fr_c2", 5.0, 0.9, 0.9),
-                                                               arm("pgc_cr_c2", 4.0, 0.9, 1.1)]},
-             "slowrank-real": {"status": "complete", "arms": [arm("gc_fr_c2", 6.0, 0.8, 0.8),
-                                                              arm("pgc_cr_c2", 3.0, 0.5, 0.5)]}}
+    cells = {
+        "slowrank-sleep": {
+            "status": "complete",
+            "arms": [arm("gc_fr_c2", 5.0, 0.9, 0.9), arm("pgc_cr_c2", 4.0, 0.9, 1.1)],
+        },
+        "slowrank-real": {
+            "status": "complete",
+            "arms": [arm("gc_fr_c2", 6.0, 0.8, 0.8), arm("pgc_cr_c2", 3.0, 0.5, 0.5)],
+        },
+    }
     settings = {"sleep/gc_fr_c2": {"lr": 0.1, "momentum": 0.9}, "real/gc_fr_c2": {"lr": 0.1, "momentum": 0.9}}
     rows = which_strategy.derive({"cells": cells, "chosen_setting": settings})["rows"]
     assert [(r["strategy"], r["s"], r["lr"]) for r in rows] == [("gc_fr", 1, 0.1)]

@@ -28,8 +28,9 @@ def test_a_resumed_run_matches_the_uninterrupted_one_bitwise_and_only_with_its_s
     ranks 0 and 2 (one per group, weights 1/4, a sum of two terms whatever their arrival order), so the aggregate
     is a function of the caches alone. Run A checkpoints at step K and goes on to K + C; run B resumes from that
     checkpoint for C steps; run C resumes from a copy of it without the ``.pgc`` folder."""
-    common = dict(strategy="pgc_fr", devices=4, check_val_every_n_epoch=100, delay="slowranks(ranks=[1, 3], "
-                  "seconds=1.0)")
+    common = dict(
+        strategy="pgc_fr", devices=4, check_val_every_n_epoch=100, delay="slowranks(ranks=[1, 3], seconds=1.0)"
+    )
     a = run_job(tmp_path, "a", max_steps=K + C, checkpoint_every_n_steps=K, **common)
     ckpt = a["out"] / "checkpoints" / f"epoch=0-step={K}.ckpt"
     assert sorted(os.listdir(sidecar_dir(str(ckpt)))) == [f"rank{k}.pt" for k in range(4)]
@@ -66,8 +67,9 @@ def _strategy(rank: int = 1, world_size: int = 4, step: int = 7, **kwargs) -> PG
     """A PGCStrategy on rank ``rank`` of ``world_size`` in the middle of fit at ``step`` (what ``on_train_start``
     sets up), without processes."""
     strategy = PGCStrategy(parallel_devices=[torch.device("cpu")] * world_size, diagnostics=False, **kwargs)
-    strategy.cluster_environment = SimpleNamespace(global_rank=lambda: rank, local_rank=lambda: rank,
-                                                   node_rank=lambda: 0, world_size=lambda: world_size)
+    strategy.cluster_environment = SimpleNamespace(
+        global_rank=lambda: rank, local_rank=lambda: rank, node_rank=lambda: 0, world_size=lambda: world_size
+    )
     strategy.scheme = strategy._make_scheme(world_size)
     strategy.cache = StaleCache(strategy.scheme.partitions(rank), max_age=strategy.scheme.cache_max_age)
     strategy._grad_numel = GRAD_NUMEL
@@ -94,8 +96,13 @@ def test_every_rank_saves_its_cache_next_to_the_checkpoint_and_a_resume_reloads_
     rank0 = _strategy(rank=0)
     _fill(rank0, {0: 6})
     rank0.save_checkpoint(checkpoint, ckpt)
-    assert checkpoint["pgc"] == {"world_size": 4, "scheme": "pgc_cr", "global_step": 7, "warm_start": 0,
-                                 "pipeline": "epoch=0-step=7.ckpt.pgc"}
+    assert checkpoint["pgc"] == {
+        "world_size": 4,
+        "scheme": "pgc_cr",
+        "global_step": 7,
+        "warm_start": 0,
+        "pipeline": "epoch=0-step=7.ckpt.pgc",
+    }
     assert torch.load(ckpt, weights_only=True)["pgc"] == checkpoint["pgc"]
 
     resumed = _strategy(rank=1)
@@ -153,8 +160,9 @@ def _resume(tmp_path, caplog, saved: Optional[PGCStrategy], resumed: PGCStrategy
         ({}, {}, 9, True, "global step (this file belongs to another save of the checkpoint): saved 7, now 9"),
     ],
 )
-def test_a_resume_without_a_usable_cache_warms_up_again_and_says_why(tmp_path, caplog, saved, resumed, step, info,
-                                                                     reason):
+def test_a_resume_without_a_usable_cache_warms_up_again_and_says_why(
+    tmp_path, caplog, saved, resumed, step, info, reason
+):
     saver = None
     if saved is not None:
         saver = _strategy(rank=1, **saved)
@@ -186,20 +194,33 @@ def test_an_unreadable_pipeline_file_warms_up_again(tmp_path, caplog):
 
 def test_pipeline_state_round_trips_and_refuses_malformed_files():
     flat = torch.arange(12, dtype=torch.float32)
-    state = PipelineState(rank=2, world_size=4, scheme="pgc_fr", partitions=(2, 3), seed=1, grad_numel=10,
-                          dtype="float32", global_step=5, warm_start=0, entries={3: (4, flat)})
+    state = PipelineState(
+        rank=2,
+        world_size=4,
+        scheme="pgc_fr",
+        partitions=(2, 3),
+        seed=1,
+        grad_numel=10,
+        dtype="float32",
+        global_step=5,
+        warm_start=0,
+        entries={3: (4, flat)},
+    )
     saved = io.BytesIO()
     torch.save(state.to_dict(), saved)
     saved.seek(0)
     back = PipelineState.from_dict(torch.load(saved, weights_only=True))
-    assert {k: v for k, v in vars(back).items() if k != "entries"} == {k: v for k, v in vars(state).items()
-                                                                       if k != "entries"}
+    assert {k: v for k, v in vars(back).items() if k != "entries"} == {
+        k: v for k, v in vars(state).items() if k != "entries"
+    }
     assert list(back.entries) == [3] and back.entries[3][0] == 4 and torch.equal(back.entries[3][1], flat)
     assert back.mismatch(state) is None
     assert back.mismatch(PipelineState(**{**vars(state), "grad_numel": 11})) == (
-        "gradient size (the model changed): saved 10, now 11")
+        "gradient size (the model changed): saved 10, now 11"
+    )
     assert "payload dtype: saved 'float32', now 'float64'" in back.mismatch(
-        PipelineState(**{**vars(state), "dtype": "float64"}))
+        PipelineState(**{**vars(state), "dtype": "float64"})
+    )
     for bad, match in [
         ({**state.to_dict(), "format": 0}, "not a PGC pipeline file of format 1"),
         ({k: v for k, v in state.to_dict().items() if k != "seed"}, "malformed PGC pipeline file \\(KeyError"),
@@ -218,8 +239,10 @@ def test_a_symlinked_last_checkpoint_finds_the_pipeline_of_its_target(tmp_path, 
     target.write_bytes(b"")
     link = tmp_path / "last.ckpt"
     link.symlink_to(target.name)
-    assert sidecar_paths(str(link), 1) == [str(tmp_path / "last.ckpt.pgc" / "rank1.pt"),
-                                           str(tmp_path / "epoch=0-step=7.ckpt.pgc" / "rank1.pt")]
+    assert sidecar_paths(str(link), 1) == [
+        str(tmp_path / "last.ckpt.pgc" / "rank1.pt"),
+        str(tmp_path / "epoch=0-step=7.ckpt.pgc" / "rank1.pt"),
+    ]
     assert sidecar_paths(str(target), 1) == [sidecar_path(str(target), 1)]
     checkpoint_io = TorchCheckpointIO()
     old, now = _strategy(rank=1, step=5), _strategy(rank=1, step=7)

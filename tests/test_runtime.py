@@ -38,8 +38,10 @@ from tests.runtime_scenarios import (
 # ------------------------------------------------------------------------------------------------- pure parts
 def test_header_roundtrip_float32_and_float64():
     for dtype in (torch.float32, torch.float64):
-        for h in (Header(Kind.CODE, 123456789012, 3, 2, 4, 7, (0, 1, 15, 7), 99, partition=5),
-                  Header(Kind.AGGREGATE, 8, 0, 0, 0, 1, table=tuple(i % 16 for i in range(16)))):
+        for h in (
+            Header(Kind.CODE, 123456789012, 3, 2, 4, 7, (0, 1, 15, 7), 99, partition=5),
+            Header(Kind.AGGREGATE, 8, 0, 0, 0, 1, table=tuple(i % 16 for i in range(16))),
+        ):
             msg = pack(h, torch.arange(D, dtype=dtype), D, dtype)
             got, payload = unpack(msg)
             assert got == h
@@ -186,7 +188,9 @@ def test_the_same_admitted_set_gives_the_same_bits_whatever_the_arrival_order():
             assert rts[0].record(version).admitted == list(order)
         for agg in aggs[1:]:
             assert torch.equal(agg, aggs[0])
-        in_arrival_order = [sum((codes[r] / 4 for r in order), torch.zeros(D)) for order in [(0, 1, 2, 3), (3, 2, 1, 0)]]
+        in_arrival_order = [
+            sum((codes[r] / 4 for r in order), torch.zeros(D)) for order in [(0, 1, 2, 3), (3, 2, 1, 0)]
+        ]
         assert not torch.equal(*in_arrival_order)  # so the orders above would give other bits if summed as they came
     finally:
         _stop_all(rts)
@@ -211,7 +215,9 @@ def test_dgd_waits_for_a_live_slow_rank_and_fails_fast_naming_a_dead_one():
     try:
         submit(rts[0], 0)
         submit(rts[1], 0)
-        with pytest.raises(CoordinatorError, match=r"Missing ranks: \[2\]; the last version closed is -1.*needs 3 of 3"):
+        with pytest.raises(
+            CoordinatorError, match=r"Missing ranks: \[2\]; the last version closed is -1.*needs 3 of 3"
+        ):
             rts[0].wait(0)
         # (no time bound: without the detection this wait would block as long as the live slow rank's above)
         # the other workers are told, instead of hanging
@@ -239,9 +245,19 @@ def test_leader_names_missing_ranks_beyond_s():
 def test_worker_fails_when_the_leader_stops_beating():
     scheme = make_scheme("pgc_cr", 3, 1)
     hub = QueueHub(3)
-    worker = PGCRuntime(scheme, hub.endpoint(1), rank=1, world_size=3, layout=ShardLayout(D, D, 3),
-                        down_dtype=torch.float32, start_version=0, timeout=0.2, max_lag=10,
-                        heartbeat_interval=0.05, heartbeat_misses=4)
+    worker = PGCRuntime(
+        scheme,
+        hub.endpoint(1),
+        rank=1,
+        world_size=3,
+        layout=ShardLayout(D, D, 3),
+        down_dtype=torch.float32,
+        start_version=0,
+        timeout=0.2,
+        max_lag=10,
+        heartbeat_interval=0.05,
+        heartbeat_misses=4,
+    )
     worker.start()
     submit(worker, 0)
     with pytest.raises(PGCTimeoutError, match=r"lost the leader \(rank 0\): no heartbeat"):
@@ -301,8 +317,10 @@ def test_a_rank_back_after_the_others_finished_gets_the_leaders_final_state():
             submit(rts[r], v)
         for r in (0, 1):
             rts[r].release(rts[r].wait(v))
-    stoppers = [threading.Thread(target=rts[0].stop, kwargs={"donate": lambda: final}),
-                threading.Thread(target=rts[1].stop)]
+    stoppers = [
+        threading.Thread(target=rts[0].stop, kwargs={"donate": lambda: final}),
+        threading.Thread(target=rts[1].stop),
+    ]
     for t in stoppers:
         t.start()
     rts[2].release(rts[2].wait(0))
@@ -321,8 +339,9 @@ def test_a_frozen_rank_is_missing_detached_and_not_waited_for():
     reports it missing after the heartbeat window and detaches it, so nothing accumulates for it."""
     scheme = make_scheme("pgc_cr", 3, 1)
     frozen = {}
-    rts = make_runtimes(scheme, max_lag=3, shards=1, heartbeat=(0.05, 4),
-                        wrap={2: lambda t: frozen.setdefault(2, FrozenTransport(t))})
+    rts = make_runtimes(
+        scheme, max_lag=3, shards=1, heartbeat=(0.05, 4), wrap={2: lambda t: frozen.setdefault(2, FrozenTransport(t))}
+    )
     try:
         frozen[2].freeze()
         for v in range(8):

@@ -23,8 +23,9 @@ def test_dgd_waits_for_every_rank():
     # leader: its code is local), the aggregate is usable 0.2 s after the close, every step costs 0.05 s more.
     # Step 0: rank 2 ends compute at 3.4, code at 3.5 -> close 3.5; aggregate 3.7; step ends 3.75 on every rank.
     # Each step then repeats the 3.75 s cycle: closes at 3.5, 7.25, 11.0.
-    res = simulate(make_scheme("dgd", 3, 0), 3, SLOW2, Costs(compute_s=1.0, overhead_s=0.05, code_s=0.1,
-                                                             aggregate_s=0.2))
+    res = simulate(
+        make_scheme("dgd", 3, 0), 3, SLOW2, Costs(compute_s=1.0, overhead_s=0.05, code_s=0.1, aggregate_s=0.2)
+    )
     assert close(res.close_times, [3.5, 7.25, 11.0])
     assert res.admitted == [[0, 1, 2]] * 3
     for k in range(3):
@@ -110,8 +111,17 @@ def test_busy_time_is_the_delay_realisation_of_a_real_run():
         assert rec.closed_at == pytest.approx(t)
 
 
-CASES = [("dgd", 0), ("ignore", 1), ("gc_fr", 1), ("gc_cr", 2), ("pgc_fr", 1), ("pgc_cr", 2), ("pgc_cr_naive", 1),
-         ("bounded", 2), ("bounded", 4)]
+CASES = [
+    ("dgd", 0),
+    ("ignore", 1),
+    ("gc_fr", 1),
+    ("gc_cr", 2),
+    ("pgc_fr", 1),
+    ("pgc_cr", 2),
+    ("pgc_cr_naive", 1),
+    ("bounded", 2),
+    ("bounded", 4),
+]
 
 
 @pytest.mark.parametrize("name,s", CASES)
@@ -178,11 +188,28 @@ def test_simulated_grid_smoke(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import grid
 
-    (tmp_path / "costs.json").write_text(json.dumps({"costs": {"compute_s": 0.05, "overhead_s": 0.01,
-                                                              "code_s": 0.001, "aggregate_s": 0.002}}))
+    (tmp_path / "costs.json").write_text(
+        json.dumps({"costs": {"compute_s": 0.05, "overhead_s": 0.01, "code_s": 0.001, "aggregate_s": 0.002}})
+    )
     (tmp_path / "simulation.md").write_text("# page\n\nprose kept\n")
-    result = grid.main(["--simulate", "--n", "4", "--c", "2", "--seeds", "0", "1", "--steps", "4",
-                        "--costs", str(tmp_path / "costs.json"), "--docs", str(tmp_path)])
+    result = grid.main(
+        [
+            "--simulate",
+            "--n",
+            "4",
+            "--c",
+            "2",
+            "--seeds",
+            "0",
+            "1",
+            "--steps",
+            "4",
+            "--costs",
+            str(tmp_path / "costs.json"),
+            "--docs",
+            str(tmp_path),
+        ]
+    )
     assert result["simulated"] is True
     labels = {r["scheme"] for r in result["rows"] if r["delay"] == "exponential"}
     assert labels == {"dgd", "ignore c=2", "gc_fr c=2", "gc_cr c=2", "pgc_fr c=2", "pgc_cr c=2", "bounded r=2 c=2"}

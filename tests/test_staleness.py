@@ -11,8 +11,13 @@ import lightning_pgc  # noqa: F401
 from lightning_pgc import PGCStrategy
 from lightning_pgc.codes import BoundedScheme, make_scheme
 from lightning_pgc.experiments import read_result
-from lightning_pgc.staleness import (StalenessCorrection, accounted_momentum, delay_compensate, nominal_mean_age,
-                                     set_momentum)
+from lightning_pgc.staleness import (
+    StalenessCorrection,
+    accounted_momentum,
+    delay_compensate,
+    nominal_mean_age,
+    set_momentum,
+)
 from tests.jobs import run_job
 
 
@@ -160,15 +165,30 @@ def test_option_checks():
 
 
 # ============================================================================================== real 4-rank runs
-@pytest.mark.parametrize("strategy,kind,slow", [("pgc_fr", "momentum", False), ("pgc_cr", "lookahead", True),
-                                                ("pgc_fr", "delay_compensation", True),
-                                                ("bounded_staleness", "lookahead", False)])
+@pytest.mark.parametrize(
+    "strategy,kind,slow",
+    [
+        ("pgc_fr", "momentum", False),
+        ("pgc_cr", "lookahead", True),
+        ("pgc_fr", "delay_compensation", True),
+        ("bounded_staleness", "lookahead", False),
+    ],
+)
 def test_each_correction_on_4_real_ranks_keeps_replicas_identical_and_trains(tmp_path, strategy, kind, slow):
     """With ``slow``, rank 3 sleeps in every step, so it skips versions (applies published aggregates without
     computing) and its look-ahead / compensation works from the parameters it recorded at those versions."""
-    job = run_job(tmp_path, kind, strategy=strategy, strategy_kwargs={"staleness_correction": kind}, devices=4,
-                  max_steps=30, lr=0.2 if kind == "momentum" else 0.1, check_val_every_n_epoch=100, sync_loss=False,
-                  delay="slowranks(ranks=[3], seconds=0.2)" if slow else "none")
+    job = run_job(
+        tmp_path,
+        kind,
+        strategy=strategy,
+        strategy_kwargs={"staleness_correction": kind},
+        devices=4,
+        max_steps=30,
+        lr=0.2 if kind == "momentum" else 0.1,
+        check_val_every_n_epoch=100,
+        sync_loss=False,
+        delay="slowranks(ranks=[3], seconds=0.2)" if slow else "none",
+    )
     ranks = job["ranks"]
     assert len({r["checksum"] for r in ranks}) == 1, [r["checksum"][:12] for r in ranks]
     assert all(r["global_step"] == 30 for r in ranks)

@@ -19,8 +19,18 @@ from lightning_pgc.experiments.stats import (
 # Two-sided critical values of Student's t from printed tables (e.g. NIST/SEMATECH e-Handbook 1.3.6.7.2):
 # (level, df) -> t
 TABLE = {
-    (0.95, 1): 12.706, (0.95, 2): 4.303, (0.95, 3): 3.182, (0.95, 4): 2.776, (0.95, 5): 2.571, (0.95, 9): 2.262,
-    (0.95, 19): 2.093, (0.95, 29): 2.045, (0.90, 4): 2.132, (0.90, 9): 1.833, (0.99, 4): 4.604, (0.99, 9): 3.250,
+    (0.95, 1): 12.706,
+    (0.95, 2): 4.303,
+    (0.95, 3): 3.182,
+    (0.95, 4): 2.776,
+    (0.95, 5): 2.571,
+    (0.95, 9): 2.262,
+    (0.95, 19): 2.093,
+    (0.95, 29): 2.045,
+    (0.90, 4): 2.132,
+    (0.90, 9): 1.833,
+    (0.99, 4): 4.604,
+    (0.99, 9): 3.250,
 }
 
 
@@ -65,7 +75,7 @@ def test_paired_t_interval_of_a_ratio_by_hand():
     x = [2.0, 1.0, 3.0, 4.0, 5.0]
     y = [1.0, 2.0, 3.0, 2.0, 5.0]
     ci = paired_t_interval(x, y, ratio=True)
-    assert ci.estimate == pytest.approx(2 ** 0.2)
+    assert ci.estimate == pytest.approx(2**0.2)
     assert ci.low == pytest.approx(0.5590888, rel=1e-6) and ci.high == pytest.approx(2.3601043, rel=1e-6)
     assert ci.ratio and not ci.excludes_null
 

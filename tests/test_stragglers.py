@@ -308,7 +308,14 @@ def test_injector_from_jsonargparse_config():
     assert injector.delay == LogNormal(0.02, 0.5) and injector.seed == 3 and injector.scale == 1.0
 
     cfg = parser.parse_object(
-        {"injector": {"delay": {"class_path": "lightning_pgc.stragglers.SlowRanks", "init_args": {"ranks": [1], "seconds": 0.5}}}}
+        {
+            "injector": {
+                "delay": {
+                    "class_path": "lightning_pgc.stragglers.SlowRanks",
+                    "init_args": {"ranks": [1], "seconds": 0.5},
+                }
+            }
+        }
     )
     assert instantiate(parser, cfg).injector.delay == SlowRanks([1], 0.5)
 
@@ -387,7 +394,11 @@ def test_injector_with_two_process_ddp(tmp_path):
     env.pop("LOCAL_RANK", None)
     proc = subprocess.run(
         [sys.executable, str(script), str(tmp_path), str(model)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in range(2):

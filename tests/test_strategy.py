@@ -62,8 +62,7 @@ def test_exact_schemes_decode_the_full_gradient_on_real_ranks(tmp_path):
     slow = "slowranks(ranks=[1], seconds=0.3)"
     gc_fr = run_job(tmp_path, "gc_fr", strategy="gc_fr", delay=slow, **common)
     # gc_cr's float64 codes split over 4 shard owners (shard_bytes below the payload): still exact
-    gc_cr = run_job(tmp_path, "gc_cr", strategy="gc_cr", strategy_kwargs={"shard_bytes": 4096}, delay=slow,
-                    **common)
+    gc_cr = run_job(tmp_path, "gc_cr", strategy="gc_cr", strategy_kwargs={"shard_bytes": 4096}, delay=slow, **common)
     reference = [loss for _, _, loss in dgd["curve"]]
     for job in (gc_fr, gc_cr):
         losses = [loss for _, _, loss in job["curve"]]
@@ -86,9 +85,15 @@ def test_exact_schemes_decode_the_full_gradient_on_real_ranks(tmp_path):
 def test_every_scheme_keeps_replicas_identical_and_lays_out_partitions(tmp_path, strategy, kwargs, evals_per_step):
     # shard_bytes far below the payload: every rank owns a shard (the data plane of large models)
     job = run_job(
-        tmp_path, strategy, strategy=strategy, strategy_kwargs={"shard_bytes": 4096, **kwargs}, devices=4,
-        max_steps=30, batch_size=8,
-        delay="lognormal(median=0.005, sigma=1.0)", check_val_every_n_epoch=100,
+        tmp_path,
+        strategy,
+        strategy=strategy,
+        strategy_kwargs={"shard_bytes": 4096, **kwargs},
+        devices=4,
+        max_steps=30,
+        batch_size=8,
+        delay="lognormal(median=0.005, sigma=1.0)",
+        check_val_every_n_epoch=100,
     )
     _assert_identical_replicas(job)
     for r in job["ranks"]:
@@ -101,8 +106,17 @@ def test_every_scheme_keeps_replicas_identical_and_lays_out_partitions(tmp_path,
 def test_loss_goes_down_and_validation_runs(tmp_path):
     # with BatchNorm: its running statistics (buffers) must stay identical on every rank too
     job = run_job(
-        tmp_path, "train", strategy="pgc", devices=4, max_steps=150, batch_size=16, lr=0.05, batch_norm=True,
-        delay="lognormal(median=0.002, sigma=0.5)", val_check_interval=None, check_val_every_n_epoch=2,
+        tmp_path,
+        "train",
+        strategy="pgc",
+        devices=4,
+        max_steps=150,
+        batch_size=16,
+        lr=0.05,
+        batch_norm=True,
+        delay="lognormal(median=0.002, sigma=0.5)",
+        val_check_interval=None,
+        check_val_every_n_epoch=2,
     )
     losses = [loss for _, _, loss in job["curve"]]
     first, last = statistics.mean(losses[:10]), statistics.mean(losses[-10:])
@@ -117,8 +131,14 @@ def test_loss_goes_down_and_validation_runs(tmp_path):
 
 # ------------------------------------------------------------------------------------ configuration errors
 def _trainer(strategy, devices=4):
-    return pl.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False,
-                      enable_progress_bar=False, enable_checkpointing=False)
+    return pl.Trainer(
+        accelerator="cpu",
+        devices=devices,
+        strategy=strategy,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+    )
 
 
 def test_registered_names():

@@ -162,8 +162,15 @@ def test_code_weights_of_partial_caches_carry_the_c_over_m_rescale(name):
     "name, n, s, warmup",
     [
         (name, n, s, warmup)
-        for name, n, s in [("pgc_fr", 4, 1), ("pgc_fr", 6, 2), ("pgc_cr", 4, 1), ("pgc_cr", 5, 3),
-                           ("pgc_cr_naive", 4, 1), ("gc_cr", 4, 1), ("dgd", 3, 0)]
+        for name, n, s in [
+            ("pgc_fr", 4, 1),
+            ("pgc_fr", 6, 2),
+            ("pgc_cr", 4, 1),
+            ("pgc_cr", 5, 3),
+            ("pgc_cr_naive", 4, 1),
+            ("gc_cr", 4, 1),
+            ("dgd", 3, 0),
+        ]
         for warmup in ("full", "gradual")
         if not (name == "pgc_cr_naive" and warmup == "gradual")  # refused by make_scheme (tested in test_codes)
     ],
@@ -217,8 +224,9 @@ def test_error_decomposition_sums_to_the_total_for_every_received_set(scheme):
         assert torch.allclose(dec.subset + dec.sampling + dec.staleness, dec.total, atol=1e-13, rtol=0)
         assert dec.residual < 1e-13
         sq, cross = dec.squared_norms(), dec.cross_terms()
-        assert sq["total"] == pytest.approx(sq["subset"] + sq["sampling"] + sq["staleness"] + sum(cross.values()),
-                                            rel=1e-12, abs=1e-12)
+        assert sq["total"] == pytest.approx(
+            sq["subset"] + sq["sampling"] + sq["staleness"] + sum(cross.values()), rel=1e-12, abs=1e-12
+        )
 
 
 def test_error_decomposition_terms_vanish_when_their_cause_does():
@@ -428,8 +436,16 @@ def _tiny_data(n: int = 256) -> TensorDataset:
 def _fit(callbacks, steps: int = 24, lr: float = 0.5):
     pl.seed_everything(0, verbose=False)
     model = _Tiny(lr)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=callbacks,
+    )
     trainer.fit(model, DataLoader(_tiny_data(), batch_size=16, shuffle=True))
     return model, trainer
 
@@ -482,8 +498,15 @@ def test_valve_lowers_the_lr_and_otherwise_leaves_training_unchanged():
 
 
 def test_valve_arguments_are_checked():
-    for kwargs in ({"factor": 1.0}, {"threshold": -1}, {"check_every_n_steps": 0}, {"min_scale": 0},
-                   {"action": "stop"}, {"recover_below": 2.0, "threshold": 1.0}, {"staleness": -1}):
+    for kwargs in (
+        {"factor": 1.0},
+        {"threshold": -1},
+        {"check_every_n_steps": 0},
+        {"min_scale": 0},
+        {"action": "stop"},
+        {"recover_below": 2.0, "threshold": 1.0},
+        {"staleness": -1},
+    ):
         with pytest.raises(ValueError):
             StalenessValve(**kwargs)
 
@@ -494,8 +517,16 @@ def test_in_run_theory_estimates_and_valve_on_a_real_4_process_job(tmp_path):
     from tests.jobs import run_job
 
     job = run_job(
-        tmp_path, "theory", timeout=240, strategy="pgc", devices=4, max_steps=20, batch_size=16, lr=0.05,
-        delay="lognormal(median=0.003, sigma=1.0)", check_val_every_n_epoch=100,
+        tmp_path,
+        "theory",
+        timeout=240,
+        strategy="pgc",
+        devices=4,
+        max_steps=20,
+        batch_size=16,
+        lr=0.05,
+        delay="lognormal(median=0.003, sigma=1.0)",
+        check_val_every_n_epoch=100,
         diagnostics={"every_n_steps": 5, "theory_every_n_steps": 5},
         valve={"threshold": 0.0, "factor": 0.5, "check_every_n_steps": 5, "min_scale": 0.25},
     )

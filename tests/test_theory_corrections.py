@@ -27,19 +27,22 @@ def test_the_c2_window_with_momentum_is_stable_exactly_below_two_times_one_minus
     for every m, where fresh gradients allow 2 (1 + m) / (1 - m)."""
     a = tc.window_boundary_c2(m)
     assert tc.boundary(m, tc.window_filter(2)) == pytest.approx(a, rel=1e-8)
-    assert tc.spectral_radius(0.99 * a, m, tc.window_filter(2)) < 1.0 < tc.spectral_radius(1.01 * a, m,
-                                                                                          tc.window_filter(2))
+    assert (
+        tc.spectral_radius(0.99 * a, m, tc.window_filter(2))
+        < 1.0
+        < tc.spectral_radius(1.01 * a, m, tc.window_filter(2))
+    )
     assert a / (1.0 - m) == pytest.approx(2.0)
     # with compensation lam: z^2 - (1 + m - (1 + lam) a / 2) z + m + (1 - lam) a / 2, so a < 2 (1 - m) / (1 - lam)
     for lam in (0.25, 0.5):
         assert tc.boundary(m, tc.corrected_filter("delay_compensation", 2, lam=lam)) == pytest.approx(
-            2.0 * (1.0 - m) / (1.0 - lam), rel=1e-8)
+            2.0 * (1.0 - m) / (1.0 - lam), rel=1e-8
+        )
 
 
 @pytest.mark.parametrize("c", range(2, 9))
 def test_without_momentum_the_window_boundary_is_the_pipeline_boundary_of_the_delay_theory(c):
-    assert tc.boundary(0.0, tc.window_filter(c)) == pytest.approx(th.stability_threshold(np.full(c, 1.0 / c)),
-                                                                  rel=1e-7)
+    assert tc.boundary(0.0, tc.window_filter(c)) == pytest.approx(th.stability_threshold(np.full(c, 1.0 / c)), rel=1e-7)
 
 
 @pytest.mark.parametrize("c", range(2, 9))
@@ -80,6 +83,7 @@ def test_at_momentum_09_every_correction_raises_the_stability_boundary(c):
 def test_c2_rates_at_momentum_09_lookahead_nearly_restores_momentum_and_accounting_does_not():
     """kappa = 100, best lr at the user's momentum 0.9: e-fold steps fresh 19.0, window 62.0, look-ahead 22.5
     (1.18x fresh), delay compensation (lam = 0.5) 39.8, momentum accounting 56.1."""
+
     def steps(f, m):
         r, _, _ = tc.best_rate(f, 100.0, momenta=[m])
         return -1.0 / math.log(r)
@@ -152,8 +156,7 @@ def _run_real(scheme_name, c, a, m, correction, steps=60, lam=None):
 def test_real_scheme_with_lookahead_runs_the_lookahead_recursion(scheme_name, c, m):
     a = 0.05
     xs = _run_real(scheme_name, c, a, m, "lookahead")
-    assert np.allclose(xs, tc.simulate(a, m, tc.corrected_filter("lookahead", c), len(xs) - 1), rtol=1e-5,
-                       atol=1e-7)
+    assert np.allclose(xs, tc.simulate(a, m, tc.corrected_filter("lookahead", c), len(xs) - 1), rtol=1e-5, atol=1e-7)
     assert not np.allclose(xs, tc.simulate(a, m, tc.window_filter(c), len(xs) - 1), rtol=1e-5, atol=1e-7)
 
 
@@ -170,8 +173,9 @@ def test_real_scheme_without_correction_and_with_momentum_accounting_run_the_win
 def test_exact_hessian_compensation_runs_the_compensated_recursion(lam):
     a, m, c = 0.05, 0.9, 2
     xs = _run_real("pgc_cr", c, a, m, "none", lam=lam)
-    assert np.allclose(xs, tc.simulate(a, m, tc.corrected_filter("delay_compensation", c, lam=lam), len(xs) - 1),
-                       rtol=1e-5, atol=1e-7)
+    assert np.allclose(
+        xs, tc.simulate(a, m, tc.corrected_filter("delay_compensation", c, lam=lam), len(xs) - 1), rtol=1e-5, atol=1e-7
+    )
 
 
 @pytest.mark.parametrize("c", [2, 3])

@@ -20,23 +20,29 @@ ROOT = Path(__file__).resolve().parents[1]
 CALLS = ["validate", "fit", "validate", "test", "predict", "fit", "test"]
 
 
-def _run(strategy: str, start_method: str, out: Path, launch: tuple[str, ...] = (), short: bool = False
-         ) -> dict[str, Any]:
+def _run(
+    strategy: str, start_method: str, out: Path, launch: tuple[str, ...] = (), short: bool = False
+) -> dict[str, Any]:
     out.mkdir(parents=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+    }
     for key in ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK", "RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
     command = [sys.executable, *launch, "-m", "tests.trainer_calls_job", strategy, start_method, str(out)]
-    proc = subprocess.run(command + (["short"] if short else []),
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        command + (["short"] if short else []), cwd=ROOT, env=env, capture_output=True, text=True, timeout=400
+    )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-8000:]
     assert "killed" not in log, log[-4000:]  # no rank outlived the script
     left = subprocess.run(["pgrep", "-f", str(out)], capture_output=True, text=True).stdout.split()
     assert left == [], f"processes left after the script ended: {left}"
     calls = [[json.loads(line) for line in (out / f"rank{k}.jsonl").read_text().splitlines()] for k in range(2)]
-    scripts = {int(p.stem[len("script"):]): json.loads(p.read_text()) for p in out.glob("script*.json")}
+    scripts = {int(p.stem[len("script") :]): json.loads(p.read_text()) for p in out.glob("script*.json")}
     return {"calls": calls, "scripts": scripts, "log": log}
 
 
@@ -97,8 +103,12 @@ def test_the_spawn_launcher_runs_fit_validate_and_a_second_fit(tmp_path, ddp):
 
 def test_torchrun_runs_every_call_as_under_ddp(tmp_path, ddp):
     """torchrun starts every rank itself (no Lightning launcher): each runs the whole script."""
-    run = _run("pgc", "popen", tmp_path / "pgc", launch=("-m", "torch.distributed.run", "--standalone",
-                                                         "--nproc-per-node", "2"))
+    run = _run(
+        "pgc",
+        "popen",
+        tmp_path / "pgc",
+        launch=("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"),
+    )
     _check_calls(run)
     for rank, script in run["scripts"].items():
         assert script["returned"] == ddp["popen"]["scripts"][rank]["returned"]

@@ -97,14 +97,26 @@ def trainer(strategy_name: str, start_method: str, out: Path, max_steps: int) ->
         strategy: Any = DDPStrategy(start_method=start_method)
     else:
         scheme, stragglers, _ = REGISTERED[strategy_name]
-        strategy = lightning_pgc.PGCStrategy(scheme=scheme, start_method=start_method,
-                                             **({} if stragglers is None else {"stragglers": stragglers}))
+        strategy = lightning_pgc.PGCStrategy(
+            scheme=scheme, start_method=start_method, **({} if stragglers is None else {"stragglers": stragglers})
+        )
     return pl.Trainer(
-        accelerator="cpu", devices=2, strategy=strategy, max_steps=max_steps, limit_val_batches=2,
-        limit_test_batches=2, limit_predict_batches=2, val_check_interval=3, logger=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(out),
-        callbacks=[Record(out), ModelCheckpoint(dirpath=str(out / "checkpoints"), save_last=True,
-                                                every_n_train_steps=3, save_top_k=-1)],
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_steps=max_steps,
+        limit_val_batches=2,
+        limit_test_batches=2,
+        limit_predict_batches=2,
+        val_check_interval=3,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(out),
+        callbacks=[
+            Record(out),
+            ModelCheckpoint(dirpath=str(out / "checkpoints"), save_last=True, every_n_train_steps=3, save_top_k=-1),
+        ],
     )
 
 
@@ -129,8 +141,14 @@ def main(strategy_name: str, start_method: str, out: Path, short: bool = False) 
     if not short:
         returned["test_after_resume"] = count(second.test(model))
     groups = len(dist.distributed_c10d._world.pg_map) if dist.is_initialized() else 0
-    script = {"returned": returned, "step": second.global_step, "checksum": checksum(model),
-              "threads": pgc_threads(), "process_groups": groups, "sockets": open_sockets()}
+    script = {
+        "returned": returned,
+        "step": second.global_step,
+        "checksum": checksum(model),
+        "threads": pgc_threads(),
+        "process_groups": groups,
+        "sockets": open_sockets(),
+    }
     (out / f"script{second.global_rank}.json").write_text(json.dumps(script))
 
 

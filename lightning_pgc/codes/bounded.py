@@ -19,8 +19,15 @@ from torch import Tensor
 from .placements import CRPlacement, Placement
 from .schemes import Scheme, _as_int
 
-__all__ = ["CHOICES", "BoundedScheme", "CoverageTable", "Entry", "adapt_step", "choose_partition",
-           "error_decomposition"]
+__all__ = [
+    "CHOICES",
+    "BoundedScheme",
+    "CoverageTable",
+    "Entry",
+    "adapt_step",
+    "choose_partition",
+    "error_decomposition",
+]
 
 #: How a rank picks the held partition it evaluates (``BoundedScheme(choice=...)``).
 CHOICES: tuple[str, ...] = ("round_robin", "oldest")
@@ -28,8 +35,9 @@ CHOICES: tuple[str, ...] = ("round_robin", "oldest")
 MAX_TABLE_PARTITIONS = 16
 
 
-def choose_partition(held: Sequence[int], step: int, ages: Optional[Sequence[int]],
-                     own: Optional[Mapping[int, int]] = None) -> int:
+def choose_partition(
+    held: Sequence[int], step: int, ages: Optional[Sequence[int]], own: Optional[Mapping[int, int]] = None
+) -> int:
     """The held partition a rank evaluates at ``step`` under ``choice="oldest"``.
 
     ``held``: the rank's partitions in placement order. ``ages``: ``(step - 1) - v_i`` of every partition's table
@@ -78,22 +86,33 @@ class BoundedScheme(Scheme):
     name = "bounded"
     reuses_codes = True
 
-    def __init__(self, n: int, replication: int = 2, staleness: int = 2, *, fresh: Optional[int] = None,
-                 partition_sizes: Optional[Sequence[int]] = None, choice: str = "round_robin",
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        n: int,
+        replication: int = 2,
+        staleness: int = 2,
+        *,
+        fresh: Optional[int] = None,
+        partition_sizes: Optional[Sequence[int]] = None,
+        choice: str = "round_robin",
+        seed: int = 0,
+    ) -> None:
         replication = _as_int(replication, "replication")
         staleness = _as_int(staleness, "staleness")
         if replication < 1:
             raise ValueError(f"bounded: replication must be >= 1, got {replication}")
         if staleness < 1:
-            raise ValueError(f"bounded: staleness c must be >= 1 (c = 1 uses only gradients of the current "
-                             f"version), got {staleness}")
+            raise ValueError(
+                f"bounded: staleness c must be >= 1 (c = 1 uses only gradients of the current version), got {staleness}"
+            )
         if choice not in CHOICES:
             raise ValueError(f"bounded: choice must be one of {CHOICES}, got {choice!r}")
         super().__init__(n, replication - 1, seed=seed)
         if choice == "oldest" and self.n > MAX_TABLE_PARTITIONS:
-            raise ValueError(f"bounded: choice='oldest' carries the table's ages in the aggregate header, which has "
-                             f"room for {MAX_TABLE_PARTITIONS} partitions; n = {self.n}: use choice='round_robin'")
+            raise ValueError(
+                f"bounded: choice='oldest' carries the table's ages in the aggregate header, which has "
+                f"room for {MAX_TABLE_PARTITIONS} partitions; n = {self.n}: use choice='round_robin'"
+            )
         self.replication = replication
         self.choice = choice
         self.window = staleness  # current c; lowered by StalenessValve(action="window"), identical on every rank
@@ -107,8 +126,10 @@ class BoundedScheme(Scheme):
         else:
             sizes = [float(x) for x in partition_sizes]
             if len(sizes) != self.n or any(not math.isfinite(x) or x < 0 for x in sizes) or sum(sizes) <= 0:
-                raise ValueError(f"bounded: partition_sizes must be {self.n} non-negative numbers with a positive "
-                                 f"sum, got {partition_sizes!r}")
+                raise ValueError(
+                    f"bounded: partition_sizes must be {self.n} non-negative numbers with a positive "
+                    f"sum, got {partition_sizes!r}"
+                )
             total = sum(sizes)
             self.partition_weights = [x / total for x in sizes]
 
@@ -143,8 +164,9 @@ class BoundedScheme(Scheme):
             return self.partitions(worker)
         return self.evaluations(worker, step, start)
 
-    def choose(self, worker: int, step: int, ages: Optional[Sequence[int]] = None,
-               own: Optional[Mapping[int, int]] = None) -> tuple[int, ...]:
+    def choose(
+        self, worker: int, step: int, ages: Optional[Sequence[int]] = None, own: Optional[Mapping[int, int]] = None
+    ) -> tuple[int, ...]:
         """The partition ``worker`` evaluates at ``step``: :meth:`evaluations` under round robin; under
         ``"oldest"`` :func:`choose_partition` with the table ``ages`` at the close of ``step - 1`` (None: unknown)
         and ``own``, the last version ``worker`` chose each partition (see :func:`choose_partition`).
@@ -198,8 +220,10 @@ class BoundedScheme(Scheme):
         return {i: self.partition_weights[i] for i in ranks}
 
     def __repr__(self) -> str:
-        return (f"BoundedScheme(n={self.n}, replication={self.replication}, staleness={self.window}, "
-                f"fresh={self.wait_for}" + ("" if self.choice == "round_robin" else f", choice={self.choice!r}") + ")")
+        return (
+            f"BoundedScheme(n={self.n}, replication={self.replication}, staleness={self.window}, "
+            f"fresh={self.wait_for}" + ("" if self.choice == "round_robin" else f", choice={self.choice!r}") + ")"
+        )
 
 
 @dataclass(frozen=True)
@@ -259,8 +283,16 @@ class CoverageTable:
         return tuple(e for e in self.entries if e is not None)
 
 
-def adapt_step(ratio: float, *, threshold: float, recover_below: Optional[float], value: float, factor: float,
-               lowest: float, highest: float) -> float:
+def adapt_step(
+    ratio: float,
+    *,
+    threshold: float,
+    recover_below: Optional[float],
+    value: float,
+    factor: float,
+    lowest: float,
+    highest: float,
+) -> float:
     """The staleness valve's decision for one controlled quantity (the ``lr`` scale or the window ``c``).
 
     When ``ratio = L_hat^2 displacement / |g_hat|^2`` exceeds ``threshold``, lower ``value`` (no lower than
@@ -277,9 +309,15 @@ def adapt_step(ratio: float, *, threshold: float, recover_below: Optional[float]
     return value
 
 
-def error_decomposition(grad_now: Tensor, grad_at: Mapping[int, Tensor], versions: Sequence[int],
-                        weights: Sequence[float], aggregate: Tensor, params_now: Optional[Tensor] = None,
-                        params_at: Optional[Mapping[int, Tensor]] = None) -> dict[str, float]:
+def error_decomposition(
+    grad_now: Tensor,
+    grad_at: Mapping[int, Tensor],
+    versions: Sequence[int],
+    weights: Sequence[float],
+    aggregate: Tensor,
+    params_now: Optional[Tensor] = None,
+    params_at: Optional[Mapping[int, Tensor]] = None,
+) -> dict[str, float]:
     """The bounded-staleness method's error decomposition of one aggregate, with the cross terms it drops (float64).
 
     With ``a = grad F(beta_t)`` (``grad_now``), ``m = sum_i w_i grad F(beta_{s(t,i)})`` (``grad_at[v]`` is
@@ -312,6 +350,8 @@ def error_decomposition(grad_now: Tensor, grad_at: Mapping[int, Tensor], version
     out["cos_mean"] = sum(float(w) * cos[v] for v, w in zip(versions, weights))
     if params_now is not None and params_at is not None:
         p = params_now.to(torch.float64).reshape(-1)
-        out["displacement"] = sum(float(w) * float((p - params_at[v].to(torch.float64).reshape(-1)).pow(2).sum())
-                                  for v, w in zip(versions, weights))
+        out["displacement"] = sum(
+            float(w) * float((p - params_at[v].to(torch.float64).reshape(-1)).pow(2).sum())
+            for v, w in zip(versions, weights)
+        )
     return out

@@ -60,9 +60,7 @@ class Scheme(ABC):
     payload_dtype: torch.dtype = torch.float32
     reuses_codes: bool = False  # True: a code may enter aggregates of later versions (shard owners keep it)
 
-    def __init__(
-        self, n: int, s: int, *, warmup: str = "full", seed: int = 0, max_condition: float = 1e8
-    ) -> None:
+    def __init__(self, n: int, s: int, *, warmup: str = "full", seed: int = 0, max_condition: float = 1e8) -> None:
         n = _as_int(n, "n (number of ranks)")
         s = _as_int(s, "s (tolerated stragglers)")
         if n < 2:
@@ -144,9 +142,7 @@ class Scheme(ABC):
         held = self.partitions(worker)
         extra = sorted(j for j in grads if j not in held)
         if extra:
-            raise ValueError(
-                f"{self.name}: rank {worker} does not hold partition(s) {extra}; it holds {list(held)}"
-            )
+            raise ValueError(f"{self.name}: rank {worker} does not hold partition(s) {extra}; it holds {list(held)}")
         present = tuple(j for j in held if j in grads)
         numel = None
         for j in present:
@@ -180,8 +176,10 @@ class Scheme(ABC):
             out = torch.zeros(first.numel(), dtype=self.payload_dtype, device=first.device)
         else:
             if out.numel() != first.numel() or out.dtype != self.payload_dtype:
-                raise ValueError(f"{self.name}: out must hold {first.numel()} {self.payload_dtype} elements, "
-                                 f"got {out.numel()} {out.dtype}")
+                raise ValueError(
+                    f"{self.name}: out must hold {first.numel()} {self.payload_dtype} elements, "
+                    f"got {out.numel()} {out.dtype}"
+                )
         return _linear_combination(out, [(grads[j], a) for j, a in coeffs.items()])
 
     @abstractmethod
@@ -333,9 +331,7 @@ class _FRScheme(Scheme):
         have = {k // self.c for k in ranks}
         missing = [g for g in range(self.n // self.c) if g not in have]
         detail = ", ".join(f"group {g} = ranks {list(range(g * self.c, g * self.c + self.c))}" for g in missing)
-        return ValueError(
-            f"{self.name}: cannot decode from ranks {sorted(ranks)}; no rank received from {detail}"
-        )
+        return ValueError(f"{self.name}: cannot decode from ranks {sorted(ranks)}; no rank received from {detail}")
 
     def _weights(self, ranks: list[int]) -> dict[int, float]:
         seen: set[int] = set()

@@ -47,8 +47,10 @@ def load_trace(path: str | Path) -> np.ndarray:
         raise ValueError(f"{path} is not a step trace (written by lightning_pgc.step_trace.StepTimeTrace)")
     own = np.asarray(data["own_s"], dtype=np.float64)
     if own.ndim != 2 or own.shape[0] < 2:
-        raise ValueError(f"{path}: the trace has {own.shape[0] if own.ndim == 2 else 0} rank(s); advise needs a run "
-                         "on 2 or more ranks")
+        raise ValueError(
+            f"{path}: the trace has {own.shape[0] if own.ndim == 2 else 0} rank(s); advise needs a run "
+            "on 2 or more ranks"
+        )
     if own.shape[1] < 5:
         raise ValueError(f"{path}: only {own.shape[1]} steps recorded; record at least 5 (better 50+)")
     if not np.isfinite(own).all() or (own < 0).any():
@@ -103,9 +105,16 @@ class Advice:
     compute_s: float
 
 
-def advise(trace: np.ndarray, ratio: float = RATIOS["compute"], seeds: int = 6, budget_steps: int = 150,
-           target: float = 0.3, lrs: Sequence[float] = (0.2, 0.4), momenta: Sequence[float] = (0.0, 0.9),
-           arms: Sequence[str] = ADVISE_ARMS) -> Advice:
+def advise(
+    trace: np.ndarray,
+    ratio: float = RATIOS["compute"],
+    seeds: int = 6,
+    budget_steps: int = 150,
+    target: float = 0.3,
+    lrs: Sequence[float] = (0.2, 0.4),
+    momenta: Sequence[float] = (0.0, 0.9),
+    arms: Sequence[str] = ADVISE_ARMS,
+) -> Advice:
     """Emulate ddp and each of ``arms`` (``s = 1``) on delays resampled from ``trace`` (``[n, steps]`` own times)."""
     n = trace.shape[0]
     compute = float(np.median(trace))
@@ -145,47 +154,96 @@ def advise(trace: np.ndarray, ratio: float = RATIOS["compute"], seeds: int = 6, 
     comparisons: list[tuple[dict[str, Any], Any]] = []
     for arm in candidates:
         chosen, times = results[arm.label]
-        row = {"arm": arm.label, "strategy": arm.strategy, "s": None if arm.strategy == "ddp" else arm.s,
-               "lr": chosen[0], "momentum": chosen[1], "reached": sum(t is not None for t in times),
-               "rmean_s": float(censor(times, budget).mean())}
+        row = {
+            "arm": arm.label,
+            "strategy": arm.strategy,
+            "s": None if arm.strategy == "ddp" else arm.s,
+            "lr": chosen[0],
+            "momentum": chosen[1],
+            "reached": sum(t is not None for t in times),
+            "rmean_s": float(censor(times, budget).mean()),
+        }
         if arm.strategy != "ddp":
             comp = compare(times, base, budget)
             comparisons.append((row, comp))
-            row.update(ratio=comp.ratio, low=comp.low, high=comp.high, p=comp.p,
-                       faster_on=int((censor(times, budget) < censor(base, budget)).sum()))
+            row.update(
+                ratio=comp.ratio,
+                low=comp.low,
+                high=comp.high,
+                p=comp.p,
+                faster_on=int((censor(times, budget) < censor(base, budget)).sum()),
+            )
         rows.append(row)
     for (row, _), p in zip(comparisons, holm([c.p for _, c in comparisons])):
         row["p_holm"] = p
     sure = [r for r, c in comparisons if c.high < 1.0]
     if sure:
         best = min(sure, key=lambda r: r["ratio"])
-        return Advice(best["strategy"], best["s"], best["ratio"], best["low"], best["high"], best["p_holm"],
-                      best["faster_on"], seeds, best["lr"], best["momentum"], rows, n, compute)
+        return Advice(
+            best["strategy"],
+            best["s"],
+            best["ratio"],
+            best["low"],
+            best["high"],
+            best["p_holm"],
+            best["faster_on"],
+            seeds,
+            best["lr"],
+            best["momentum"],
+            rows,
+            n,
+            compute,
+        )
     ddp = rows[0]
     fastest = min(comparisons, key=lambda rc: rc[1].ratio) if comparisons else None
-    return Advice("ddp", None, 1.0, fastest[1].low if fastest else 1.0, fastest[1].high if fastest else 1.0,
-                  fastest[0]["p_holm"] if fastest else 1.0, 0, seeds, ddp["lr"], ddp["momentum"], rows, n, compute)
+    return Advice(
+        "ddp",
+        None,
+        1.0,
+        fastest[1].low if fastest else 1.0,
+        fastest[1].high if fastest else 1.0,
+        fastest[0]["p_holm"] if fastest else 1.0,
+        0,
+        seeds,
+        ddp["lr"],
+        ddp["momentum"],
+        rows,
+        n,
+        compute,
+    )
 
 
 def render(advice: Advice) -> str:
     """What ``lightning-pgc advise`` prints."""
-    lines = [f"Trace: {advice.n} ranks, typical own step {advice.compute_s * 1e3:.1f} ms; emulated on the digits "
-             f"proxy task, {advice.seeds} resampled delay seeds per arm (emulated, not measured)."]
+    lines = [
+        f"Trace: {advice.n} ranks, typical own step {advice.compute_s * 1e3:.1f} ms; emulated on the digits "
+        f"proxy task, {advice.seeds} resampled delay seeds per arm (emulated, not measured)."
+    ]
     for r in advice.rows:
-        extra = "" if r["strategy"] == "ddp" else (
-            f"  vs ddp {r['ratio']:.2f} [{r['low']:.2f}, {r['high']:.2f}], faster on {r['faster_on']}/{advice.seeds}"
-            f" seeds, Holm p {r['p_holm']:.3f}")
-        lines.append(f"  {r['arm']:<22} lr {r['lr']:<4g} momentum {r['momentum']:<4g} reached {r['reached']}/"
-                     f"{advice.seeds}{extra}")
+        extra = (
+            ""
+            if r["strategy"] == "ddp"
+            else (
+                f"  vs ddp {r['ratio']:.2f} [{r['low']:.2f}, {r['high']:.2f}], faster on {r['faster_on']}/{advice.seeds}"
+                f" seeds, Holm p {r['p_holm']:.3f}"
+            )
+        )
+        lines.append(
+            f"  {r['arm']:<22} lr {r['lr']:<4g} momentum {r['momentum']:<4g} reached {r['reached']}/"
+            f"{advice.seeds}{extra}"
+        )
     if advice.strategy == "ddp":
-        lines.append(f"Recommendation: keep ddp (no arm's 95% interval of time-to-target ratio lies below 1; the best "
-                     f"one's is [{advice.low:.2f}, {advice.high:.2f}]).")
+        lines.append(
+            f"Recommendation: keep ddp (no arm's 95% interval of time-to-target ratio lies below 1; the best "
+            f"one's is [{advice.low:.2f}, {advice.high:.2f}])."
+        )
     else:
         lines.append(
             f"Recommendation: strategy={advice.strategy} s={advice.s} (start at lr {advice.lr:g}, momentum "
             f"{advice.momentum:g}): expected time to target {advice.ratio:.2f}x ddp's, 95% interval "
             f"[{advice.low:.2f}, {advice.high:.2f}], faster on {advice.faster_on} of {advice.seeds} seeds, "
-            f"Holm-corrected p {advice.p_holm:.3f}.")
+            f"Holm-corrected p {advice.p_holm:.3f}."
+        )
     return "\n".join(lines)
 
 
@@ -193,11 +251,16 @@ def main(argv: Sequence[str]) -> int:
     """``lightning-pgc advise TRACE [--bound compute|comm] [--seeds K]``."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="lightning-pgc advise", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="lightning-pgc advise", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("trace", help="a trace.json written by lightning_pgc.step_trace.StepTimeTrace")
-    parser.add_argument("--bound", choices=sorted(RATIOS), default="compute",
-                        help="compute-bound (compute/communication = 4) or communication-bound (0.5) job")
+    parser.add_argument(
+        "--bound",
+        choices=sorted(RATIOS),
+        default="compute",
+        help="compute-bound (compute/communication = 4) or communication-bound (0.5) job",
+    )
     parser.add_argument("--seeds", type=int, default=6, help="resampled delay seeds per arm (default 6)")
     args = parser.parse_args(list(argv))
     try:

@@ -31,8 +31,10 @@ class AggregatePlan:
 
     def __init__(self, scheme: Scheme, start: int = 0) -> None:
         if scheme.name == "pgc_cr_naive":
-            raise ValueError("the emulator does not replay pgc_cr_naive (its codes need the full cache history); "
-                             "use pgc_cr, pgc_fr, gc_cr, gc_fr, ignore or dgd")
+            raise ValueError(
+                "the emulator does not replay pgc_cr_naive (its codes need the full cache history); "
+                "use pgc_cr, pgc_fr, gc_cr, gc_fr, ignore or dgd"
+            )
         self.scheme = scheme
         self.start = start
         self._encode: dict[tuple[int, tuple[int, ...]], dict[int, float]] = {}
@@ -49,7 +51,9 @@ class AggregatePlan:
             self._encode[key] = out
         return out
 
-    def terms(self, version: int, admitted: Sequence[int], ages: Mapping[int, Sequence[int]]) -> list[tuple[int, int, float]]:
+    def terms(
+        self, version: int, admitted: Sequence[int], ages: Mapping[int, Sequence[int]]
+    ) -> list[tuple[int, int, float]]:
         """``(model version, partition, coefficient)`` of every gradient in the aggregate of ``version``.
 
         Raises:
@@ -66,14 +70,20 @@ class AggregatePlan:
                 raise ValueError(f"version {version}: no ages recorded for admitted rank {k}")
             versions = versions_from_ages(self.scheme, k, version, ages[k], self.start)
             if versions is None or not versions:
-                raise ValueError(f"version {version}: ages {list(ages[k])} of rank {k} do not fit "
-                                 f"{self.scheme.name}'s rotation over partitions {list(self.scheme.partitions(k))}")
+                raise ValueError(
+                    f"version {version}: ages {list(ages[k])} of rank {k} do not fit "
+                    f"{self.scheme.name}'s rotation over partitions {list(self.scheme.partitions(k))}"
+                )
             coeffs = self.code_coefficients(k, tuple(versions))
             out.extend((versions[j], j, w * b) for j, b in coeffs.items())
         return out
 
-    def combine(self, terms: Sequence[tuple[int, int, float]], gradients: Mapping[int, torch.Tensor],
-                dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    def combine(
+        self,
+        terms: Sequence[tuple[int, int, float]],
+        gradients: Mapping[int, torch.Tensor],
+        dtype: torch.dtype = torch.float64,
+    ) -> torch.Tensor:
         """``sum coefficient * gradients[v][j]`` in ``dtype`` (float64: as exact as a real run's float32 sums, or
         more); ``gradients[v]`` is ``[n, numel]`` (row ``j``: partition ``j``'s flat gradient, with the loss appended,
         at model version ``v``)."""
@@ -87,7 +97,8 @@ class AggregatePlan:
         out = None
         for v, (js, coeffs) in sorted(by_version.items()):
             row = torch.zeros(self.scheme.n, dtype=torch.float64).index_add_(
-                0, torch.tensor(js), torch.tensor(coeffs, dtype=torch.float64))
+                0, torch.tensor(js), torch.tensor(coeffs, dtype=torch.float64)
+            )
             part = row.to(dtype) @ gradients[v].to(dtype)
             out = part if out is None else out + part
         assert out is not None, "an aggregate with no terms"

@@ -38,8 +38,14 @@ __all__ = ["Arm", "Cell", "LRS", "MOMENTA", "Protocol", "arms_for", "run_arm"]
 LRS: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4, 0.8)
 MOMENTA: tuple[float, ...] = (0.0, 0.5, 0.7, 0.8, 0.9)
 #: strategy name (as registered, ``ddp`` for the synchronous baseline) -> scheme of the codes package
-STRATEGIES: dict[str, str] = {"ddp": "dgd", "ignore_stragglers": "ignore", "gc_fr": "gc_fr", "gc_cr": "gc_cr",
-                              "pgc_fr": "pgc_fr", "pgc_cr": "pgc_cr"}
+STRATEGIES: dict[str, str] = {
+    "ddp": "dgd",
+    "ignore_stragglers": "ignore",
+    "gc_fr": "gc_fr",
+    "gc_cr": "gc_cr",
+    "pgc_fr": "pgc_fr",
+    "pgc_cr": "pgc_cr",
+}
 
 
 @dataclass(frozen=True)
@@ -121,8 +127,10 @@ def arms_for(n: int, cs: Optional[list[int]] = None) -> tuple[list[Arm], list[st
         for strategy in ("ignore_stragglers", "gc_fr", "gc_cr", "pgc_fr", "pgc_cr"):
             arm = Arm(strategy, c)
             if strategy == "gc_cr" and n > GC_CR_MAX_N:
-                skipped.append(f"{arm.label}: left out for n > {GC_CR_MAX_N} (building Tandon's code takes minutes, "
-                               "and its decoding conditions worsen with n)")
+                skipped.append(
+                    f"{arm.label}: left out for n > {GC_CR_MAX_N} (building Tandon's code takes minutes, "
+                    "and its decoding conditions worsen with n)"
+                )
                 continue
             try:
                 arm.scheme(n)
@@ -166,16 +174,18 @@ def _schedule(cell: Cell, arm: Arm, seed: int, protocol: Protocol, budget: float
     return scheme, [v for v in versions if v.time_s <= budget]
 
 
-def _runs(cell: Cell, arm: Arm, seed: int, settings: list[tuple[float, float]], protocol: Protocol,
-          budget: float) -> list[Any]:
+def _runs(
+    cell: Cell, arm: Arm, seed: int, settings: list[tuple[float, float]], protocol: Protocol, budget: float
+) -> list[Any]:
     scheme, schedule = _schedule(cell, arm, seed, protocol, budget)
     x, y, xv, yv = _digits()
     model, batch = _model(cell.task, seed)
     streams = partition_streams(y.numpy(), cell.n, seed, cell.condition())
     if not schedule:  # not one version within the budget
         return [None] * len(settings)
-    return emulate_grid(scheme, schedule, Task(model, x, y, xv, yv, batch), streams, settings,
-                        stop_below=min(protocol.targets))
+    return emulate_grid(
+        scheme, schedule, Task(model, x, y, xv, yv, batch), streams, settings, stop_below=min(protocol.targets)
+    )
 
 
 def run_arm(cell: Cell, arm: Arm, protocol: Protocol = Protocol()) -> dict[str, Any]:
@@ -203,14 +213,20 @@ def run_arm(cell: Cell, arm: Arm, protocol: Protocol = Protocol()) -> dict[str, 
         evaluation["time_early"].append(None if run is None else run.time_to(early))
         evaluation["time_late"].append(t_late)
         evaluation["versions_late"].append(
-            None if t_late is None else next(s for s, t in zip(run.val_steps, run.val_times) if t == t_late))
+            None if t_late is None else next(s for s, t in zip(run.val_steps, run.val_times) if t == t_late)
+        )
         evaluation["diverged"].append(bool(run is not None and run.diverged))
     return {
-        "cell": asdict(cell), "arm": {"strategy": arm.strategy, "c": arm.c, "s": arm.s, "label": arm.label},
-        "protocol": {**asdict(protocol)}, "budget_s": budget,
-        "tuning": {"scores": [{"lr": s[0], "momentum": s[1], "score_s": scores[s], "times_late": late_times[s]}
-                              for s in settings],
-                   "chosen": {"lr": chosen[0], "momentum": chosen[1]}},
+        "cell": asdict(cell),
+        "arm": {"strategy": arm.strategy, "c": arm.c, "s": arm.s, "label": arm.label},
+        "protocol": {**asdict(protocol)},
+        "budget_s": budget,
+        "tuning": {
+            "scores": [
+                {"lr": s[0], "momentum": s[1], "score_s": scores[s], "times_late": late_times[s]} for s in settings
+            ],
+            "chosen": {"lr": chosen[0], "momentum": chosen[1]},
+        },
         "eval": {"seeds": list(protocol.eval_seeds), **evaluation},
         "cpu_s": time.process_time() - started,
     }

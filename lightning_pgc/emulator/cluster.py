@@ -25,8 +25,17 @@ import numpy as np
 from lightning_pgc.simulate import Costs
 from lightning_pgc.stragglers import DelayModel, LogNormal, NoDelay, SlowRanks, Spikes, SumDelay
 
-__all__ = ["COMPUTE_S", "NODE_SIZE", "PATTERNS", "RATIOS", "Cluster", "NodeStalls", "Pareto", "costs_for",
-           "delay_model"]
+__all__ = [
+    "COMPUTE_S",
+    "NODE_SIZE",
+    "PATTERNS",
+    "RATIOS",
+    "Cluster",
+    "NodeStalls",
+    "Pareto",
+    "costs_for",
+    "delay_model",
+]
 
 COMPUTE_S = 0.1  #: seconds of one partition gradient's compute
 NODE_SIZE = 8  #: workers per node (a node stall stops all of them at once)
@@ -98,11 +107,11 @@ PATTERNS: dict[str, str] = {
     "lognormal": "log-normal jitter, median 0.02 s, sigma 1.5, every worker every step",
     "pareto": "Pareto tail: 0.02 s x Lomax(alpha=1.5) per worker and step (infinite variance)",
     "slow node": "jitter (median 0.02 s, sigma 0.5) + one persistent slow node (the last min(8, n/4) workers) "
-                 "0.2 s slower every step",
+    "0.2 s slower every step",
     "node stalls": "jitter (median 0.02 s, sigma 0.5) + each node of min(8, n/4) workers stalls 1 s, all at once, "
-                   "with probability 0.02 per step",
+    "with probability 0.02 per step",
     "lognormal + stalls": "jitter (median 0.02 s, sigma 0.5) + 10-30 s stalls of single workers, probability "
-                          "0.0005 per worker and step",
+    "0.0005 per worker and step",
 }
 
 

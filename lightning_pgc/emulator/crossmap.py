@@ -21,8 +21,9 @@ __all__ = ["done_keys", "item_key", "plan_items", "read_records", "run_round"]
 
 def item_key(cell: Cell, arm: Arm, protocol: Protocol) -> str:
     """What identifies a work item (a record with the same key is not run again)."""
-    return json.dumps({"cell": asdict(cell), "arm": [arm.strategy, arm.c], "protocol": asdict(protocol)},
-                      sort_keys=True, default=list)
+    return json.dumps(
+        {"cell": asdict(cell), "arm": [arm.strategy, arm.c], "protocol": asdict(protocol)}, sort_keys=True, default=list
+    )
 
 
 def read_records(path: Path | str) -> list[dict[str, Any]]:
@@ -64,8 +65,14 @@ def _work(job: tuple[Cell, Arm, Protocol]) -> dict[str, Any]:
     return record
 
 
-def run_round(path: Path | str, cells: Iterable[Cell], protocol: Protocol = Protocol(), workers: int = 1,
-              progress: bool = True, limit: Optional[int] = None) -> int:
+def run_round(
+    path: Path | str,
+    cells: Iterable[Cell],
+    protocol: Protocol = Protocol(),
+    workers: int = 1,
+    progress: bool = True,
+    limit: Optional[int] = None,
+) -> int:
     """Run every missing (cell, arm) of the round into ``path``; returns how many ran (``limit``: at most that)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -78,8 +85,14 @@ def run_round(path: Path | str, cells: Iterable[Cell], protocol: Protocol = Prot
         return 0
     from tqdm import tqdm
 
-    bar = tqdm(total=len(items), initial=len(items) - len(todo), disable=not progress, unit="arm",
-               desc=path.name, dynamic_ncols=True)
+    bar = tqdm(
+        total=len(items),
+        initial=len(items) - len(todo),
+        disable=not progress,
+        unit="arm",
+        desc=path.name,
+        dynamic_ncols=True,
+    )
     torn = path.exists() and path.stat().st_size > 0 and not path.read_bytes().endswith(b"\n")
     with open(path, "a") as f:
         if torn:  # a line cut short by a killed run: end it, so the next record starts on its own line

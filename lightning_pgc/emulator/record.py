@@ -40,8 +40,9 @@ class ScheduleRecorder(Callback):
         self.records = []
         self.initial = _flat(pl_module)
 
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         strategy = trainer.strategy
         runtime = getattr(strategy, "runtime", None)
         info = getattr(strategy, "last_step", None)

@@ -29,22 +29,41 @@ def from_records(records: Iterable[Any], times: Optional[Sequence[float]] = None
     out = []
     for i, rec in enumerate(records):
         when = float(times[i]) if times is not None else float(rec.closed_at)
-        out.append(Version(int(rec.version), tuple(int(k) for k in rec.admitted),
-                           {int(k): tuple(int(a) for a in v) for k, v in rec.ages.items()}, when,
-                           {int(k): float(w) for k, w in rec.weights.items()}))
+        out.append(
+            Version(
+                int(rec.version),
+                tuple(int(k) for k in rec.admitted),
+                {int(k): tuple(int(a) for a in v) for k, v in rec.ages.items()},
+                when,
+                {int(k): float(w) for k, w in rec.weights.items()},
+            )
+        )
     return out
 
 
 def to_json(versions: Sequence[Version]) -> list[dict[str, Any]]:
     """Plain JSON rows (rank keys as strings)."""
-    return [{"version": v.version, "admitted": list(v.admitted), "time_s": v.time_s,
-             "ages": {str(k): list(a) for k, a in v.ages.items()},
-             "weights": None if v.weights is None else {str(k): w for k, w in v.weights.items()}} for v in versions]
+    return [
+        {
+            "version": v.version,
+            "admitted": list(v.admitted),
+            "time_s": v.time_s,
+            "ages": {str(k): list(a) for k, a in v.ages.items()},
+            "weights": None if v.weights is None else {str(k): w for k, w in v.weights.items()},
+        }
+        for v in versions
+    ]
 
 
 def from_json(rows: Sequence[Mapping[str, Any]]) -> list[Version]:
     """Inverse of :func:`to_json`."""
-    return [Version(int(r["version"]), tuple(int(k) for k in r["admitted"]),
-                    {int(k): tuple(int(a) for a in v) for k, v in r["ages"].items()}, float(r.get("time_s", 0.0)),
-                    None if r.get("weights") is None else {int(k): float(w) for k, w in r["weights"].items()})
-            for r in rows]
+    return [
+        Version(
+            int(r["version"]),
+            tuple(int(k) for k in r["admitted"]),
+            {int(k): tuple(int(a) for a in v) for k, v in r["ages"].items()},
+            float(r.get("time_s", 0.0)),
+            None if r.get("weights") is None else {int(k): float(w) for k, w in r["weights"].items()},
+        )
+        for r in rows
+    ]

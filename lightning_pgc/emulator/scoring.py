@@ -18,8 +18,16 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-__all__ = ["Comparison", "censor", "compare", "holm", "median_censored", "restricted_mean", "sign_flip_p",
-           "tuning_score"]
+__all__ = [
+    "Comparison",
+    "censor",
+    "compare",
+    "holm",
+    "median_censored",
+    "restricted_mean",
+    "sign_flip_p",
+    "tuning_score",
+]
 
 
 def censor(times: Sequence[Optional[float]], budget: float) -> np.ndarray:
@@ -101,8 +109,14 @@ class Comparison:
     seeds: int
 
 
-def compare(arm: Sequence[Optional[float]], baseline: Sequence[Optional[float]], budget: float,
-            level: float = 0.95, resamples: int = 2000, seed: int = 0) -> Comparison:
+def compare(
+    arm: Sequence[Optional[float]],
+    baseline: Sequence[Optional[float]],
+    budget: float,
+    level: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> Comparison:
     """Paired comparison over seeds (``arm[i]`` and ``baseline[i]`` share delay seed ``i``).
 
     Raises:

@@ -31,8 +31,12 @@ def _arm_summary(record: dict[str, Any]) -> dict[str, Any]:
     chosen = record["tuning"]["chosen"]
     protocol = record["protocol"]
     return {
-        "arm": record["arm"]["label"], "strategy": record["arm"]["strategy"], "c": record["arm"]["c"],
-        "s": record["arm"]["s"], "lr": chosen["lr"], "momentum": chosen["momentum"],
+        "arm": record["arm"]["label"],
+        "strategy": record["arm"]["strategy"],
+        "c": record["arm"]["c"],
+        "s": record["arm"]["s"],
+        "lr": chosen["lr"],
+        "momentum": chosen["momentum"],
         "lr_at_grid_edge": chosen["lr"] in (min(protocol["lrs"]), max(protocol["lrs"])),
         "seeds": len(ev["time_late"]),
         "reached_early": sum(t is not None for t in ev["time_early"]),
@@ -65,23 +69,53 @@ def summarize(records: Sequence[dict[str, Any]], source: str, alpha: float = ALP
                     family.append((i, target, comp))
         adjusted = holm([c.p for _, _, c in family]) if family else []
         for (i, target, comp), p_holm in zip(family, adjusted):
-            arms[i][f"vs_ddp_{target}"] = {"ratio": comp.ratio, "low": comp.low, "high": comp.high, "p": comp.p,
-                                           "p_holm": p_holm, "seeds": comp.seeds}
-        faster = [a for a in arms if a.get("vs_ddp_late") and a["vs_ddp_late"]["ratio"] < 1
-                  and a["vs_ddp_late"]["p_holm"] < alpha]
-        slower = [a["arm"] for a in arms if a.get("vs_ddp_late") and a["vs_ddp_late"]["ratio"] > 1
-                  and a["vs_ddp_late"]["p_holm"] < alpha]
+            arms[i][f"vs_ddp_{target}"] = {
+                "ratio": comp.ratio,
+                "low": comp.low,
+                "high": comp.high,
+                "p": comp.p,
+                "p_holm": p_holm,
+                "seeds": comp.seeds,
+            }
+        faster = [
+            a
+            for a in arms
+            if a.get("vs_ddp_late") and a["vs_ddp_late"]["ratio"] < 1 and a["vs_ddp_late"]["p_holm"] < alpha
+        ]
+        slower = [
+            a["arm"]
+            for a in arms
+            if a.get("vs_ddp_late") and a["vs_ddp_late"]["ratio"] > 1 and a["vs_ddp_late"]["p_holm"] < alpha
+        ]
         winner = min(faster, key=lambda a: a["vs_ddp_late"]["ratio"]) if faster else None
         fastest = min(arms, key=lambda a: a["rmean_late_s"])
-        cells.append({
-            "label": label, "cell": recs[0]["cell"], "budget_s": budget, "arms": arms,
-            "complete": base is not None,
-            "winner": None if winner is None else {k: winner[k] for k in ("arm", "strategy", "s", "c", "lr", "momentum")}
-            | {"ratio": winner["vs_ddp_late"]["ratio"], "low": winner["vs_ddp_late"]["low"],
-               "high": winner["vs_ddp_late"]["high"], "p_holm": winner["vs_ddp_late"]["p_holm"]},
-            "fastest": fastest["arm"], "slower_than_ddp": slower,
-            "ddp": next((a for a in arms if a["strategy"] == "ddp"), None),
-        })
-    return {"source": source, "label": "emulated", "alpha": alpha, "correction": "Holm, per cell, over every "
-            "(arm, target) comparison with ddp", "items_done": len(records),
-            "cpu_s_total": sum(r.get("cpu_s", 0.0) for r in records), "cells": cells}
+        cells.append(
+            {
+                "label": label,
+                "cell": recs[0]["cell"],
+                "budget_s": budget,
+                "arms": arms,
+                "complete": base is not None,
+                "winner": None
+                if winner is None
+                else {k: winner[k] for k in ("arm", "strategy", "s", "c", "lr", "momentum")}
+                | {
+                    "ratio": winner["vs_ddp_late"]["ratio"],
+                    "low": winner["vs_ddp_late"]["low"],
+                    "high": winner["vs_ddp_late"]["high"],
+                    "p_holm": winner["vs_ddp_late"]["p_holm"],
+                },
+                "fastest": fastest["arm"],
+                "slower_than_ddp": slower,
+                "ddp": next((a for a in arms if a["strategy"] == "ddp"), None),
+            }
+        )
+    return {
+        "source": source,
+        "label": "emulated",
+        "alpha": alpha,
+        "correction": "Holm, per cell, over every (arm, target) comparison with ddp",
+        "items_done": len(records),
+        "cpu_s_total": sum(r.get("cpu_s", 0.0) for r in records),
+        "cells": cells,
+    }

@@ -73,9 +73,18 @@ def _flat(tensors: Sequence[Tensor], batch_dims: int = 0) -> Tensor:
     return torch.cat([t.reshape(*t.shape[:batch_dims], -1) for t in tensors], dim=-1)
 
 
-def emulate(scheme: Scheme, schedule: Sequence[Version], task: Task, streams: PartitionStreams, lr: float,
-            momentum: float, val_every: int = 1, stop_below: Optional[float] = None, start: int = 0,
-            optimizer: Optional[Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = None) -> EmulatedRun:
+def emulate(
+    scheme: Scheme,
+    schedule: Sequence[Version],
+    task: Task,
+    streams: PartitionStreams,
+    lr: float,
+    momentum: float,
+    val_every: int = 1,
+    stop_below: Optional[float] = None,
+    start: int = 0,
+    optimizer: Optional[Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = None,
+) -> EmulatedRun:
     """Train ``task.model`` in place on ``schedule`` (one entry per version, in order) with ``scheme``.
 
     Args:
@@ -118,7 +127,9 @@ def emulate(scheme: Scheme, schedule: Sequence[Version], task: Task, streams: Pa
     for i, entry in enumerate(schedule):
         t = entry.version
         if t != start + i:
-            raise ValueError(f"schedule entry {i} is version {t}, expected {start + i} (versions in order, none missing)")
+            raise ValueError(
+                f"schedule entry {i} is version {t}, expected {start + i} (versions in order, none missing)"
+            )
         index = torch.tensor([streams.batch(j, t, b) for j in range(n)])  # [n, b]
         weights = {name: p.detach() for name, p in zip(names, params)}
         grads, losses = per_partition(weights, task.x_train[index], task.y_train[index])
@@ -147,9 +158,15 @@ def emulate(scheme: Scheme, schedule: Sequence[Version], task: Task, streams: Pa
     return run
 
 
-def emulate_grid(scheme: Scheme, schedule: Sequence[Version], task: Task, streams: PartitionStreams,
-                 configs: Sequence[tuple[float, float]], stop_below: Optional[float] = None,
-                 start: int = 0) -> list[EmulatedRun]:
+def emulate_grid(
+    scheme: Scheme,
+    schedule: Sequence[Version],
+    task: Task,
+    streams: PartitionStreams,
+    configs: Sequence[tuple[float, float]],
+    stop_below: Optional[float] = None,
+    start: int = 0,
+) -> list[EmulatedRun]:
     """:func:`emulate` for several ``(lr, momentum)`` configurations of SGD at once, on the same schedule.
 
     Every configuration starts from ``task.model``'s parameters (left untouched) and follows its own trajectory; the
@@ -209,7 +226,9 @@ def emulate_grid(scheme: Scheme, schedule: Sequence[Version], task: Task, stream
             break
         t = entry.version
         if t != start + i:
-            raise ValueError(f"schedule entry {i} is version {t}, expected {start + i} (versions in order, none missing)")
+            raise ValueError(
+                f"schedule entry {i} is version {t}, expected {start + i} (versions in order, none missing)"
+            )
         index = torch.tensor([streams.batch(j, t, b) for j in range(n)])
         grads, losses = grads_fn(theta, task.x_train[index], task.y_train[index])  # [m, n, P], [m, n]
         gradients[t] = torch.cat([grads, losses.unsqueeze(-1)], dim=-1).transpose(0, 1).reshape(n, -1)  # [n, m(P+1)]

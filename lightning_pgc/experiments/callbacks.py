@@ -23,8 +23,16 @@ from lightning_pgc.experiments.results import CURVE_HEADER, FILES, VAL_CURVE_HEA
 from lightning_pgc.strategy import PGCStrategy
 from lightning_pgc.stragglers import StragglerInjector
 
-__all__ = ["JobRecorder", "LossRecorder", "ResourceMeter", "SimulatedCompute", "ValidationCurve", "WorkMeter",
-           "parameter_checksum", "process_memory"]
+__all__ = [
+    "JobRecorder",
+    "LossRecorder",
+    "ResourceMeter",
+    "SimulatedCompute",
+    "ValidationCurve",
+    "WorkMeter",
+    "parameter_checksum",
+    "process_memory",
+]
 
 
 def parameter_checksum(module: torch.nn.Module) -> str:
@@ -58,8 +66,9 @@ class LossRecorder(pl.Callback):
         self.rows: list[tuple[float, int, float]] = []
         self.t0: Optional[float] = None
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if loss is None:
             return
@@ -134,8 +143,10 @@ def flops_per_sample(pl_module: pl.LightningModule, x: torch.Tensor, y: torch.Te
                 torch.autograd.grad(F.cross_entropy(pl_module(x), y), params, allow_unused=True)
     finally:
         pl_module.train(was_training)
-    return {"flops_forward_per_sample": float(forward.get_total_flops()),
-            "flops_fwd_bwd_per_sample": float(both.get_total_flops())}
+    return {
+        "flops_forward_per_sample": float(forward.get_total_flops()),
+        "flops_fwd_bwd_per_sample": float(both.get_total_flops()),
+    }
 
 
 class WorkMeter(pl.Callback):
@@ -179,8 +190,9 @@ class WorkMeter(pl.Callback):
 
     def _slept(self) -> float:
         """Seconds this rank has slept so far (injected delays and simulated compute)."""
-        return ((self.injector.total_sleep_s if self.injector is not None else 0.0)
-                + (self.compute.total_sleep_s if self.compute is not None else 0.0))
+        return (self.injector.total_sleep_s if self.injector is not None else 0.0) + (
+            self.compute.total_sleep_s if self.compute is not None else 0.0
+        )
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         from torch.nn.parallel import DistributedDataParallel
@@ -198,13 +210,17 @@ class WorkMeter(pl.Callback):
                 return allreduce_hook(state, bucket)
 
             # DDP checks the hook's annotations as objects (this module postpones them to strings)
-            timed_allreduce.__annotations__ = {"state": object, "bucket": torch.distributed.GradBucket,
-                                               "return": torch.futures.Future[torch.Tensor]}
+            timed_allreduce.__annotations__ = {
+                "state": object,
+                "bucket": torch.distributed.GradBucket,
+                "return": torch.futures.Future[torch.Tensor],
+            }
             model.register_comm_hook(None, timed_allreduce)
             self.ddp_hook = True
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         if not self.flops and isinstance(batch, (list, tuple)) and len(batch) >= 2:
             self.flops = flops_per_sample(pl_module, batch[0][:1], batch[1][:1])
         now = time.monotonic()
@@ -232,8 +248,9 @@ class WorkMeter(pl.Callback):
         self._mark, self._sleep_mark = now, sleep
         self._count += 1
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         info = getattr(trainer.strategy, "last_step", None)
         if info is not None and isinstance(trainer.strategy, PGCStrategy):
             self._step_wait = float(info.worker_wait_s)
@@ -278,8 +295,11 @@ def process_memory() -> dict[str, int]:
     except OSError:
         return {}
     fields = dict(line.split(":", 1) for line in lines if ":" in line)
-    return {key: int(fields[name].split()[0]) * 1024  # the kernel writes "<n> kB"
-            for key, name in (("rss_bytes", "VmRSS"), ("peak_rss_bytes", "VmHWM")) if name in fields}
+    return {
+        key: int(fields[name].split()[0]) * 1024  # the kernel writes "<n> kB"
+        for key, name in (("rss_bytes", "VmRSS"), ("peak_rss_bytes", "VmHWM"))
+        if name in fields
+    }
 
 
 class ResourceMeter(pl.Callback):
@@ -303,8 +323,9 @@ class ResourceMeter(pl.Callback):
     def _sample(self, step: int) -> None:
         self.samples.append({"step": step, **process_memory(), "threads": threading.active_count()})
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         step = trainer.global_step
         if step in self.after_steps and all(s["step"] != step for s in self.samples):
             self._sample(step)
@@ -368,8 +389,9 @@ class ValidationCurve(pl.Callback):
         if trainer.is_global_zero:
             self._evaluate(trainer, pl_module)
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         step = trainer.global_step
         if trainer.is_global_zero and step % self.every == 0 and step != self._last_step:
             self._evaluate(trainer, pl_module)
@@ -413,8 +435,9 @@ class JobRecorder(pl.Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.fit_start = time.monotonic()
 
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
-                             batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         self.batch_sizes.append(len(batch[0]))
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -448,9 +471,14 @@ class JobRecorder(pl.Callback):
         (self.out / rank_file(rank)).write_text(json.dumps(result, default=float))
         valve = _find(trainer, StalenessValve)
         if valve is not None:  # every rank: what its valve saw and did (all ranks must have decided alike)
-            record = {"rank": rank, "scale": valve.scale, "window": valve.window, "events": valve.events,
-                      "checks": valve.history,
-                      "final_lrs": valve.final_lrs}
+            record = {
+                "rank": rank,
+                "scale": valve.scale,
+                "window": valve.window,
+                "events": valve.events,
+                "checks": valve.history,
+                "final_lrs": valve.final_lrs,
+            }
             (self.out / valve_file(rank)).write_text(json.dumps(record))
         if not trainer.is_global_zero:  # rank 0, or the rank that took over when it died
             return
@@ -492,7 +520,17 @@ class JobRecorder(pl.Callback):
             totals["rank0/utilization"] = m["utilization"]
             totals["rank0/grad_evals"] = sum(m["evals_per_step"])
         run.summary.update(totals)
-        (self.out / FILES["wandb"]).write_text(json.dumps(
-            {"dir": str(Path(run.dir).parent), "id": run.id, "name": run.name, "group": run.group,
-             "project": run.project, "config": dict(run.config)}, default=str))
+        (self.out / FILES["wandb"]).write_text(
+            json.dumps(
+                {
+                    "dir": str(Path(run.dir).parent),
+                    "id": run.id,
+                    "name": run.name,
+                    "group": run.group,
+                    "project": run.project,
+                    "config": dict(run.config),
+                },
+                default=str,
+            )
+        )
         wandb.finish()

@@ -21,8 +21,18 @@ __all__ = ["JobFailed", "command", "launch"]
 STALE = ("progress", "summary", "curve", "val_curve", "done", "wandb")
 
 #: Environment variables of an enclosing distributed run that would make the job think it is a rank of it.
-INHERITED = ("LOCAL_RANK", "NODE_RANK", "WORLD_SIZE", "GLOBAL_RANK", "RANK", "MASTER_ADDR", "MASTER_PORT",
-             "PL_GLOBAL_SEED", "LIGHTNING_PGC_TRACEBACK", "PGC_STORE_ADDR")
+INHERITED = (
+    "LOCAL_RANK",
+    "NODE_RANK",
+    "WORLD_SIZE",
+    "GLOBAL_RANK",
+    "RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PL_GLOBAL_SEED",
+    "LIGHTNING_PGC_TRACEBACK",
+    "PGC_STORE_ADDR",
+)
 
 
 class JobFailed(RuntimeError):
@@ -37,12 +47,24 @@ def command(spec: dict[str, Any]) -> list[str]:
     """The command line a job runs (its ranks 1..n-1 are started by Lightning re-running it)."""
     spec = resolve_spec(spec)
     out = Path(spec["out"]).resolve()
-    return [sys.executable, "-m", "lightning_pgc", "fit", "--config", str(recipe_path(spec["recipe"])),
-            "--config", str(out / FILES["config"])]
+    return [
+        sys.executable,
+        "-m",
+        "lightning_pgc",
+        "fit",
+        "--config",
+        str(recipe_path(spec["recipe"])),
+        "--config",
+        str(out / FILES["config"]),
+    ]
 
 
-def launch(spec: dict[str, Any], timeout: Optional[float] = None, check: bool = True,
-           on_progress: Optional[Callable[[int], None]] = None) -> JobResult:
+def launch(
+    spec: dict[str, Any],
+    timeout: Optional[float] = None,
+    check: bool = True,
+    on_progress: Optional[Callable[[int], None]] = None,
+) -> JobResult:
     """Run the job ``spec`` (see :mod:`lightning_pgc.experiments.spec`) and return what it wrote.
 
     Writes ``spec.json`` and ``job.yaml`` into ``spec["out"]``, runs ``python -m lightning_pgc fit --config
@@ -67,9 +89,15 @@ def launch(spec: dict[str, Any], timeout: Optional[float] = None, check: bool = 
         (out / FILES[key]).unlink(missing_ok=True)
     (out / FILES["spec"]).write_text(json.dumps(spec, indent=1))
     (out / FILES["config"]).write_text(yaml.safe_dump(job_config(spec), sort_keys=False))
-    env = {**os.environ, "OMP_NUM_THREADS": str(spec["threads"]), "PYTHONWARNINGS": "ignore",
-           # W&B without its system-metrics sampler and console capture: they would compete with the ranks for CPU
-           "WANDB_SILENT": "true", "WANDB_X_DISABLE_STATS": "true", "WANDB_CONSOLE": "off"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(spec["threads"]),
+        "PYTHONWARNINGS": "ignore",
+        # W&B without its system-metrics sampler and console capture: they would compete with the ranks for CPU
+        "WANDB_SILENT": "true",
+        "WANDB_X_DISABLE_STATS": "true",
+        "WANDB_CONSOLE": "off",
+    }
     for key in INHERITED:
         env.pop(key, None)
     online = bool(spec["wandb"]) and not spec["wandb"].get("offline", True)

@@ -113,8 +113,14 @@ class JobResult:
     def legacy(self) -> dict[str, Any]:
         """The dict the earlier ``tests/jobs.run_job`` returned (``ranks``, ``valves``, ``summary`` with the spec,
         ``curve``, ``out``, ``stderr``), for callers written against it."""
-        return {"ranks": self.ranks, "valves": self.valves, "summary": {"spec": self.spec, **self.summary},
-                "curve": self.curve, "out": self.out, "stderr": self.log_tail}
+        return {
+            "ranks": self.ranks,
+            "valves": self.valves,
+            "summary": {"spec": self.spec, **self.summary},
+            "curve": self.curve,
+            "out": self.out,
+            "stderr": self.log_tail,
+        }
 
 
 def read_progress(out: Path) -> int:
@@ -151,15 +157,18 @@ def read_result(out: Path | str, devices: Optional[int] = None) -> JobResult:
         n = int(devices if devices is not None else result.spec.get("devices", 1))
         # a rank the spec kills (SIGKILL) or terminates (SIGTERM) may write nothing: None in its place
         gone = {f["rank"] for f in result.spec.get("faults", ()) if f.get("kind") in ("Kill", "Terminate")}
-        result.ranks = [json.loads((out / rank_file(r)).read_text())
-                        if r not in gone or (out / rank_file(r)).exists() else None for r in range(n)]
+        result.ranks = [
+            json.loads((out / rank_file(r)).read_text()) if r not in gone or (out / rank_file(r)).exists() else None
+            for r in range(n)
+        ]
         if (out / valve_file(0)).exists():
             result.valves = [json.loads((out / valve_file(r)).read_text()) for r in range(n)]
         result.summary = json.loads((out / FILES["summary"]).read_text())
         result.curve = _read_csv(out / FILES["curve"], CURVE_HEADER, (float, int, float))  # type: ignore[assignment]
         if (out / FILES["val_curve"]).exists():
             result.val_curve = _read_csv(  # type: ignore[assignment]
-                out / FILES["val_curve"], VAL_CURVE_HEADER, (float, int, float, float, float))
+                out / FILES["val_curve"], VAL_CURVE_HEADER, (float, int, float, float, float)
+            )
         if (out / FILES["wandb"]).exists():
             result.wandb = json.loads((out / FILES["wandb"]).read_text())
     except (OSError, ValueError, KeyError) as err:

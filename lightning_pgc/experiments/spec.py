@@ -133,8 +133,7 @@ def _strategy(spec: dict[str, Any]) -> Any:
 
     if name not in StrategyRegistry or StrategyRegistry[name]["strategy"] is not PGCStrategy:
         raise ValueError(f"strategy_kwargs need a PGC strategy name, got {name!r}")
-    return {"class_path": "lightning_pgc.PGCStrategy",
-            "init_args": {**StrategyRegistry[name]["init_params"], **kwargs}}
+    return {"class_path": "lightning_pgc.PGCStrategy", "init_args": {**StrategyRegistry[name]["init_params"], **kwargs}}
 
 
 def _wandb_logger(spec: dict[str, Any], out: Path) -> dict[str, Any]:
@@ -149,9 +148,15 @@ def _wandb_logger(spec: dict[str, Any], out: Path) -> dict[str, Any]:
     for key in ("project", "group", "name", "tags"):
         if options.get(key) is not None:
             init[key] = options[key]
-    init["config"] = {"lr": spec["lr"], "batch_size": spec["batch_size"], "steps": spec["max_steps"],
-                      "compute_s_per_eval": spec["compute_s_per_eval"], "val_every_n_steps": spec["val_every_n_steps"],
-                      "strategy_kwargs": spec["strategy_kwargs"], **options.get("config", {})}
+    init["config"] = {
+        "lr": spec["lr"],
+        "batch_size": spec["batch_size"],
+        "steps": spec["max_steps"],
+        "compute_s_per_eval": spec["compute_s_per_eval"],
+        "val_every_n_steps": spec["val_every_n_steps"],
+        "strategy_kwargs": spec["strategy_kwargs"],
+        **options.get("config", {}),
+    }
     return {"class_path": logger["class_path"], "init_args": init}
 
 
@@ -168,34 +173,51 @@ def job_config(spec: dict[str, Any]) -> dict[str, Any]:
     callbacks: list[dict[str, Any]] = [
         {"class_path": cb + "JobRecorder", "init_args": {"out": str(out), "save_checkpoint": spec["save_checkpoint"]}},
         {"class_path": cb + "LossRecorder", "init_args": {"out": str(out), "sync": bool(spec["sync_loss"])}},
-        {"class_path": "lightning_pgc.StragglerInjector",
-         "init_args": {"delay": spec["delay"], "seed": int(spec["delay_seed"])}},
+        {
+            "class_path": "lightning_pgc.StragglerInjector",
+            "init_args": {"delay": spec["delay"], "seed": int(spec["delay_seed"])},
+        },
     ]
     for fault in spec["faults"]:
         args = dict(fault)
         callbacks.append({"class_path": "lightning_pgc.faults." + args.pop("kind"), "init_args": args})
     if spec["compute_s_per_eval"]:
-        callbacks.append({"class_path": cb + "SimulatedCompute",
-                          "init_args": {"seconds": float(spec["compute_s_per_eval"])}})
+        callbacks.append(
+            {"class_path": cb + "SimulatedCompute", "init_args": {"seconds": float(spec["compute_s_per_eval"])}}
+        )
     if spec["measure"]:
         callbacks.append({"class_path": cb + "WorkMeter"})
     if spec["resources"] is not None:
-        callbacks.append({"class_path": cb + "ResourceMeter",
-                          "init_args": {"after_steps": [int(k) for k in spec["resources"]]}})
+        callbacks.append(
+            {"class_path": cb + "ResourceMeter", "init_args": {"after_steps": [int(k) for k in spec["resources"]]}}
+        )
     if spec["val_every_n_steps"]:
-        callbacks.append({"class_path": cb + "ValidationCurve",
-                          "init_args": {"out": str(out), "every": int(spec["val_every_n_steps"])}})
+        callbacks.append(
+            {
+                "class_path": cb + "ValidationCurve",
+                "init_args": {"out": str(out), "every": int(spec["val_every_n_steps"])},
+            }
+        )
     if spec["diagnostics"] is not None:
         callbacks.append({"class_path": "lightning_pgc.PGCDiagnostics", "init_args": dict(spec["diagnostics"])})
     if spec["valve"] is not None:
         callbacks.append({"class_path": "lightning_pgc.StalenessValve", "init_args": dict(spec["valve"])})
     if spec["checkpoint_every_n_steps"]:
-        callbacks.append({"class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
-                          "init_args": {"dirpath": str(out / "checkpoints"), "save_top_k": -1, "save_last": True,
-                                        "every_n_train_steps": int(spec["checkpoint_every_n_steps"]),
-                                        "save_on_exception": bool(spec["checkpoint_on_exception"])}})
+        callbacks.append(
+            {
+                "class_path": "lightning.pytorch.callbacks.ModelCheckpoint",
+                "init_args": {
+                    "dirpath": str(out / "checkpoints"),
+                    "save_top_k": -1,
+                    "save_last": True,
+                    "every_n_train_steps": int(spec["checkpoint_every_n_steps"]),
+                    "save_on_exception": bool(spec["checkpoint_on_exception"]),
+                },
+            }
+        )
     loggers: list[dict[str, Any]] = [
-        {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(out), "name": "logs"}}]
+        {"class_path": "lightning.pytorch.loggers.CSVLogger", "init_args": {"save_dir": str(out), "name": "logs"}}
+    ]
     if spec["wandb"]:
         loggers.append(_wandb_logger(spec, out))
     trainer: dict[str, Any] = {

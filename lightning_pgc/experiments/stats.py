@@ -62,8 +62,15 @@ class PairedInterval:
         return self.low > null or self.high < null
 
     def as_dict(self) -> dict[str, float | int | bool | str]:
-        return {"estimate": self.estimate, "low": self.low, "high": self.high, "seeds": self.seeds,
-                "level": self.level, "ratio": self.ratio, "method": self.method}
+        return {
+            "estimate": self.estimate,
+            "low": self.low,
+            "high": self.high,
+            "seeds": self.seeds,
+            "level": self.level,
+            "ratio": self.ratio,
+            "method": self.method,
+        }
 
 
 def t_cdf_two_sided(t: float, df: int) -> float:
@@ -130,8 +137,10 @@ def _paired(x: Sequence[float], y: Sequence[float], ratio: bool) -> list[float]:
         raise ValueError(f"an interval needs at least 2 seeds, got {len(x)}")
     values = [float(v) for v in (*x, *y)]
     if not all(math.isfinite(v) for v in values):
-        raise ValueError("paired samples must be finite (a run that never reached the target has no time: "
-                         "compare reach counts, or use a value every run has)")
+        raise ValueError(
+            "paired samples must be finite (a run that never reached the target has no time: "
+            "compare reach counts, or use a value every run has)"
+        )
     if ratio:
         if min(values) <= 0:
             raise ValueError("a ratio interval needs positive values on both sides")
@@ -139,8 +148,9 @@ def _paired(x: Sequence[float], y: Sequence[float], ratio: bool) -> list[float]:
     return [float(a) - float(b) for a, b in zip(x, y)]
 
 
-def paired_t_interval(x: Sequence[float], y: Sequence[float], level: float = 0.95,
-                      ratio: bool = False) -> PairedInterval:
+def paired_t_interval(
+    x: Sequence[float], y: Sequence[float], level: float = 0.95, ratio: bool = False
+) -> PairedInterval:
     """Student t interval of the mean per-seed difference ``x_i - y_i`` (``ratio``: of the mean log ratio,
     reported as a geometric-mean ratio), seeds in the same order on both sides.
 
@@ -157,8 +167,14 @@ def paired_t_interval(x: Sequence[float], y: Sequence[float], level: float = 0.9
     return PairedInterval(mean, lo, hi, m, level, ratio, "paired t")
 
 
-def paired_bootstrap_interval(x: Sequence[float], y: Sequence[float], level: float = 0.95, ratio: bool = False,
-                              resamples: int = 10_000, seed: int = 0) -> PairedInterval:
+def paired_bootstrap_interval(
+    x: Sequence[float],
+    y: Sequence[float],
+    level: float = 0.95,
+    ratio: bool = False,
+    resamples: int = 10_000,
+    seed: int = 0,
+) -> PairedInterval:
     """Percentile bootstrap interval of the mean per-seed difference (``ratio``: geometric-mean ratio): seeds are
     resampled with replacement, pairs kept together. Deterministic for a given ``seed``.
 

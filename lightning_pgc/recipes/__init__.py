@@ -37,7 +37,7 @@ def resolve(name: str) -> Optional[Path]:
     clean = name.replace("\\", "/")
     for prefix in LEGACY_PREFIXES:
         if clean.startswith(prefix):
-            clean = clean[len(prefix):]
+            clean = clean[len(prefix) :]
             break
     return folder() / clean if clean in available() else None
 

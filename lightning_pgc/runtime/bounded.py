@@ -62,9 +62,18 @@ class BoundedLeader(Leader):
         now: the clock's start (default ``time.monotonic()``; the simulator passes its virtual time).
     """
 
-    def __init__(self, scheme: BoundedScheme, world_size: int, start_version: int, timeout: float, max_lag: int,
-                 heartbeat_window: float = 3.0, widen_after: Optional[float] = None,
-                 max_window: Optional[int] = None, now: Optional[float] = None) -> None:
+    def __init__(
+        self,
+        scheme: BoundedScheme,
+        world_size: int,
+        start_version: int,
+        timeout: float,
+        max_lag: int,
+        heartbeat_window: float = 3.0,
+        widen_after: Optional[float] = None,
+        max_window: Optional[int] = None,
+        now: Optional[float] = None,
+    ) -> None:
         if not isinstance(scheme, BoundedScheme):
             raise TypeError(f"BoundedLeader needs a BoundedScheme, got {type(scheme).__name__}")
         if widen_after is not None and widen_after < 0:
@@ -97,11 +106,12 @@ class BoundedLeader(Leader):
             CoordinatorError: the code names a partition its sender does not hold.
         """
         super().on_code(header, arrived)
-        partition = header.partition if header.partition >= 0 else self.bounded.evaluated(header.sender,
-                                                                                            header.version)
+        partition = header.partition if header.partition >= 0 else self.bounded.evaluated(header.sender, header.version)
         if partition not in self.bounded.partitions(header.sender):
-            raise CoordinatorError(f"rank {header.sender}'s code of version {header.version} carries partition "
-                                   f"{partition}, which it does not hold")
+            raise CoordinatorError(
+                f"rank {header.sender}'s code of version {header.version} carries partition "
+                f"{partition}, which it does not hold"
+            )
         if header.version < self._counts_from.get(header.sender, -1):
             return  # a code of a forgotten rank (sent before it froze, say), from before it rejoined
         carried = self._carried.setdefault(header.version, {})
@@ -129,8 +139,9 @@ class BoundedLeader(Leader):
             if e is not None and e.rank == rank:
                 self.table.entries[i] = self._newest(i, floor=floor - 1)
 
-    def _newest(self, partition: int, floor: int, below: Optional[int] = None,
-                gone: frozenset[int] = frozenset()) -> Optional[Entry]:
+    def _newest(
+        self, partition: int, floor: int, below: Optional[int] = None, gone: frozenset[int] = frozenset()
+    ) -> Optional[Entry]:
         """The newest code of ``partition`` seen lately, of a version in ``(floor, below]`` and not from ``gone``."""
         for v in sorted(self._carried, reverse=True):
             if (below is not None and v > below) or v <= floor:
@@ -183,19 +194,32 @@ class BoundedLeader(Leader):
                 self._covered_since = now
                 self.coverage_waits += 1
                 log.info("bounded staleness: version %d waits for partitions %s (c=%d)", t, missing, self.window)
-            if (self.widen_after is not None and self.window < self.max_window
-                    and now - self._covered_since >= self.widen_after * (1 + self.widened)):
+            if (
+                self.widen_after is not None
+                and self.window < self.max_window
+                and now - self._covered_since >= self.widen_after * (1 + self.widened)
+            ):
                 self.widened += 1
-                log.warning("bounded staleness: widening c to %d at version %d (partitions %s had no entry "
-                            "within %.3g s)", self.window, t, missing, now - self._covered_since)
+                log.warning(
+                    "bounded staleness: widening c to %d at version %d (partitions %s had no entry within %.3g s)",
+                    self.window,
+                    t,
+                    missing,
+                    now - self._covered_since,
+                )
             missing = self.table.missing(t, self.window)
             dropped = self._uncoverable(t, missing, now)
             if len(dropped) < len(missing):
                 return None
             self.uncovered += len(dropped)
-            log.warning("bounded staleness: version %d closes without partitions %s: no entry younger than c=%d and "
-                        "no live holder's code of version %d carries them (the others are averaged)", t, dropped,
-                        self.window, t)
+            log.warning(
+                "bounded staleness: version %d closes without partitions %s: no entry younger than c=%d and "
+                "no live holder's code of version %d carries them (the others are averaged)",
+                t,
+                dropped,
+                self.window,
+                t,
+            )
         entries = tuple(None if e is None or t - e.version >= self.window else e for e in self.table.entries)
         waited = 0.0 if self._covered_since is None else now - self._covered_since
         self._covered_since = None
@@ -210,11 +234,21 @@ class BoundedLeader(Leader):
         used = sorted(weights)
         for r in used:
             self._stats[r].admitted += 1
-        rec = BoundedRecord(version=t, admitted=used, weights=weights, arrivals=dict(self._arrivals),
-                            valid={r: len(a) for r, a in ages.items()}, ages=ages,
-                            opened_at=self._opened_at or now, closed_at=now,
-                            first_arrival=self._first_arrival or now, entries=entries, window=self.window,
-                            coverage_wait_s=waited, fresh=len(self._order))
+        rec = BoundedRecord(
+            version=t,
+            admitted=used,
+            weights=weights,
+            arrivals=dict(self._arrivals),
+            valid={r: len(a) for r, a in ages.items()},
+            ages=ages,
+            opened_at=self._opened_at or now,
+            closed_at=now,
+            first_arrival=self._first_arrival or now,
+            entries=entries,
+            window=self.window,
+            coverage_wait_s=waited,
+            fresh=len(self._order),
+        )
         self._close(rec, now)
         return rec
 
@@ -229,10 +263,12 @@ class BoundedLeader(Leader):
         out = []
         rejected = self._rejected.get(t, set())
         for i in missing:
-            live = [h for h in self.bounded.holders(i)
-                    if self.is_alive(h, now) and h not in self.byes and h not in self.detached]
-            if (live and all(h in self._arrivals or h in rejected for h in live)
-                    and i not in self._carried.get(t, {})):
+            live = [
+                h
+                for h in self.bounded.holders(i)
+                if self.is_alive(h, now) and h not in self.byes and h not in self.detached
+            ]
+            if live and all(h in self._arrivals or h in rejected for h in live) and i not in self._carried.get(t, {}):
                 out.append(i)
         return out
 
@@ -245,8 +281,11 @@ class BoundedLeader(Leader):
         """
         super().check(now)
         missing = self.table.missing(self.version, self.window) if self._first_arrival is not None else []
-        orphans = {i: list(self.bounded.holders(i)) for i in missing
-                   if not any(self.is_alive(h, now) and h not in self.byes for h in self.bounded.holders(i))}
+        orphans = {
+            i: list(self.bounded.holders(i))
+            for i in missing
+            if not any(self.is_alive(h, now) and h not in self.byes for h in self.bounded.holders(i))
+        }
         if not orphans:
             self._uncoverable_since = None
             return

@@ -68,10 +68,20 @@ class LiveGather:
             the new leader, with the result some rank may already have got from the old one.
     """
 
-    def __init__(self, transport: Transport, rank: int, world_size: int, leader: int, poll_s: float,
-                 members: Callable[[], set[int]], failure: Callable[[], Optional[BaseException]],
-                 check_leader: Callable[[str], None], send: Callable[[Channel, Tensor, list[int]], None],
-                 waiting: Callable[[], None] = lambda: None, failover: bool = False) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        rank: int,
+        world_size: int,
+        leader: int,
+        poll_s: float,
+        members: Callable[[], set[int]],
+        failure: Callable[[], Optional[BaseException]],
+        check_leader: Callable[[str], None],
+        send: Callable[[Channel, Tensor, list[int]], None],
+        waiting: Callable[[], None] = lambda: None,
+        failover: bool = False,
+    ) -> None:
         self.transport = transport
         self.rank, self.world_size, self.leader = rank, world_size, leader
         self.poll_s = poll_s
@@ -203,9 +213,11 @@ class LiveGather:
         return {r: _loads(p) for r, p in _loads(result).items()}
 
     def _mismatch(self, mine: str, other: str) -> str:
-        return (f"PGC rank {self.rank}: collective {self.seq} is a {mine} here but a {other} on another rank; every "
-                "rank must call the same collectives in the same order (e.g. `self.log(..., sync_dist=True)` on "
-                "every rank, not under `if self.global_rank == 0`)")
+        return (
+            f"PGC rank {self.rank}: collective {self.seq} is a {mine} here but a {other} on another rank; every "
+            "rank must call the same collectives in the same order (e.g. `self.log(..., sync_dist=True)` on "
+            "every rank, not under `if self.global_rank == 0`)"
+        )
 
     def _collect(self, seq: int, code: int, payload: Tensor) -> tuple[int, Tensor]:
         """Leader: wait for every member's contribution, then send the result to them."""
@@ -233,8 +245,13 @@ class LiveGather:
         ops = {r: op for r, (op, _) in got.items()}
         if len(set(ops.values())) > 1:  # every rank gets the error (code _MISMATCH), not only the leader
             names = {r: _NAMES.get(op, str(op)) for r, op in sorted(ops.items())}
-            code, result = _MISMATCH, _dumps(f"PGC collective {seq}: the ranks called different collectives: "
-                                             f"{names}; every rank must call the same collectives in the same order")
+            code, result = (
+                _MISMATCH,
+                _dumps(
+                    f"PGC collective {seq}: the ranks called different collectives: "
+                    f"{names}; every rank must call the same collectives in the same order"
+                ),
+            )
         else:
             result = _dumps({r: got[r][1] for r in sorted(got)})
         with self._cond:
@@ -265,8 +282,9 @@ class LiveGather:
                 peer, exc = item
                 if peer != leader or self.failover:
                     continue  # a leader that died before this collective, or one being replaced now
-                raise RuntimeError(f"PGC rank {self.rank} lost the leader's stream (rank {peer}) during collective "
-                                   f"{seq}: {exc!r}") from exc
+                raise RuntimeError(
+                    f"PGC rank {self.rank} lost the leader's stream (rank {peer}) during collective {seq}: {exc!r}"
+                ) from exc
             peer, got, op, payload = item
             if peer != self.leader:
                 continue  # from a leader that froze and was replaced: void
@@ -274,8 +292,10 @@ class LiveGather:
             if got == seq:
                 return op, payload
             if got > seq:
-                raise CollectiveError(f"PGC rank {self.rank}: got the result of collective {got} while waiting for "
-                                      f"{seq}; ranks are out of step")
+                raise CollectiveError(
+                    f"PGC rank {self.rank}: got the result of collective {got} while waiting for "
+                    f"{seq}; ranks are out of step"
+                )
 
 
 class LiveCollectives:
@@ -295,8 +315,9 @@ class LiveCollectives:
     def broadcast(self, obj: Any, src: int = 0) -> Any:
         got = self.gather.gather("broadcast", obj if self.gather.rank == src else None)
         if src not in got:
-            raise CollectiveError(f"broadcast from rank {src}, which is no longer in the job (ranks left: "
-                                  f"{sorted(got)})")
+            raise CollectiveError(
+                f"broadcast from rank {src}, which is no longer in the job (ranks left: {sorted(got)})"
+            )
         return got[src]
 
     def reduce(self, tensor: Tensor, reduce_op: Any = "mean") -> Tensor:
@@ -322,8 +343,10 @@ class LiveCollectives:
         got = self.gather.gather("all_gather", tensor.detach().to("cpu"))
         missing = [r for r in range(self.gather.world_size) if r not in got]
         if missing:
-            raise CollectiveError(f"all_gather while ranks {missing} are gone: the result would lack their rows; "
-                                  "gather only where every rank is alive, or use a reduce")
+            raise CollectiveError(
+                f"all_gather while ranks {missing} are gone: the result would lack their rows; "
+                "gather only where every rank is alive, or use a reduce"
+            )
         return torch.stack([got[r] for r in range(self.gather.world_size)]).to(tensor.device)
 
 
@@ -334,5 +357,6 @@ def _op_name(reduce_op: Any) -> str:
     if isinstance(reduce_op, str):
         return reduce_op.lower()
     name = getattr(reduce_op, "name", None) or str(reduce_op).rsplit(".", 1)[-1]
-    return {"AVG": "avg", "SUM": "sum", "MAX": "max", "MIN": "min", "PRODUCT": "product"}.get(name.upper(),
-                                                                                           name.lower())
+    return {"AVG": "avg", "SUM": "sum", "MAX": "max", "MIN": "min", "PRODUCT": "product"}.get(
+        name.upper(), name.lower()
+    )

@@ -56,8 +56,12 @@ class CommLoop:
                     return
                 silent = time.monotonic() - self._leader_heard
                 if not self.is_leader and silent > 2 * self.heartbeat_window:
-                    self._fail(PGCTimeoutError(f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no "
-                                               f"heartbeat for {silent:.1f} s; its process is gone or frozen"))
+                    self._fail(
+                        PGCTimeoutError(
+                            f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no "
+                            f"heartbeat for {silent:.1f} s; its process is gone or frozen"
+                        )
+                    )
                     return
                 continue
             kind = msg[0]
@@ -113,14 +117,14 @@ class CommLoop:
             return
         try:
             self._busy = True
-            self.group = open_group(self.store, self.prefix, number, members, self.rank, self.device,
-                                    self.group_timeout)
+            self.group = open_group(
+                self.store, self.prefix, number, members, self.rank, self.device, self.group_timeout
+            )
         except Exception as exc:
             log.warning("PGC rank %d: building the data group of configuration %d failed: %r", self.rank, number, exc)
             self._leave_group(self._chan)
         else:
-            log.info("PGC rank %d: configuration %d with ranks %s from version %d", self.rank, number, members,
-                     version)
+            log.info("PGC rank %d: configuration %d with ranks %s from version %d", self.rank, number, members, version)
         finally:
             self._busy = False
             self._leader_heard = time.monotonic()
@@ -144,8 +148,12 @@ class CommLoop:
             self._busy = True
             self.group.all_reduce(buf)
         except Exception as exc:
-            log.warning("PGC rank %d: the all-reduce of version %d failed (%r); the data group is reconfigured",
-                        self.rank, version, exc)
+            log.warning(
+                "PGC rank %d: the all-reduce of version %d failed (%r); the data group is reconfigured",
+                self.rank,
+                version,
+                exc,
+            )
             self._leave_group(self._chan)
             return
         finally:
@@ -246,7 +254,9 @@ class _Gather:
             got = rt._coll_done.pop(seq)
         ops = {r: o for r, (o, _) in got.items()}
         if len(set(ops.values())) > 1:
-            raise CollectiveError(f"PGC collective {seq}: the ranks called different collectives: {ops}; every rank "
-                                  "must call the same collectives in the same order (e.g. `self.log(..., "
-                                  "sync_dist=True)` on every rank, not under `if self.global_rank == 0`)")
+            raise CollectiveError(
+                f"PGC collective {seq}: the ranks called different collectives: {ops}; every rank "
+                "must call the same collectives in the same order (e.g. `self.log(..., "
+                "sync_dist=True)` on every rank, not under `if self.global_rank == 0`)"
+            )
         return {r: v for r, (_, v) in sorted(got.items())}

@@ -47,8 +47,7 @@ def open_store(timeout: timedelta) -> dist.Store:
     addr = os.environ.get(STORE_ENV)
     if addr:
         host, port = addr.rsplit(":", 1)
-        return dist.TCPStore(host, int(port), is_master=False, timeout=timeout, wait_for_workers=False,
-                             use_libuv=True)
+        return dist.TCPStore(host, int(port), is_master=False, timeout=timeout, wait_for_workers=False, use_libuv=True)
     from torch.distributed.distributed_c10d import _get_default_store
 
     return _get_default_store()

@@ -62,8 +62,9 @@ class Coordinator:
             log.error("PGC rank %d: the leader failed: %s", rt.rank, exc)
             rt._fail(exc)
             try:
-                self.chan.push_all([inbox(r) for r in range(rt.world_size) if r != rt.rank],
-                                   ("abort", f"{type(exc).__name__}: {exc}"))
+                self.chan.push_all(
+                    [inbox(r) for r in range(rt.world_size) if r != rt.rank], ("abort", f"{type(exc).__name__}: {exc}")
+                )
             except Exception:
                 pass
 
@@ -98,12 +99,16 @@ class Coordinator:
                 rt.alive = len(leader.alive(now))
                 self._send_all(("beat", leader.version, rt.alive))
             leader.check(now)
-            if rt._stopping.is_set() and all(p in leader.byes or leader.gone(p, now)
-                                             for p in range(rt.world_size) if p != rt.rank):
+            if rt._stopping.is_set() and all(
+                p in leader.byes or leader.gone(p, now) for p in range(rt.world_size) if p != rt.rank
+            ):
                 gone = [p for p in range(rt.world_size) if p not in leader.byes and p != rt.rank]
                 if gone:
-                    log.warning("PGC: ranks %s did not finish (process gone, or no heartbeat for %.1f s)", gone,
-                                rt.heartbeat_window + rt.timeout)
+                    log.warning(
+                        "PGC: ranks %s did not finish (process gone, or no heartbeat for %.1f s)",
+                        gone,
+                        rt.heartbeat_window + rt.timeout,
+                    )
                 stats = leader.stats_words()
                 self.chan.push_all([inbox(r) for r in range(rt.world_size)], ("stop", stats))
                 return
@@ -113,8 +118,9 @@ class Coordinator:
         if kind == "code":
             _, rank, version, valid, max_age, ages, skipped, partition = item
             if rank in self.members:
-                leader.on_code(Header(Kind.CODE, version, rank, 0, valid, max_age, tuple(ages), skipped, partition),
-                               now)
+                leader.on_code(
+                    Header(Kind.CODE, version, rank, 0, valid, max_age, tuple(ages), skipped, partition), now
+                )
         elif kind == "beat":
             leader.on_beat(item[1], item[2], now)
         elif kind == "reject":
@@ -128,8 +134,13 @@ class Coordinator:
             _, rank, skipped, leaving = item
             leader.on_bye(rank, skipped)
             if leaving and rank in self.members:
-                log.warning("PGC: rank %d left at version %d (SIGTERM on that rank); training goes on with %d of %d "
-                            "ranks", rank, leader.version, len(leader.alive(now)), self.rt.world_size)
+                log.warning(
+                    "PGC: rank %d left at version %d (SIGTERM on that rank); training goes on with %d of %d ranks",
+                    rank,
+                    leader.version,
+                    len(leader.alive(now)),
+                    self.rt.world_size,
+                )
                 self._leaving.add(rank)
                 self._start(now, f"rank {rank} left")
         elif kind == "report":
@@ -149,11 +160,18 @@ class Coordinator:
     def _watch(self, now: float) -> None:
         """Members silent for a heartbeat window (frozen, or gone) start a reconfiguration."""
         leader = self.leader
-        missing = {r for r in range(self.rt.world_size) if r != self.rt.rank and r not in leader.byes
-                   and not leader.is_alive(r, now)}
+        missing = {
+            r
+            for r in range(self.rt.world_size)
+            if r != self.rt.rank and r not in leader.byes and not leader.is_alive(r, now)
+        }
         for r in sorted(missing - self._missing):
-            log.warning("PGC: rank %d is missing (no heartbeat for %.1f s, or its process is gone) at version %d", r,
-                        self.rt.heartbeat_window, leader.version)
+            log.warning(
+                "PGC: rank %d is missing (no heartbeat for %.1f s, or its process is gone) at version %d",
+                r,
+                self.rt.heartbeat_window,
+                leader.version,
+            )
         for r in sorted(self._missing - missing - leader.byes):
             log.warning("PGC: rank %d is alive again at version %d", r, leader.version)
         self._missing = missing
@@ -166,8 +184,10 @@ class Coordinator:
         assert rec is not None
         expected = [r for r in self.members if r not in self._leaving and leader.is_alive(r, now)]
         waited = now - rec.since
-        if any(r not in rec.reports for r in expected) and waited < rt.group_timeout.total_seconds() + \
-                rt.heartbeat_window:
+        if (
+            any(r not in rec.reports for r in expected)
+            and waited < rt.group_timeout.total_seconds() + rt.heartbeat_window
+        ):
             return
         reporters = sorted(rec.reports)
         lost = [r for r in self.members if r not in rec.reports]
@@ -182,8 +202,11 @@ class Coordinator:
         for r in reporters:
             if rec.reports[r] < top:
                 start = rec.reports[r] + 1
-                log.warning("PGC: rank %d did not complete version %d (others did): detached, it rejoins by state "
-                            "transfer", r, top)
+                log.warning(
+                    "PGC: rank %d did not complete version %d (others did): detached, it rejoins by state transfer",
+                    r,
+                    top,
+                )
                 leader.detached[r] = start
                 self._send_all(("detach", start, r))
         for r in lost:
@@ -194,11 +217,23 @@ class Coordinator:
             alive = len([r for r in leader.alive(now) if r not in lost])
             for r in lost:
                 if r not in leader.byes:
-                    log.warning("PGC: rank %d died at version %d or froze (%s); training goes on without it: %d of %d "
-                                "ranks alive, scheme '%s' needs %d", r, top + 1, rec.why, alive, rt.world_size,
-                                rt.scheme.name, rt.scheme.wait_for)
-            log.warning("PGC: ranks %s left the data group at version %d; training goes on with ranks %s", lost,
-                        top + 1, reporters)
+                    log.warning(
+                        "PGC: rank %d died at version %d or froze (%s); training goes on without it: %d of %d "
+                        "ranks alive, scheme '%s' needs %d",
+                        r,
+                        top + 1,
+                        rec.why,
+                        alive,
+                        rt.world_size,
+                        rt.scheme.name,
+                        rt.scheme.wait_for,
+                    )
+            log.warning(
+                "PGC: ranks %s left the data group at version %d; training goes on with ranks %s",
+                lost,
+                top + 1,
+                reporters,
+            )
         self._send_members(("conf", self.config, reporters, top + 1))
         self._reconf = None
         self._leaving.clear()
@@ -214,8 +249,10 @@ class Coordinator:
         elif leader.version == version + 1:
             leader.reopen_decided(version, lost, now)
         else:
-            raise CoordinatorError(f"the members completed versions up to {version - 1}, but version {leader.version} "
-                                   "is open: the data group lost a decided version")
+            raise CoordinatorError(
+                f"the members completed versions up to {version - 1}, but version {leader.version} "
+                "is open: the data group lost a decided version"
+            )
 
     def _decide(self, now: float) -> None:
         rt, leader = self.rt, self.leader
@@ -226,8 +263,9 @@ class Coordinator:
             if rank not in self.members:  # it left the data group (frozen): every member has every version before
                 self.config += 1  # u queued before this configuration, which takes it back from u on
                 self.members = sorted(self.members + [rank])
-                log.warning("PGC: rank %d rejoins the data group at version %d (configuration %d)", rank, u,
-                            self.config)
+                log.warning(
+                    "PGC: rank %d rejoins the data group at version %d (configuration %d)", rank, u, self.config
+                )
                 self._send_members(("conf", self.config, self.members, u))
             if rt._stopping.is_set() and donor == rt.rank:
                 with rt._lock:
@@ -235,8 +273,13 @@ class Coordinator:
         rec = leader.try_close(now)
         if rec is not None:
             for r in leader.detach(rec.version):
-                log.warning("PGC: rank %d is more than %d versions behind at version %d: detached (it rejoins by "
-                            "state transfer)", r, leader.max_lag, rec.version)
+                log.warning(
+                    "PGC: rank %d is more than %d versions behind at version %d: detached (it rejoins by "
+                    "state transfer)",
+                    r,
+                    leader.max_lag,
+                    rec.version,
+                )
                 self._send_all(("detach", rec.version, r))
             self._send_members(("decide", rec.version, _compact(rec), _table(rt, rec)))
         pending = [rank for rank in self.members if rank not in leader.byes]

@@ -26,8 +26,16 @@ class DataGroup:
         timeout: how long a collective (or building the group) waits for a member before it raises.
     """
 
-    def __init__(self, store: dist.Store, prefix: str, number: int, members: list[int], rank: int,
-                 device: torch.device, timeout: timedelta) -> None:
+    def __init__(
+        self,
+        store: dist.Store,
+        prefix: str,
+        number: int,
+        members: list[int],
+        rank: int,
+        device: torch.device,
+        timeout: timedelta,
+    ) -> None:
         self.number = number
         self.members = list(members)
         self.rank = rank
@@ -63,8 +71,9 @@ class DataGroup:
         padded[: data.numel()] = data.to(dev)
         got = [torch.empty_like(padded) for _ in range(self.size)]
         self.pg.allgather([got], [padded]).wait()
-        return {r: pickle.loads(g[: int(s.item())].cpu().numpy().tobytes())
-                for r, g, s in zip(self.members, got, sizes)}
+        return {
+            r: pickle.loads(g[: int(s.item())].cpu().numpy().tobytes()) for r, g, s in zip(self.members, got, sizes)
+        }
 
     def close(self) -> None:
         """Release the group's connections (every member does it; a dead member's are gone already)."""
@@ -81,8 +90,9 @@ class DataGroup:
         del pg
 
 
-def open_group(store: dist.Store, prefix: str, number: int, members: list[int], rank: int, device: torch.device,
-               timeout: timedelta) -> Optional[DataGroup]:
+def open_group(
+    store: dist.Store, prefix: str, number: int, members: list[int], rank: int, device: torch.device, timeout: timedelta
+) -> Optional[DataGroup]:
     """The group of configuration ``number`` if this rank is a member, else None."""
     if rank not in members:
         return None

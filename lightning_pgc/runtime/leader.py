@@ -67,9 +67,15 @@ class RankStats:
     rejoined: int = 0  # state transfers after falling more than ``max_lag`` behind
 
     def as_dict(self, rank: int) -> dict[str, float]:
-        return {"rank": rank, "admitted": self.admitted, "late": self.late, "skipped": self.skipped,
-                "mean_lag_s": self.lag_sum_s / self.lag_count if self.lag_count else 0.0,
-                "rejected": self.rejected, "rejoined": self.rejoined}
+        return {
+            "rank": rank,
+            "admitted": self.admitted,
+            "late": self.late,
+            "skipped": self.skipped,
+            "mean_lag_s": self.lag_sum_s / self.lag_count if self.lag_count else 0.0,
+            "rejected": self.rejected,
+            "rejoined": self.rejoined,
+        }
 
     def words(self) -> list[float]:
         """The statistics in :data:`STAT_NAMES` order (for the STOP message)."""
@@ -99,8 +105,17 @@ class Leader:
         heartbeat_window: seconds without a heartbeat after which a rank counts as dead.
     """
 
-    def __init__(self, scheme: Scheme, world_size: int, start_version: int, timeout: float, max_lag: int,
-                 heartbeat_window: float = 3.0, keep_records: int = 4096, now: Optional[float] = None) -> None:
+    def __init__(
+        self,
+        scheme: Scheme,
+        world_size: int,
+        start_version: int,
+        timeout: float,
+        max_lag: int,
+        heartbeat_window: float = 3.0,
+        keep_records: int = 4096,
+        now: Optional[float] = None,
+    ) -> None:
         self.scheme = scheme
         self.world_size = world_size
         self.version = start_version
@@ -221,12 +236,20 @@ class Leader:
         self.rejoining = {r: v for r, v in self.rejoining.items() if v >= u}
         self.rejoining[rank] = u
         self._stats[rank].rejoined += 1
-        if leader_finished or (rank != leader_rank and leader_rank not in self.detached
-                               and self.rejoining.get(leader_rank) != u):
+        if leader_finished or (
+            rank != leader_rank and leader_rank not in self.detached and self.rejoining.get(leader_rank) != u
+        ):
             return u, leader_rank
         now = time.monotonic()
-        candidates = [r for r in range(self.world_size) if r != rank and r not in self.detached
-                      and self.rejoining.get(r) != u and r not in self.byes and self.is_alive(r, now)]
+        candidates = [
+            r
+            for r in range(self.world_size)
+            if r != rank
+            and r not in self.detached
+            and self.rejoining.get(r) != u
+            and r not in self.byes
+            and self.is_alive(r, now)
+        ]
         if not candidates:
             raise CoordinatorError(f"rank {rank} asks to rejoin at version {u} but no live rank can donate the state")
         return u, max(candidates, key=lambda r: (self.progress[r], -r))
@@ -277,9 +300,17 @@ class Leader:
         weights = self.scheme.decoding_weights(order)
         for r in order:
             self._stats[r].admitted += 1
-        rec = StepRecord(version=self.version, admitted=list(order), weights=weights, arrivals=dict(self._arrivals),
-                         valid=dict(self._valid), ages=dict(self._ages), opened_at=self._opened_at or now,
-                         closed_at=now, first_arrival=self._first_arrival or now)
+        rec = StepRecord(
+            version=self.version,
+            admitted=list(order),
+            weights=weights,
+            arrivals=dict(self._arrivals),
+            valid=dict(self._valid),
+            ages=dict(self._ages),
+            opened_at=self._opened_at or now,
+            closed_at=now,
+            first_arrival=self._first_arrival or now,
+        )
         self._close(rec, now)
         return rec
 

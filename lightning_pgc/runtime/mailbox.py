@@ -43,8 +43,14 @@ class Mailbox:
         self.allocated += 1
         return torch.zeros(self.num_shards * self.shard_numel, dtype=self.dtype, pin_memory=self.pin_memory)
 
-    def put_shard(self, version: int, shard: int, payload: Tensor, note: Optional[int] = None,
-                  table: Optional[tuple[int, ...]] = None) -> None:
+    def put_shard(
+        self,
+        version: int,
+        shard: int,
+        payload: Tensor,
+        note: Optional[int] = None,
+        table: Optional[tuple[int, ...]] = None,
+    ) -> None:
         """Copy ``payload`` into shard ``shard`` of version ``version``'s buffer (one copy, 1/num_shards of it).
 
         ``note``: how many ranks rejoin at this version (each needs the training state from its donor); it arrives

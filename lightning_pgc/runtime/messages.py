@@ -93,8 +93,19 @@ def message_numel(shard_numel: int, dtype: torch.dtype) -> int:
 
 
 def header_words(header: Header) -> list[int]:
-    return [int(header.kind), header.version, header.sender, header.shard, header.valid, header.max_age,
-            pack_ages(header.ages), header.skipped, header.partition + 1, len(header.table), pack_ages(header.table)]
+    return [
+        int(header.kind),
+        header.version,
+        header.sender,
+        header.shard,
+        header.valid,
+        header.max_age,
+        pack_ages(header.ages),
+        header.skipped,
+        header.partition + 1,
+        len(header.table),
+        pack_ages(header.table),
+    ]
 
 
 def write_header(message: Tensor, header: Header) -> None:
@@ -105,8 +116,9 @@ def write_header(message: Tensor, header: Header) -> None:
 
 def read_header(message: Tensor) -> Header:
     h = message[: header_numel(message.dtype)].view(torch.int64).tolist()
-    return Header(Kind(h[0]), h[1], h[2], h[3], h[4], h[5], unpack_ages(h[6], h[4]), h[7], h[8] - 1,
-                  unpack_ages(h[10], h[9]))
+    return Header(
+        Kind(h[0]), h[1], h[2], h[3], h[4], h[5], unpack_ages(h[6], h[4]), h[7], h[8] - 1, unpack_ages(h[10], h[9])
+    )
 
 
 def pack(header: Header, payload: Tensor | None, shard_numel: int, dtype: torch.dtype) -> Tensor:
@@ -142,8 +154,9 @@ def control_numel(world_size: int) -> int:
     return CONTROL_FIELDS + STAT_FIELDS * world_size
 
 
-def control(world_size: int, kind: Kind, version: int, a: int = 0, b: int = 0,
-            data: Sequence[int] | Tensor = ()) -> Tensor:
+def control(
+    world_size: int, kind: Kind, version: int, a: int = 0, b: int = 0, data: Sequence[int] | Tensor = ()
+) -> Tensor:
     """A control message: ``kind``, ``version``, two small integers and up to ``4 n`` data words."""
     out = torch.zeros(control_numel(world_size), dtype=torch.int64)
     out[:CONTROL_FIELDS] = torch.tensor([int(kind), version, a, b], dtype=torch.int64)

@@ -92,14 +92,30 @@ class CollectiveRuntime(CommLoop):
             default ``scheme.window`` for schemes that reuse codes, else 1.
     """
 
-    def __init__(self, scheme: Scheme, store: dist.Store, rank: int, world_size: int, numel: int, coded_numel: int,
-                 agg_numel: int, down_dtype: torch.dtype, start_version: int, timeout: float, max_lag: int,
-                 make_leader: Optional[Callable[..., Leader]] = None, heartbeat_interval: float = 0.2,
-                 heartbeat_misses: int = 15, device: torch.device = torch.device("cpu"),
-                 prefix: Optional[str] = None, keep_versions: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        scheme: Scheme,
+        store: dist.Store,
+        rank: int,
+        world_size: int,
+        numel: int,
+        coded_numel: int,
+        agg_numel: int,
+        down_dtype: torch.dtype,
+        start_version: int,
+        timeout: float,
+        max_lag: int,
+        make_leader: Optional[Callable[..., Leader]] = None,
+        heartbeat_interval: float = 0.2,
+        heartbeat_misses: int = 15,
+        device: torch.device = torch.device("cpu"),
+        prefix: Optional[str] = None,
+        keep_versions: Optional[int] = None,
+    ) -> None:
         if heartbeat_interval <= 0 or heartbeat_misses < 1:
-            raise ValueError(f"need heartbeat_interval > 0 and heartbeat_misses >= 1, got {heartbeat_interval}, "
-                             f"{heartbeat_misses}")
+            raise ValueError(
+                f"need heartbeat_interval > 0 and heartbeat_misses >= 1, got {heartbeat_interval}, {heartbeat_misses}"
+            )
         self.scheme, self.store, self.rank, self.world_size = scheme, store, rank, world_size
         self.numel, self.coded_numel, self.agg_numel = numel, coded_numel, agg_numel
         self.up_dtype: torch.dtype = scheme.payload_dtype
@@ -112,8 +128,11 @@ class CollectiveRuntime(CommLoop):
         self.prefix = prefix if prefix is not None else f"pgc/{next(_RUNS)}"
         self.kept_versions = keep_versions or (scheme.window if scheme.reuses_codes else 1)
         self.leader_rank = 0
-        self.leader: Optional[Leader] = (make_leader or Leader)(
-            scheme, world_size, start_version, timeout, max_lag, self.heartbeat_window) if rank == 0 else None
+        self.leader: Optional[Leader] = (
+            (make_leader or Leader)(scheme, world_size, start_version, timeout, max_lag, self.heartbeat_window)
+            if rank == 0
+            else None
+        )
         self.successions: list[tuple[int, int]] = []
         self.aggregates = Aggregates(agg_numel, down_dtype, self.device)
         self.error: Optional[BaseException] = None
@@ -169,8 +188,9 @@ class CollectiveRuntime(CommLoop):
     # ----------------------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
         """Build the first data group (every rank) and start the comm, heartbeat and (leader) control threads."""
-        self.group = open_group(self.store, self.prefix, 0, list(range(self.world_size)), self.rank, self.device,
-                                self.group_timeout)
+        self.group = open_group(
+            self.store, self.prefix, 0, list(range(self.world_size)), self.rank, self.device, self.group_timeout
+        )
         self._spawn(self._comm, "pgc-comm")
         self._spawn(self._beat, "pgc-beat")
         if self._coordinator is not None:
@@ -267,8 +287,9 @@ class CollectiveRuntime(CommLoop):
             if old is not None:
                 self._free_codes.append(old)
             self._codes[version] = code
-        self._ctl.push(LEADER_BOX, ("code", self.rank, version, len(ages), max(ages, default=0), ages,
-                                    self.skipped, partition))
+        self._ctl.push(
+            LEADER_BOX, ("code", self.rank, version, len(ages), max(ages, default=0), ages, self.skipped, partition)
+        )
 
     def reject(self, version: int) -> None:
         """This rank's code for ``version`` is not finite and is not used: the leader treats it as a straggler."""
@@ -328,10 +349,19 @@ class CollectiveRuntime(CommLoop):
             (sent_for,) = struct.unpack("<q", blob[:8])
             if sent_for == u:
                 break
-        state = torch.frombuffer(bytearray(blob[8:]), dtype=torch.uint8) if len(blob) > 8 else torch.zeros(
-            0, dtype=torch.uint8)
-        log.warning("PGC rank %d: rejoined at version %d with the state of rank %d (%.1f MB), asked at version %d",
-                    self.rank, u, donor, state.numel() / 1e6, version)
+        state = (
+            torch.frombuffer(bytearray(blob[8:]), dtype=torch.uint8)
+            if len(blob) > 8
+            else torch.zeros(0, dtype=torch.uint8)
+        )
+        log.warning(
+            "PGC rank %d: rejoined at version %d with the state of rank %d (%.1f MB), asked at version %d",
+            self.rank,
+            u,
+            donor,
+            state.numel() / 1e6,
+            version,
+        )
         return u, state
 
     def donation(self, version: int) -> list[int]:
@@ -347,8 +377,9 @@ class CollectiveRuntime(CommLoop):
     def _recipients(self, version: int) -> list[int]:
         with self._attach_cond:
             sent = self._donated.get(version, set())
-            return [r for r, d in self._attachments.get(version, ()) if d == self.rank and r != self.rank
-                    and r not in sent]
+            return [
+                r for r, d in self._attachments.get(version, ()) if d == self.rank and r != self.rank and r not in sent
+            ]
 
     def _donate(self, version: int, state_fn: Callable[[], Tensor]) -> None:
         recipients = self._recipients(version)
@@ -373,8 +404,10 @@ class CollectiveRuntime(CommLoop):
         self._last_check = now
         silent = now - max(self._leader_heard, self._resumed_at)
         if not self.is_leader and silent > 2 * self.heartbeat_window and not self._busy:
-            raise PGCTimeoutError(f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no heartbeat for "
-                                  f"{silent:.1f} s while {doing}; its process is gone or frozen")
+            raise PGCTimeoutError(
+                f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no heartbeat for "
+                f"{silent:.1f} s while {doing}; its process is gone or frozen"
+            )
 
     def seat_in_doubt(self) -> bool:
         return False
@@ -394,11 +427,17 @@ class CollectiveRuntime(CommLoop):
     def buffer_stats(self) -> dict[str, int]:
         control_sent = sum(c.bytes_sent for c in self._channels)
         control_received = sum(c.bytes_received for c in self._channels)
-        return {"mailbox_high_water": self.aggregates.high_water, "aggregate_buffers": self.aggregates.allocated,
-                "code_messages": self._code_count, "bytes_sent": self.data_bytes + control_sent,
-                "bytes_received": self.data_bytes + control_received, "control_bytes_sent": control_sent,
-                "control_bytes_received": control_received, "rejected": self.rejected,
-                "configurations": self.config + 1}
+        return {
+            "mailbox_high_water": self.aggregates.high_water,
+            "aggregate_buffers": self.aggregates.allocated,
+            "code_messages": self._code_count,
+            "bytes_sent": self.data_bytes + control_sent,
+            "bytes_received": self.data_bytes + control_received,
+            "control_bytes_sent": control_sent,
+            "control_bytes_received": control_received,
+            "rejected": self.rejected,
+            "configurations": self.config + 1,
+        }
 
     def _receives(self, rank: int, version: int) -> bool:
         with self._lock:

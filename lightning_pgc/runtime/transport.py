@@ -97,8 +97,9 @@ class QueueHub:
 
     def __init__(self, world_size: int) -> None:
         self.world_size = world_size
-        self.queues = {(ch, s, d): queue.Queue() for ch in Channel for s in range(world_size)
-                       for d in range(world_size) if s != d}
+        self.queues = {
+            (ch, s, d): queue.Queue() for ch in Channel for s in range(world_size) for d in range(world_size) if s != d
+        }
 
     def endpoint(self, rank: int) -> QueueTransport:
         return QueueTransport(self, rank)

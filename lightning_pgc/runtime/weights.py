@@ -42,8 +42,9 @@ def contributions(scheme: Scheme, plan: Plan, rank: int) -> dict[int, tuple[floa
     return out
 
 
-def contribute(scheme: Scheme, plan: Plan, rank: int, codes: dict[int, Tensor], coded_numel: int,
-               out: Tensor) -> Tensor:
+def contribute(
+    scheme: Scheme, plan: Plan, rank: int, codes: dict[int, Tensor], coded_numel: int, out: Tensor
+) -> Tensor:
     """Write ``rank``'s share of the aggregate of ``plan`` into ``out`` (zeros if it has none), in ``out``'s dtype.
 
     ``codes``: this rank's kept codes by version (flat, at least ``out.numel()`` elements). ``coded_numel``: where
@@ -59,8 +60,9 @@ def contribute(scheme: Scheme, plan: Plan, rank: int, codes: dict[int, Tensor], 
     first = True
     for v, (w, p) in sorted(terms.items()):
         if v not in codes:
-            raise KeyError(f"the plan names rank {rank}'s code of version {v}, which it does not keep (kept: "
-                           f"{sorted(codes)})")
+            raise KeyError(
+                f"the plan names rank {rank}'s code of version {v}, which it does not keep (kept: {sorted(codes)})"
+            )
         code = codes[v][:n]
         if first:
             torch.mul(code[:coded_numel], w, out=out[:coded_numel])
@@ -72,8 +74,13 @@ def contribute(scheme: Scheme, plan: Plan, rank: int, codes: dict[int, Tensor], 
     return out
 
 
-def reference_decode(scheme: Scheme, plan: Plan, codes: dict[tuple[int, int], Tensor], coded_numel: int,
-                     dtype: Optional[torch.dtype] = None) -> Tensor:
+def reference_decode(
+    scheme: Scheme,
+    plan: Plan,
+    codes: dict[tuple[int, int], Tensor],
+    coded_numel: int,
+    dtype: Optional[torch.dtype] = None,
+) -> Tensor:
     """The aggregate of ``plan`` decoded in one place: ``scheme.decode`` of the used codes in key order on the decoded
     region, their plain mean on the rest (``codes``: ``(rank, version) -> code``). What every rank's share must add
     up to; for tests and checks."""

@@ -187,8 +187,9 @@ class PGCRuntime:
         frozen_failover: bool = False,
     ) -> None:
         if heartbeat_interval <= 0 or heartbeat_misses < 1:
-            raise ValueError(f"need heartbeat_interval > 0 and heartbeat_misses >= 1, got {heartbeat_interval}, "
-                             f"{heartbeat_misses}")
+            raise ValueError(
+                f"need heartbeat_interval > 0 and heartbeat_misses >= 1, got {heartbeat_interval}, {heartbeat_misses}"
+            )
         if leader != 0:
             raise ValueError("the leader owns shard 0 and must be rank 0")
         if layout.num_shards > world_size:
@@ -212,7 +213,8 @@ class PGCRuntime:
         self._make_leader = make_leader or Leader
         self.leader: Optional[Leader] = (
             self._make_leader(scheme, world_size, start_version, timeout, max_lag, self.heartbeat_window)
-            if rank == leader else None
+            if rank == leader
+            else None
         )
         self.failover = failover
         # Under bounded staleness a code may serve the next ``c - 1`` versions: every rank keeps its own codes of its
@@ -278,11 +280,21 @@ class PGCRuntime:
         self._fenced: dict[int, int] = {}  # frozen owner -> first version of its shards accepted again (moved back)
         self._fence_locks = {p: threading.Lock() for p in range(world_size)}
         self._owners_checked = self._owners_grace = time.monotonic()  # see _check_owners
-        self.collectives = LiveCollectives(LiveGather(
-            transport, rank, world_size, leader, self.heartbeat_interval, members=self._members,
-            failure=self.failure, check_leader=self._check_leader,
-            send=lambda channel, message, peers: self._send_all(channel, message, peers),
-            waiting=self._donate_between_steps, failover=self.failover))
+        self.collectives = LiveCollectives(
+            LiveGather(
+                transport,
+                rank,
+                world_size,
+                leader,
+                self.heartbeat_interval,
+                members=self._members,
+                failure=self.failure,
+                check_leader=self._check_leader,
+                send=lambda channel, message, peers: self._send_all(channel, message, peers),
+                waiting=self._donate_between_steps,
+                failover=self.failover,
+            )
+        )
 
     @property
     def is_leader(self) -> bool:
@@ -414,13 +426,24 @@ class PGCRuntime:
                     self.transport.recv(Channel.STATE, donor, state)
                 break
             except Exception as exc:
-                log.warning("PGC rank %d: rank %d died while sending the training state for version %d (%r); asking "
-                            "again", self.rank, donor, u, exc)
+                log.warning(
+                    "PGC rank %d: rank %d died while sending the training state for version %d (%r); asking again",
+                    self.rank,
+                    donor,
+                    u,
+                    exc,
+                )
                 self._broken.add(donor)
                 failed = donor
         self._count(received=16 + state.numel())
-        log.warning("PGC rank %d: rejoined at version %d with the state of rank %d (%.1f MB), asked at version %d",
-                    self.rank, u, donor, state.numel() / 1e6, version)
+        log.warning(
+            "PGC rank %d: rejoined at version %d with the state of rank %d (%.1f MB), asked at version %d",
+            self.rank,
+            u,
+            donor,
+            state.numel() / 1e6,
+            version,
+        )
         return u, state
 
     def _ask_to_rejoin(self, version: int, failed: int) -> tuple[int, int]:
@@ -477,8 +500,9 @@ class PGCRuntime:
         """The ranks that rejoin at ``version`` with this rank as donor and did not get its state yet."""
         with self._attach_cond:
             sent = self._donated.get(version, set())
-            return [r for r, d in self._attachments.get(version, ()) if d == self.rank and r != self.rank
-                    and r not in sent]
+            return [
+                r for r, d in self._attachments.get(version, ()) if d == self.rank and r != self.rank and r not in sent
+            ]
 
     def _donate(self, version: int, state_fn: Callable[[], Tensor]) -> None:
         """Send the state at the start of ``version`` to every rank that rejoins at it from this one, once."""
@@ -510,8 +534,11 @@ class PGCRuntime:
         version closed, or under bounded staleness once ``c`` versions old; payload padding is zero)."""
         with self._send_lock:
             for msg in self._codes:
-                if (0 <= msg.version <= version - self.kept_versions and msg.sends_pending == 0
-                        and self._unused_here(msg.version)):
+                if (
+                    0 <= msg.version <= version - self.kept_versions
+                    and msg.sends_pending == 0
+                    and self._unused_here(msg.version)
+                ):
                     break
             else:
                 msg = CodeMessage(self.layout, self.up_dtype, self.pin_memory)
@@ -532,8 +559,12 @@ class PGCRuntime:
         ``partition``: under bounded staleness, the partition the code carries (-1: the scheme's round robin)."""
         ages = tuple(int(a) for a in ages)
         for j in range(self.layout.num_shards):
-            write_header(code.rows[j], Header(Kind.CODE, version, self.rank, j, len(ages), max(ages, default=0),
-                                              ages, self.skipped, partition))
+            write_header(
+                code.rows[j],
+                Header(
+                    Kind.CODE, version, self.rank, j, len(ages), max(ages, default=0), ages, self.skipped, partition
+                ),
+            )
         with self._send_lock:
             code.version = version
             for j in _rotated(list(range(self.layout.num_shards)), version + self.rank):
@@ -550,8 +581,14 @@ class PGCRuntime:
             handle = self.transport.isend(Channel.CODE, owner, row)
         except Exception as exc:  # (gloo may refuse at once) as above; the owner's streams report its death
             self._broken.add(owner)
-            log.warning("PGC rank %d: sending shard %d of its code for version %d to rank %d failed: %r", self.rank,
-                        shard, code.version, owner, exc)
+            log.warning(
+                "PGC rank %d: sending shard %d of its code for version %d to rank %d failed: %r",
+                self.rank,
+                shard,
+                code.version,
+                owner,
+                exc,
+            )
             return
         with code._lock:
             code.sends_pending += 1
@@ -633,8 +670,11 @@ class PGCRuntime:
         while self.is_leader and time.monotonic() - start < self.heartbeat_window:
             time.sleep(self.heartbeat_interval / 4)
         if self.is_leader:
-            log.warning("PGC rank %d: this leader's process stopped for more than a heartbeat window, but no rank took "
-                        "over; it goes on leading", self.rank)
+            log.warning(
+                "PGC rank %d: this leader's process stopped for more than a heartbeat window, but no rank took "
+                "over; it goes on leading",
+                self.rank,
+            )
             self._doubt_since = None
         return self.is_leader
 
@@ -705,8 +745,9 @@ class PGCRuntime:
             self.bytes_received += received
 
     # ---------------------------------------------------------------------------------------------- threads
-    def _send_all(self, channel: Channel, message: Tensor, peers: Sequence[int],
-                  done: Optional[Callable[[], None]] = None) -> None:
+    def _send_all(
+        self, channel: Channel, message: Tensor, peers: Sequence[int], done: Optional[Callable[[], None]] = None
+    ) -> None:
         handles: list[Handle] = []
         for p in peers:
             if p in self._broken:
@@ -736,8 +777,11 @@ class PGCRuntime:
     def _to_leader(self, kind: Kind, version: int, a: int = 0, b: int = 0) -> None:
         """A small message to the leader (its own inbox if this rank is the leader, or is taking over)."""
         if self.leader_rank == self.rank:
-            self._inbox.put((kind.name.lower(), self.rank, version, a, b) if kind == Kind.LOST
-                            else (kind.name.lower(), self.rank, version, time.monotonic(), a))
+            self._inbox.put(
+                (kind.name.lower(), self.rank, version, a, b)
+                if kind == Kind.LOST
+                else (kind.name.lower(), self.rank, version, time.monotonic(), a)
+            )
         else:
             self._send_small(Channel.BEAT, control(self.world_size, kind, version, a, b), self.leader_rank)
 
@@ -903,8 +947,15 @@ class PGCRuntime:
             self.leader_rank = successor
             self._leader_heard = time.monotonic()
             self.successions.append((dead, successor))
-        log.warning("PGC rank %d: the leader (rank %d) is %s at version %d (%s); rank %d takes over", self.rank,
-                    dead, "frozen" if frozen else "gone", self.progress, why, successor)
+        log.warning(
+            "PGC rank %d: the leader (rank %d) is %s at version %d (%s); rank %d takes over",
+            self.rank,
+            dead,
+            "frozen" if frozen else "gone",
+            self.progress,
+            why,
+            successor,
+        )
         self.collectives.gather.set_leader(successor, gone=not frozen)
         if frozen:
             self._fence(dead)  # accept none of its shards from now on, and report what arrived (to the successor)
@@ -931,8 +982,12 @@ class PGCRuntime:
             self.leader_rank = successor
             self._leader_heard = self._watch_grace = now
             self.successions.append((self.rank, successor))
-        log.warning("PGC rank %d: rank %d took over as leader while this rank was frozen; this rank goes on as a "
-                    "worker (it rejoins by state transfer)", self.rank, successor)
+        log.warning(
+            "PGC rank %d: rank %d took over as leader while this rank was frozen; this rank goes on as a "
+            "worker (it rejoins by state transfer)",
+            self.rank,
+            successor,
+        )
         self.collectives.gather.set_leader(successor, gone=False)
         self._spawn(self._receive_control, successor, name=f"pgc-ctrl-recv-{successor}")
         self._spawn(self._send_beats, -1, name="pgc-beat")
@@ -942,8 +997,9 @@ class PGCRuntime:
         did not arrive here (:meth:`_recover` corrects it from every rank's report), with what every rank knows:
         who finished, who is gone, who is detached. Statistics and records start afresh. A ``frozen`` leader is
         detached (no more aggregates; it rejoins by state transfer) and told to step down when it resumes."""
-        leader = self._make_leader(self.scheme, self.world_size, self._shard_seen[0] + 1, self.timeout,
-                                   self.max_lag, self.heartbeat_window)
+        leader = self._make_leader(
+            self.scheme, self.world_size, self._shard_seen[0] + 1, self.timeout, self.max_lag, self.heartbeat_window
+        )
         for r in self._finished:
             leader.on_bye(r)
         for r in self._broken:
@@ -966,8 +1022,13 @@ class PGCRuntime:
         self._lose(dead, self.owners.shards_of(dead, LATEST), now)
         assert self._recovery is not None
         self._recovery.failover = True
-        log.warning("PGC rank %d is the leader now (rank %d %s); shard 0 moves here and the next version is decided "
-                    "once every live rank reported what it got", self.rank, dead, "froze" if frozen else "died")
+        log.warning(
+            "PGC rank %d is the leader now (rank %d %s); shard 0 moves here and the next version is decided "
+            "once every live rank reported what it got",
+            self.rank,
+            dead,
+            "froze" if frozen else "died",
+        )
 
     def _apply_assign(self, shard: int, owner: int, from_version: int) -> None:
         """Take a reassignment into account and re-send kept codes that went to the old owner: those of versions
@@ -1008,9 +1069,11 @@ class PGCRuntime:
                 room = control_numel(self.world_size) - CONTROL_FIELDS - 1  # words after the length word
                 text = text_payload(f"{type(exc).__name__}: {exc}", room, torch.int64)
                 version = self.leader.version if self.leader is not None else -1
-                self._send_all(Channel.CTRL, control(self.world_size, Kind.ABORT, version,
-                                                     data=torch.cat([torch.tensor([text.numel()]), text])),
-                               self.peers)
+                self._send_all(
+                    Channel.CTRL,
+                    control(self.world_size, Kind.ABORT, version, data=torch.cat([torch.tensor([text.numel()]), text])),
+                    self.peers,
+                )
             self._say_agg_bye()
 
     def _say_agg_bye(self, leaving: bool = False) -> None:
@@ -1086,9 +1149,15 @@ class PGCRuntime:
                     leader.on_bye(item[1], item[2])
                     if item[3]:
                         shards = self.owners.shards_of(item[1], LATEST)
-                        log.warning("PGC: rank %d left at version %d (SIGTERM on that rank); training goes on with "
-                                    "%d of %d ranks%s", item[1], leader.version, len(leader.alive(now)),
-                                    self.world_size, f" (its shard(s) {shards} move to live ranks)" if shards else "")
+                        log.warning(
+                            "PGC: rank %d left at version %d (SIGTERM on that rank); training goes on with "
+                            "%d of %d ranks%s",
+                            item[1],
+                            leader.version,
+                            len(leader.alive(now)),
+                            self.world_size,
+                            f" (its shard(s) {shards} move to live ranks)" if shards else "",
+                        )
                         if shards:
                             leader.drop_open(item[1])  # its code's own shard left with it
                             self._lose(item[1], shards, now)
@@ -1110,12 +1179,15 @@ class PGCRuntime:
                 elif tag == "reassign" and leader is not None:
                     _, shard, owner, from_version = item
                     if from_version < leader.version:
-                        raise CoordinatorError(f"cannot reassign shard {shard} from version {from_version}: "
-                                               f"versions before {leader.version} are closed")
+                        raise CoordinatorError(
+                            f"cannot reassign shard {shard} from version {from_version}: "
+                            f"versions before {leader.version} are closed"
+                        )
                     if shard == 0:
                         raise CoordinatorError("shard 0 belongs to the leader (its arrivals announce the codes)")
-                    self._send_all(Channel.CTRL, control(self.world_size, Kind.ASSIGN, from_version, shard, owner),
-                                   self.peers)
+                    self._send_all(
+                        Channel.CTRL, control(self.world_size, Kind.ASSIGN, from_version, shard, owner), self.peers
+                    )
                     self._apply_assign(shard, owner, from_version)
                 elif tag == "stop":
                     _, final, stats = item
@@ -1131,10 +1203,14 @@ class PGCRuntime:
                 rec = leader.try_close(now)
                 if rec is not None:
                     for r in leader.detach(rec.version):
-                        log.warning("PGC: rank %d is more than %d versions behind at version %d: detached (it "
-                                    "rejoins by state transfer)", r, leader.max_lag, rec.version)
-                        self._send_all(Channel.CTRL, control(self.world_size, Kind.DETACH, rec.version, r),
-                                       self.peers)
+                        log.warning(
+                            "PGC: rank %d is more than %d versions behind at version %d: detached (it "
+                            "rejoins by state transfer)",
+                            r,
+                            leader.max_lag,
+                            rec.version,
+                        )
+                        self._send_all(Channel.CTRL, control(self.world_size, Kind.DETACH, rec.version, r), self.peers)
                         self._set_gap(r, rec.version, detach=True)
                     owners = self.owners.owners(rec.version) - {self.rank}
                     a, b, words = decide_words(rec.version, rec.plan())
@@ -1153,16 +1229,21 @@ class PGCRuntime:
                         self._notes[v] = [(r, d) for r, d in self._notes[v] if d != self.rank]
                 now_missing = set(leader.missing(now))
                 for r in sorted(now_missing - missing):
-                    log.warning("PGC: rank %d is missing (no heartbeat for %.1f s, or its process is gone) at "
-                                "version %d", r, self.heartbeat_window, leader.version)
+                    log.warning(
+                        "PGC: rank %d is missing (no heartbeat for %.1f s, or its process is gone) at version %d",
+                        r,
+                        self.heartbeat_window,
+                        leader.version,
+                    )
                 for r in sorted(missing - now_missing - leader.byes):
                     log.warning("PGC: rank %d is alive again at version %d", r, leader.version)
                 missing = now_missing
                 if now - last_beat >= self.heartbeat_interval:
                     last_beat = now
                     self.alive = len(leader.alive(now))
-                    self._send_all(Channel.CTRL, control(self.world_size, Kind.BEAT, leader.version, self.alive),
-                                   self.peers)
+                    self._send_all(
+                        Channel.CTRL, control(self.world_size, Kind.BEAT, leader.version, self.alive), self.peers
+                    )
                 leader.check(now)
                 self._check_owners(leader, now)
                 if self._recovery is not None:
@@ -1173,11 +1254,15 @@ class PGCRuntime:
                 if all(p in leader.byes or leader.gone(p, now) for p in self.peers):
                     missing = [p for p in self.peers if p not in leader.byes]
                     if missing:
-                        log.warning("PGC: ranks %s did not finish (process gone, or no heartbeat for %.1f s)",
-                                    missing, self.heartbeat_window + self.timeout)
+                        log.warning(
+                            "PGC: ranks %s did not finish (process gone, or no heartbeat for %.1f s)",
+                            missing,
+                            self.heartbeat_window + self.timeout,
+                        )
                     stats = torch.tensor(leader.stats_words(), dtype=torch.float64).view(torch.int64)
-                    self._send_all(Channel.CTRL, control(self.world_size, Kind.STOP, leader.version, data=stats),
-                                   self.peers)
+                    self._send_all(
+                        Channel.CTRL, control(self.world_size, Kind.STOP, leader.version, data=stats), self.peers
+                    )
                     self._say_agg_bye()
                     return
 
@@ -1194,10 +1279,18 @@ class PGCRuntime:
         if shards:
             self._lose(rank, shards, now)
         alive = len(leader.alive(now))
-        log.warning("PGC: rank %d died at version %d (%s); training goes on without it%s: %d of %d ranks alive, "
-                    "scheme '%s' needs %d", rank, leader.version, why,
-                    f" (its shard(s) {shards} move to live ranks)" if shards else "", alive, self.world_size,
-                    self.scheme.name, self.scheme.wait_for)
+        log.warning(
+            "PGC: rank %d died at version %d (%s); training goes on without it%s: %d of %d ranks alive, "
+            "scheme '%s' needs %d",
+            rank,
+            leader.version,
+            why,
+            f" (its shard(s) {shards} move to live ranks)" if shards else "",
+            alive,
+            self.world_size,
+            self.scheme.name,
+            self.scheme.wait_for,
+        )
 
     def _check_owners(self, leader: Leader, now: float) -> None:
         """Leader: a shard owner that missed its heartbeats for a window (frozen: its streams stay up) holds up every
@@ -1213,17 +1306,23 @@ class PGCRuntime:
             if r in leader.dead or r in leader.byes or self._fenced.get(r) == LATEST or leader.is_alive(r, now):
                 continue
             shards = self.owners.shards_of(r, LATEST)
-            log.warning("PGC: rank %d owns shards %s and sent no heartbeat for %.1f s (frozen) at version %d: its "
-                        "shards move to live ranks; it is detached and rejoins by state transfer if it resumes",
-                        r, shards, self.heartbeat_window, leader.version)
+            log.warning(
+                "PGC: rank %d owns shards %s and sent no heartbeat for %.1f s (frozen) at version %d: its "
+                "shards move to live ranks; it is detached and rejoins by state transfer if it resumes",
+                r,
+                shards,
+                self.heartbeat_window,
+                leader.version,
+            )
             leader.drop_open(r)
             if r not in leader.detached:  # (a rank detached for lagging keeps its span)
                 start = leader.progress[r]
                 leader.detached[r] = start
                 self._send_all(Channel.CTRL, control(self.world_size, Kind.DETACH, start, r), self.peers)
                 self._set_gap(r, start, detach=True)
-            self._send_all(Channel.CTRL, control(self.world_size, Kind.QUERY, leader.version, r),
-                           [p for p in self.peers if p != r])
+            self._send_all(
+                Channel.CTRL, control(self.world_size, Kind.QUERY, leader.version, r), [p for p in self.peers if p != r]
+            )
             self._fence(r)
             self._lose(r, shards, now)
 
@@ -1266,14 +1365,22 @@ class PGCRuntime:
                 version = top + 1
                 leader.reopen(version, now)
             elif not version - 2 <= top <= version - 1:
-                raise CoordinatorError(f"dead shard owner(s) {rec.dead()}: the live ranks got their shards up to "
-                                       f"version {top}, but version {version} is open (expected {version - 1} or "
-                                       f"{version - 2}); {last}")
+                raise CoordinatorError(
+                    f"dead shard owner(s) {rec.dead()}: the live ranks got their shards up to "
+                    f"version {top}, but version {version} is open (expected {version - 1} or "
+                    f"{version - 2}); {last}"
+                )
             behind = [r for r in expected if last[r] < top]
             for r in behind:
                 start = last[r] + 1 if rec.failover else max(last[r] + 1, leader.start_version)
-                log.warning("PGC: rank %d did not get the shards %s of version %d from lost owner(s) %s (others did): "
-                            "detached, it rejoins by state transfer", r, rec.shards(), start, rec.dead())
+                log.warning(
+                    "PGC: rank %d did not get the shards %s of version %d from lost owner(s) %s (others did): "
+                    "detached, it rejoins by state transfer",
+                    r,
+                    rec.shards(),
+                    start,
+                    rec.dead(),
+                )
                 leader.detached[r] = start
                 self._send_all(Channel.CTRL, control(self.world_size, Kind.DETACH, start, r), self.peers)
                 self._set_gap(r, start, detach=True)
@@ -1289,8 +1396,12 @@ class PGCRuntime:
                 owner = min(owners, key=lambda r: (counts[r], r == self.rank, r))
                 counts[owner] += 1
                 moved.append((j, owner))
-            log.warning("PGC: shards of lost owner(s) %s move from version %d on: %s", rec.dead(), top + 1,
-                        ", ".join(f"shard {j} to rank {o}" for j, o in moved))
+            log.warning(
+                "PGC: shards of lost owner(s) %s move from version %d on: %s",
+                rec.dead(),
+                top + 1,
+                ", ".join(f"shard {j} to rank {o}" for j, o in moved),
+            )
             for j, owner in moved:
                 self._send_all(Channel.CTRL, control(self.world_size, Kind.ASSIGN, top + 1, j, owner), self.peers)
                 self._apply_assign(j, owner, top + 1)
@@ -1315,8 +1426,13 @@ class PGCRuntime:
         arrived = [] if record is None else record.admitted + sorted(record.late, key=record.late.__getitem__)
         order = [r for r in arrived if r not in gone]
         if order and self.scheme.admits(order):
-            log.warning("PGC: version %d (closed with ranks %s) is decoded again for shards %s from ranks %s",
-                        version, [] if record is None else record.admitted, rec.shards(), order)
+            log.warning(
+                "PGC: version %d (closed with ranks %s) is decoded again for shards %s from ranks %s",
+                version,
+                [] if record is None else record.admitted,
+                rec.shards(),
+                order,
+            )
             self._decide_again(version, [(k, k, version) for k in order], decided)
             return
         could = set(order) | {r for r in leader.alive(now) if r not in gone}
@@ -1327,7 +1443,8 @@ class PGCRuntime:
             raise CoordinatorError(
                 f"version {version} was closed with lost owner(s) {rec.dead()}, which owned shards {rec.shards()}, and "
                 f"cannot be decoded again: live codes for it came from ranks {order}, live ranks that may still "
-                f"send one: {sorted(could - set(order))}; scheme '{self.scheme.name}' needs {self.scheme.wait_for}")
+                f"send one: {sorted(could - set(order))}; scheme '{self.scheme.name}' needs {self.scheme.wait_for}"
+            )
 
     def _replan(self, leader: Leader, rec: "_Recovery", now: float, decided: dict, gone: set[int]) -> None:
         """Leader, bounded staleness: decide version ``rec.rebuild`` again for the shards nobody published, with the
@@ -1337,19 +1454,27 @@ class PGCRuntime:
         version = rec.rebuild
         assert version is not None
         if not isinstance(leader, BoundedLeader):
-            raise CoordinatorError(f"scheme '{self.scheme.name}' reuses codes across versions and needs a BoundedLeader, "
-                                   f"got {type(leader).__name__}")
+            raise CoordinatorError(
+                f"scheme '{self.scheme.name}' reuses codes across versions and needs a BoundedLeader, "
+                f"got {type(leader).__name__}"
+            )
         plan = leader.replan(version, gone, self.kept_versions)
         if plan is not None:
-            log.warning("PGC: version %d is decoded again for shards %s of lost owner(s) %s with entries %s",
-                        version, rec.shards(), rec.dead(), plan)
+            log.warning(
+                "PGC: version %d is decoded again for shards %s of lost owner(s) %s with entries %s",
+                version,
+                rec.shards(),
+                rec.dead(),
+                plan,
+            )
             self._decide_again(version, plan, decided)
             return
         if self._short_too_long(rec, now):
             raise CoordinatorError(
                 f"version {version} was closed with lost owner(s) {rec.dead()}, which owned shards {rec.shards()}, and "
                 f"cannot be decoded again: some partition has no live code younger than the window c="
-                f"{self.scheme.window}. Raise `replication` or `staleness`")
+                f"{self.scheme.window}. Raise `replication` or `staleness`"
+            )
 
     def _decide_again(self, version: int, plan: list[tuple[int, int, int]], decided: dict) -> None:
         """Leader: send every other owner the new plan of ``version`` (each publishes only the shards it has not)."""
@@ -1370,8 +1495,11 @@ class PGCRuntime:
         leader, now = self.leader, time.monotonic()
         if leader is None:  # a successor taking over: its control plane is being built
             return {r for r in range(self.world_size) if r not in self._broken and r not in self._finished}
-        return {r for r in range(self.world_size)
-                if r not in leader.byes and r not in self._broken and not leader.gone(r, now)}
+        return {
+            r
+            for r in range(self.world_size)
+            if r not in leader.byes and r not in self._broken and not leader.gone(r, now)
+        }
 
     def failure(self) -> Optional[BaseException]:
         """The error that ended this runtime (its own, or the leader's ABORT), or None (any time, any thread)."""
@@ -1399,8 +1527,13 @@ class PGCRuntime:
             row = dict(zip(STAT_NAMES, values[STAT_FIELDS * r : STAT_FIELDS * (r + 1)]))
             self.final_stats.append({"rank": r, **{k: v if k == "mean_lag_s" else int(v) for k, v in row.items()}})
 
-    def _aggregate_ready(self, pending: dict, decided: dict[int, list[tuple[int, int, int]]], done_below: int,
-                         recycle: Callable[[Tensor, bool], None]) -> int:
+    def _aggregate_ready(
+        self,
+        pending: dict,
+        decided: dict[int, list[tuple[int, int, int]]],
+        done_below: int,
+        recycle: Callable[[Tensor, bool], None],
+    ) -> int:
         """Decode and publish every decided version whose admitted codes all arrived, oldest first.
 
         Codes older than every code the last aggregate used are dropped; unless ``scheme.reuses_codes`` (bounded
@@ -1422,8 +1555,11 @@ class PGCRuntime:
             del decided[version]
             done_below = max(done_below, version + 1)
             # (bounded staleness: the oldest entry in use, and no later than the codes ranks keep for re-sends)
-            reused = (min([v for _, _, v in plan] + [version + 1 - self.kept_versions]) if self.scheme.reuses_codes
-                      else done_below)
+            reused = (
+                min([v for _, _, v in plan] + [version + 1 - self.kept_versions])
+                if self.scheme.reuses_codes
+                else done_below
+            )
             self._keep_from = max(self._keep_from, reused)
             self._served_floor = max(self._served_floor, done_below - SERVED_KEPT)
             for v in [v for v in self._served if v < self._served_floor]:
@@ -1454,8 +1590,9 @@ class PGCRuntime:
             return ()
         return tuple(version - v if k >= 0 else self.scheme.window for _, k, v in plan)
 
-    def _publish_shard(self, version: int, shard: int, codes: list[tuple[int, Tensor]],
-                       plan: list[tuple[int, int, int]]) -> None:
+    def _publish_shard(
+        self, version: int, shard: int, codes: list[tuple[int, Tensor]], plan: list[tuple[int, int, int]]
+    ) -> None:
         """Decode shard ``shard`` of ``version`` from the admitted codes (decode key, code; in key order) and
         the leader's ``plan`` they came from, in the same order; send it."""
         layout, hn = self.layout, self._hn_up
@@ -1478,9 +1615,7 @@ class PGCRuntime:
         payload[pe:].zero_()
         notes = len(self._notes.pop(version, ())) if shard == 0 and self.is_leader else 0
         table = self._table(version, plan) if shard == 0 else ()
-        write_header(message, Header(Kind.AGGREGATE, version, self.rank, shard,
-                                     valid=notes,
-                                     table=table))
+        write_header(message, Header(Kind.AGGREGATE, version, self.rank, shard, valid=notes, table=table))
         if self._receives(self.rank, version):
             self.mailbox.put_shard(version, shard, payload, notes or None, table or None)
             self._shard_seen[shard] = max(self._shard_seen[shard], version)
