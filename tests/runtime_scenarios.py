@@ -4,6 +4,9 @@ the runtime, dead-rank, leader-failover, bounded-fault and divergence tests."""
 
 from __future__ import annotations
 
+import faulthandler
+import sys
+
 import threading
 import time
 
@@ -170,8 +173,9 @@ def _donate(rt, version, state):
     return recipients[0] if recipients else None
 
 
-def _together(rts, fn):
-    """``fn(rt)`` on every runtime at once (collectives block until all live ranks joined); results by rank."""
+def _together(rts, fn, timeout=30):
+    """``fn(rt)`` on every runtime at once (collectives block until all live ranks joined); results by rank. A call
+    still running after ``timeout`` seconds fails the test, with every thread's stack printed."""
     out: dict[int, object] = {}
 
     def run(rt):
@@ -184,8 +188,10 @@ def _together(rts, fn):
     for t in threads:
         t.start()
     for t in threads:
-        t.join(20)
-    assert not any(t.is_alive() for t in threads), "a collective hung"
+        t.join(timeout)
+    if any(t.is_alive() for t in threads):
+        faulthandler.dump_traceback(sys.stderr, all_threads=True)
+    assert not any(t.is_alive() for t in threads), f"a call hung: {sorted({rt.rank for rt in rts} - set(out))}"
     return out
 
 

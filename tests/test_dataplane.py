@@ -17,6 +17,7 @@ from lightning_pgc.runtime.collectives import CollectiveError
 from lightning_pgc.runtime.leader import DivergedError
 from lightning_pgc.runtime.plane import CollectiveRuntime, PGCDetached
 from lightning_pgc.runtime.weights import contribute, contributions, reference_decode
+from tests.runtime_scenarios import _together
 
 D = 61  # payload elements: 56 decoded (gradient and loss), 5 averaged (buffers)
 CODED = 56
@@ -134,29 +135,6 @@ def _planes(scheme, max_lag=100, timeout=3.0, heartbeat=(0.1, 50)):
     for rt in rts:
         rt.store_server = store
     return rts
-
-
-def _together(rts, fn, timeout=30):
-    out: dict[int, object] = {}
-
-    def run(rt):
-        try:
-            out[rt.rank] = fn(rt)
-        except Exception as exc:  # returned, to be asserted on
-            out[rt.rank] = exc
-
-    threads = [threading.Thread(target=run, args=(rt,)) for rt in rts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-    if any(t.is_alive() for t in threads):
-        import faulthandler
-        import sys
-
-        faulthandler.dump_traceback(sys.stderr, all_threads=True)
-    assert not any(t.is_alive() for t in threads), f"a call hung: {sorted(set(range(len(rts))) - set(out))}"
-    return out
 
 
 def _submit(rt, version, payload=None):
