@@ -512,12 +512,13 @@ class PGCStrategy(DDPStrategy):
             window = self.max_staleness or 2 * scheme.window
             make_leader = partial(BoundedLeader, widen_after=self.widen_after, max_window=window)
         max_lag = self.max_lag or int(min(1024, max(max(scheme.c, window) + 1, (512 << 20) // message_bytes)))
+        if self.data_plane == "collective":  # before the slots are made: codes are one flat buffer on the device
+            self._layout = ShardLayout(numel, self._grad_numel + 1, 1)
         self._slots = {}
         self._held = None
         if resumed is not None:
             self._checkpoints.fill(resumed)
         if self.data_plane == "collective":
-            self._layout = ShardLayout(numel, self._grad_numel + 1, 1)  # codes: one flat buffer on the device
             store = open_store(self._timeout or default_pg_timeout)
             self.runtime = CollectiveRuntime(
                 scheme,
