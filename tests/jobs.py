@@ -39,6 +39,32 @@ def run_job(tmp_path: Path, name: str, timeout: float = 240, **spec: Any) -> dic
     return job
 
 
+#: liveness settings of the fault scenarios: a death is noticed within about a second
+FAST_LIVENESS = {"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0}
+
+
+def kill_job(
+    tmp_path: Path, name: str, strategy: str, fault: dict[str, Any], during: str = "train", **strategy_kwargs: Any
+) -> dict[str, Any]:
+    """The kill scenario: 16 steps on 4 CPU ranks, validating and checkpointing every 8 steps (the collectives a
+    dead rank must not fail), fast liveness, and ``fault`` (a ``Kill`` spec); 2 sanity batches when the fault
+    strikes ``during`` the sanity check."""
+    return run_job(
+        tmp_path,
+        name,
+        strategy=strategy,
+        devices=4,
+        max_steps=16,
+        val_check_interval=8,
+        check_val_every_n_epoch=None,
+        limit_val_batches=2,
+        checkpoint_every_n_steps=8,
+        num_sanity_val_steps=2 if during == "sanity_check" else 0,
+        strategy_kwargs={**FAST_LIVENESS, **strategy_kwargs},
+        faults=[fault],
+    )
+
+
 def whole_log(out: Path | str) -> str:
     """The job's whole log. ``JobResult.log_tail`` keeps the last 8000 characters, and tracebacks (longer under
     CI's longer paths) can push the line a test looks for out of it."""

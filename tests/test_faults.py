@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lightning_pgc.faults import Freeze, Kill, NaNGradient, Stall
-from tests.jobs import MAX_LAG, run_job, soak, whole_log
+from tests.jobs import FAST_LIVENESS, MAX_LAG, kill_job, run_job, soak, whole_log
 
 
 #: How far apart the survivors of a lost job may be gone: detection takes at most twice the heartbeat window (1 s
@@ -183,20 +183,7 @@ def test_a_killed_worker_is_survived_validation_and_checkpoints_included(tmp_pat
     live ranks; their replicas are identical; the leader names the dead rank and the version; ``pgc/alive`` drops
     to 3; the launching process exits 0. Under bounded staleness version 0 closes without the dead rank's partition
     (nobody else evaluates it at version 0)."""
-    job = run_job(
-        tmp_path,
-        "kill",
-        strategy=strategy,
-        devices=4,
-        max_steps=16,
-        val_check_interval=8,
-        check_val_every_n_epoch=None,
-        limit_val_batches=2,
-        checkpoint_every_n_steps=8,
-        num_sanity_val_steps=2 if during == "sanity_check" else 0,
-        strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0},
-        faults=[{"kind": "Kill", "rank": 3, "step": step, "during": during}],
-    )
+    job = kill_job(tmp_path, "kill", strategy, {"kind": "Kill", "rank": 3, "step": step, "during": during}, during)
     ranks = job["ranks"]
     assert ranks[3] is None
     assert len({r["checksum"] for r in ranks[:3]}) == 1 and {r["global_step"] for r in ranks[:3]} == {16}
@@ -311,7 +298,7 @@ def test_sigterm_on_one_worker_leaves_the_others_training(tmp_path, shard_bytes)
     """A SIGTERM on rank 2 only (one node evicted) at step 3: rank 2 says BYE and leaves at once (with 4 shards,
     its shard moves to a live rank); the others go on as with a dead rank and finish with identical replicas; the
     job succeeds."""
-    kwargs = {"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0}
+    kwargs = dict(FAST_LIVENESS)
     if shard_bytes is not None:
         kwargs["shard_bytes"] = shard_bytes
     job = run_job(
@@ -351,7 +338,7 @@ def test_sigterm_on_every_rank_stops_the_job_cleanly_with_a_checkpoint(tmp_path)
             "check_val_every_n_epoch": 100,
             "checkpoint_every_n_steps": 100,
             "checkpoint_on_exception": True,
-            "strategy_kwargs": {"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0},
+            "strategy_kwargs": FAST_LIVENESS,
             "faults": [{"kind": "Terminate", "rank": r, "step": 5} for r in range(4)],
         },
         timeout=240,

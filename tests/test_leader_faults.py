@@ -11,7 +11,7 @@ import re
 import pytest
 import torch
 
-from tests.jobs import run_job
+from tests.jobs import FAST_LIVENESS, kill_job, run_job
 
 
 @pytest.mark.parametrize(
@@ -31,22 +31,9 @@ def test_a_killed_leader_is_replaced_by_rank_1_and_the_job_finishes(tmp_path, st
     summary comes from rank 1 and the launching process exits 0, warning that rank 0 died. Under bounded staleness
     rank 1 rebuilds the table from the codes the live ranks keep and send it again. Killed in the sanity check
     instead (``bounded_sanity``), before any version closed, version 0 closes without rank 0's partition."""
-    kwargs = {"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0}
-    if shard_bytes is not None:
-        kwargs["shard_bytes"] = shard_bytes
-    job = run_job(
-        tmp_path,
-        "kill0",
-        strategy=strategy,
-        devices=4,
-        max_steps=16,
-        val_check_interval=8,
-        check_val_every_n_epoch=None,
-        limit_val_batches=2,
-        checkpoint_every_n_steps=8,
-        strategy_kwargs=kwargs,
-        num_sanity_val_steps=2 if during == "sanity_check" else 0,
-        faults=[{"kind": "Kill", "rank": 0, "step": 3 if during == "train" else 0, "during": during}],
+    fault = {"kind": "Kill", "rank": 0, "step": 3 if during == "train" else 0, "during": during}
+    job = kill_job(
+        tmp_path, "kill0", strategy, fault, during, **({} if shard_bytes is None else {"shard_bytes": shard_bytes})
     )
     log = job["stderr"]
     ranks = job["ranks"]
@@ -93,7 +80,7 @@ def test_a_frozen_leader_is_replaced_and_rejoins_as_a_worker_when_it_resumes(tmp
         limit_val_batches=2,
         checkpoint_every_n_steps=20,
         compute_s_per_eval=0.02,
-        strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0},
+        strategy_kwargs=FAST_LIVENESS,
         faults=[{"kind": "Freeze", "rank": 0, "step": 3, "seconds": 3.0}],
     )
     log = job["stderr"]

@@ -10,7 +10,7 @@ import re
 import pytest
 import torch
 
-from tests.jobs import run_job, soak
+from tests.jobs import kill_job, run_job, soak
 
 
 @pytest.mark.parametrize("strategy", ["pgc", "bounded_staleness"])
@@ -19,19 +19,7 @@ def test_a_killed_shard_owner_is_survived_its_shard_moves_to_a_live_rank(tmp_pat
     any real model): its shard moves to a live rank, and the other three finish fit with validation and
     checkpoints, identical replicas and ``pgc/alive`` 3; the launching process exits 0. Under bounded staleness the
     live ranks send the new owner their kept codes and the leader forgets rank 2's entries."""
-    job = run_job(
-        tmp_path,
-        "kill_owner",
-        strategy=strategy,
-        devices=4,
-        max_steps=16,
-        val_check_interval=8,
-        check_val_every_n_epoch=None,
-        limit_val_batches=2,
-        checkpoint_every_n_steps=8,
-        strategy_kwargs={"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0, "shard_bytes": 64},
-        faults=[{"kind": "Kill", "rank": 2, "step": 3}],
-    )
+    job = kill_job(tmp_path, "kill_owner", strategy, {"kind": "Kill", "rank": 2, "step": 3}, shard_bytes=64)
     ranks = job["ranks"]
     assert ranks[2] is None
     live = [ranks[r] for r in (0, 1, 3)]
