@@ -48,12 +48,7 @@ class Leadership:
         be the dead one)."""
         st = self.strategy
         scheme = st.scheme
-        return (
-            st.failover is not False
-            and scheme is not None
-            and not launches_in_rank_zero(st)
-            and getattr(st, "data_plane", "sharded") == "sharded"
-        )
+        return st.failover is not False and scheme is not None and not launches_in_rank_zero(st)
 
     def pin_loggers(self, trainer: "pl.Trainer") -> None:
         """Every rank learns rank 0's logger runs, so that a successor continues them instead of starting new ones

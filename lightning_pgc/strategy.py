@@ -263,11 +263,6 @@ class PGCStrategy(DDPStrategy):
         )
         if data_plane not in ("sharded", "collective"):
             raise ValueError(f"data_plane must be 'sharded' or 'collective', got {data_plane!r}")
-        if data_plane == "collective" and failover:
-            raise ValueError(
-                "PGCStrategy(failover=True) needs data_plane='sharded': the collective data plane does not "
-                "replace its leader yet"
-            )
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -358,7 +353,7 @@ class PGCStrategy(DDPStrategy):
             self._make_scheme(self.num_nodes * len(self.parallel_devices))
         super()._configure_launcher()
         # Lightning's launchers kill every rank when one dies; PGC survives up to s dead ranks.
-        failover = self.failover is not False and self.data_plane == "sharded"
+        failover = self.failover is not False
         launches = self._start_method != "popen" or not self.cluster_environment.creates_processes_externally
         if self.data_plane == "collective" and launches:
             host_store()  # this process starts the ranks: the control plane's store lives here, not in a rank
@@ -538,6 +533,7 @@ class PGCStrategy(DDPStrategy):
                 device=self.root_device,
                 prefix=run_prefix(self.global_rank),
                 keep_versions=window if isinstance(scheme, BoundedScheme) else None,
+                failover=self._leadership.enabled(),
             )
         else:
             self.runtime = self._sharded_runtime(trainer, scheme, dtype, max_lag, make_leader)

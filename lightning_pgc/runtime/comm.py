@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from lightning_pgc.runtime.collectives import CollectiveError
-from lightning_pgc.runtime.control import LEADER_BOX, Channel, inbox
+from lightning_pgc.runtime.control import Channel, inbox
 from lightning_pgc.runtime.group import open_group
 from lightning_pgc.runtime.leader import STAT_NAMES
 from lightning_pgc.runtime.mailbox import PGCTimeoutError
@@ -45,16 +45,24 @@ class CommLoop:
 
     def _serve(self) -> None:
         """The comm thread: the leader's messages in order; an all-reduce per decided version."""
+        # (a pop that waits a heartbeat window: pops of tens of milliseconds on a busy store were seen to miss
+        # messages pushed later)
         chan = Channel(self.store, self.prefix, timedelta(seconds=self.heartbeat_window))
         self._chan = chan
         self._channels.append(chan)
         while True:
             try:
-                msg = chan.pop(inbox(self.rank))
+                term, msg = chan.pop(inbox(self.rank))
             except TimeoutError:
                 if self._stopping.is_set() and self._beats_done.is_set():
                     return
-                silent = time.monotonic() - self._leader_heard
+                now = time.monotonic()
+                if self.failover:  # (queued messages came first: the leader really said nothing meanwhile)
+                    silent = now - self._leader_heard
+                    if self.succession.due(silent):
+                        self.succession.elect(chan, silent)
+                    continue
+                silent = now - max(self._leader_heard, self._comm_free_at)
                 if not self.is_leader and silent > 2 * self.heartbeat_window:
                     self._fail(
                         PGCTimeoutError(
@@ -67,6 +75,10 @@ class CommLoop:
             kind = msg[0]
             if kind == "halt":
                 return
+            if 0 <= term < self.term:
+                continue  # from a leader that was replaced
+            if term > self.term:
+                self.succession.learn(chan, term)
             self._leader_heard = time.monotonic()
             if kind == "beat":
                 self._frontier, self.alive = msg[1], msg[2]
@@ -95,6 +107,8 @@ class CommLoop:
             elif kind == "stop":
                 self._read_final_stats(msg[1])
                 return
+            elif kind == "lead":
+                self.succession.resend(chan)
             elif kind == "abort":
                 self._fail(RuntimeError(f"the PGC leader failed: {msg[1]}"))
                 return
@@ -102,7 +116,7 @@ class CommLoop:
     def _leave_group(self, chan: Channel) -> None:
         """Tell the leader what this rank completed and wait for the next configuration."""
         self._waiting = True
-        chan.push(LEADER_BOX, ("report", self.rank, self.config, self.completed))
+        chan.push(self._leader_box(), ("report", self.rank, self.config, self.completed))
 
     def _configure(self, number: int, members: list[int], version: int) -> None:
         """Join configuration ``number`` (its group, from ``version`` on), or stay out of it."""
@@ -110,6 +124,7 @@ class CommLoop:
             self.group.close()
             self.group = None
         self.config, self._waiting = number, False
+        self.members = list(members)
         self._next = version
         self.aggregates.discard_from(version)
         if self.rank not in members:
@@ -158,7 +173,7 @@ class CommLoop:
             return
         finally:
             self._busy = False
-            self._leader_heard = time.monotonic()  # (its messages waited in the queue meanwhile)
+            self._comm_free_at = time.monotonic()  # (the leader's messages waited in the queue meanwhile)
         self.completed, self._next = version, version + 1
         m = self.group.size
         self.data_bytes += 2 * (m - 1) * buf.numel() * buf.element_size() // m
@@ -171,6 +186,7 @@ class CommLoop:
         with self._lock:
             for v in [v for v in self._codes if v + self.kept_versions <= version + 1]:
                 self._free_codes.append(self._codes.pop(v))
+                self._announced.pop(v, None)
 
     def _sum_buffer(self) -> Tensor:
         if self.up_dtype == self.down_dtype:
@@ -200,7 +216,7 @@ class CommLoop:
             return
         finally:
             self._busy = False
-            self._leader_heard = time.monotonic()
+            self._comm_free_at = time.monotonic()
         with self._coll_cond:
             if not again:
                 self._coll_saved = {seq: self._coll_mine.pop(seq, None)}
@@ -237,7 +253,7 @@ class _Gather:
         seq = self.seq
         with rt._coll_cond:
             rt._coll_mine[seq] = (op, obj)
-        rt._ctl.push(LEADER_BOX, ("coll", rt.rank, seq))
+        rt._ctl.push(rt._leader_box(), ("coll", rt.rank, seq))
         with rt._coll_cond:
             while seq not in rt._coll_done:
                 failure = rt.failure()

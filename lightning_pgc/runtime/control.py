@@ -1,6 +1,6 @@
 """The control plane of the collective runtime: small messages through queues of a c10d ``Store``.
 
-Every rank has one inbox (a queue of the store); the leader has a second one. Workers send the leader their
+Every rank has one inbox (a queue of the store); the leader of each term has a box of its own. Workers send the leader their
 announcements (a code is ready), heartbeats, rejects, rejoin requests and reports; the leader sends every rank its
 decisions (the plan of each version), heartbeats, configurations of the data group and the end. So the control
 channels are a star around the leader, each message is a few dozen bytes sized by its content (a plan lists at
@@ -125,6 +125,16 @@ class Channel:
             out.append(pickle.loads(data))
         return out
 
+    def claim(self, key: str, value: str) -> str:
+        """Set ``key`` to ``value`` unless it is set already (atomically, in the store); returns the value it holds."""
+        return self.store.compare_set(self._key(key), "", value).decode()
+
+    def read(self, key: str) -> Optional[str]:
+        """The value of ``key``, or None if it is not set (not waited for)."""
+        if not self.store.check([self._key(key)]):
+            return None
+        return self.store.get(self._key(key)).decode()
+
     def put_blob(self, key: str, data: bytes) -> None:
         self.store.queue_push(self._key(key), data)
         self.bytes_sent += len(data)
@@ -139,9 +149,17 @@ class Channel:
 
 
 def inbox(rank: int) -> str:
-    """A rank's inbox: decisions, heartbeats and configurations from the leader."""
+    """A rank's inbox: decisions, heartbeats and configurations from the leader, each as ``(term, message)``
+    (``term`` -1: from the rank itself)."""
     return f"to/{rank}"
 
 
-#: The leader's inbox: announcements, heartbeats, rejects, rejoins, reports and collective requests.
-LEADER_BOX = "leader"
+def leader_box(term: int) -> str:
+    """The inbox of the leader of ``term`` (announcements, heartbeats, rejects, rejoins, reports, collective
+    requests). A new term has a new box, so a deposed leader that resumes reads none of its successor's mail."""
+    return f"leader/{term}"
+
+
+def term_key(term: int) -> str:
+    """The store key naming the leader of ``term`` (term 0: rank 0, unnamed); the first rank to set it leads."""
+    return f"lead/{term}"

@@ -10,6 +10,11 @@ within a liveness window, form the next configuration: a fresh group over the st
 some of them completed: one that completed less is detached (it rejoins by state transfer, as a rank that fell
 ``max_lag`` behind), and version ``A + 1`` is decided again without the lost ranks' codes (they died with them).
 A lost rank counts as dead: at most ``s`` are survived, and beyond that the leader fails naming them.
+
+Succession. The coordinator of a rank that took over from a dead or frozen leader (``succeeds``,
+:mod:`~lightning_pgc.runtime.succession`) knows only what its rank knows: the members, who is detached, the versions
+it completed. It tells every rank it leads (``lead``: they send it again what the old leader had read) and starts
+with a reconfiguration; the codes announced meanwhile wait until it knows ``A`` and opens ``A + 1`` afresh.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from lightning_pgc.runtime.control import LEADER_BOX, Channel, inbox
+from lightning_pgc.runtime.control import Channel, inbox, leader_box, term_key
 from lightning_pgc.runtime.leader import CoordinatorError, Leader, StepRecord
 from lightning_pgc.runtime.messages import Header, Kind
 
@@ -39,11 +44,17 @@ class _Reconfiguration:
 class Coordinator:
     """The control plane of one :class:`~lightning_pgc.runtime.plane.CollectiveRuntime` (the leader's rank)."""
 
-    def __init__(self, runtime: "CollectiveRuntime", leader: Leader) -> None:
+    def __init__(self, runtime: "CollectiveRuntime", leader: Leader, succeeds: Optional[int] = None) -> None:
         self.rt = runtime
         self.leader = leader
-        self.members = list(range(runtime.world_size))
-        self.config = 0
+        self.term = runtime.term
+        self.box = leader_box(self.term)
+        self.members = list(runtime.members)
+        self.config = runtime.config
+        self.succeeds = succeeds
+        self._stash: Optional[list[tuple]] = [] if succeeds is not None else None  # codes before A + 1 is open
+        self._configs_seen = {runtime.config}
+        self._last_look = 0.0
         self._reconf: Optional[_Reconfiguration] = None
         self._leaving: set[int] = set()
         self._rejoins: list[int] = []
@@ -57,32 +68,69 @@ class Coordinator:
         self.chan = Channel(rt.store, rt.prefix, _window(rt))
         rt._channels.append(self.chan)
         try:
+            if self.succeeds is not None:
+                self._take_over(time.monotonic())
             self._loop()
         except BaseException as exc:
-            log.error("PGC rank %d: the leader failed: %s", rt.rank, exc)
-            rt._fail(exc)
-            try:
-                self.chan.push_all(
-                    [inbox(r) for r in range(rt.world_size) if r != rt.rank], ("abort", f"{type(exc).__name__}: {exc}")
-                )
-            except Exception:
-                pass
+            if not self._deposed():
+                log.error("PGC rank %d: the leader failed: %s", rt.rank, exc)
+                rt._fail(exc)
+                try:
+                    self.chan.push_all(
+                        [inbox(r) for r in range(rt.world_size) if r != rt.rank],
+                        (self.term, ("abort", f"{type(exc).__name__}: {exc}")),
+                    )
+                except Exception:
+                    pass
 
     def _send_members(self, message: tuple) -> None:
-        self.chan.push_all([inbox(r) for r in self.members], message)
+        self.chan.push_all([inbox(r) for r in self.members], (self.term, message))
 
     def _send_all(self, message: tuple) -> None:
         """To every rank (one that left the data group may come back: it must hear the leader)."""
-        self.chan.push_all([inbox(r) for r in range(self.rt.world_size)], message)
+        self.chan.push_all([inbox(r) for r in range(self.rt.world_size)], (self.term, message))
+
+    def _take_over(self, now: float) -> None:
+        """A successor's start: what its rank knows (who is detached), the old leader silent, every rank told."""
+        rt, leader = self.rt, self.leader
+        with rt._lock:
+            for r, spans in rt._gaps.items():
+                if spans and spans[-1][1] is None:
+                    leader.detached[r] = spans[-1][0]
+        leader.silence(self.succeeds, now)
+        log.warning(
+            "PGC rank %d is the leader now (term %d, after rank %d); the next version is decided once the members "
+            "reported what they completed",
+            rt.rank,
+            self.term,
+            self.succeeds,
+        )
+        self._send_all(("lead", rt.rank))
+        self._start(now, f"the leader (rank {self.succeeds}) is silent")
+
+    def _deposed(self) -> bool:
+        """Whether a newer term replaced this coordinator (its rank froze, say): it then ends without a word."""
+        rt = self.rt
+        if rt.leader is not self.leader:
+            return True
+        now = time.monotonic()
+        if rt.failover and now - self._last_look > rt.heartbeat_interval:
+            self._last_look = now
+            if self.chan.read(term_key(self.term + 1)) is not None:
+                rt.succession.settle(self.chan)
+                return True
+        return False
 
     def _loop(self) -> None:
         rt, leader = self.rt, self.leader
         while True:
             try:
-                batch = [self.chan.pop(LEADER_BOX)]
+                batch = [self.chan.pop(self.box)]
             except TimeoutError:
                 batch = []
-            batch += self.chan.drain(LEADER_BOX)
+            batch += self.chan.drain(self.box)
+            if self._deposed():
+                return
             now = time.monotonic()
             for item in batch:
                 if item[0] == "halt":
@@ -109,15 +157,16 @@ class Coordinator:
                         gone,
                         rt.heartbeat_window + rt.timeout,
                     )
-                stats = leader.stats_words()
-                self.chan.push_all([inbox(r) for r in range(rt.world_size)], ("stop", stats))
+                self._send_all(("stop", leader.stats_words()))
                 return
 
     def _handle(self, item: tuple, now: float) -> None:
         leader, kind = self.leader, item[0]
         if kind == "code":
             _, rank, version, valid, max_age, ages, skipped, partition = item
-            if rank in self.members:
+            if self._stash is not None:
+                self._stash.append(item)
+            elif rank in self.members:
                 leader.on_code(
                     Header(Kind.CODE, version, rank, 0, valid, max_age, tuple(ages), skipped, partition), now
                 )
@@ -145,6 +194,9 @@ class Coordinator:
                 self._start(now, f"rank {rank} left")
         elif kind == "report":
             _, rank, config, completed = item
+            if self._stash is not None and rank in self.members:  # a successor: whatever configuration it was in
+                self._configs_seen.add(config)
+                config = self.config
             if config == self.config and rank in self.members:
                 self._start(now, f"rank {rank}'s collective failed")
                 assert self._reconf is not None
@@ -182,7 +234,10 @@ class Coordinator:
     def _reconfigure(self, now: float) -> None:
         rt, leader, rec = self.rt, self.leader, self._reconf
         assert rec is not None
-        expected = [r for r in self.members if r not in self._leaving and leader.is_alive(r, now)]
+        if self._stash is not None:  # a successor: the members beat the old leader's box until they hear of it
+            expected = [r for r in self.members if r != self.succeeds and r not in self._leaving]
+        else:
+            expected = [r for r in self.members if r not in self._leaving and leader.is_alive(r, now)]
         waited = now - rec.since
         if (
             any(r not in rec.reports for r in expected)
@@ -198,7 +253,17 @@ class Coordinator:
             leader.drop_open(r)
             leader.detached.setdefault(r, top + 1)
             leader.forget(r, leader.version - rt.kept_versions)
-        self._reopen(top + 1, set(lost), now)
+        stash, self._stash = self._stash, None
+        if stash is None:
+            self._reopen(top + 1, set(lost), now)
+        else:  # a successor: what the old leader decided after A is unknown here; A + 1 is decided afresh
+            leader.reopen(top + 1, now)
+            for item in stash:
+                if item[1] not in lost:
+                    self._handle(item, now)
+            self.config = max(self._configs_seen)
+            self._issued = min(self._colls, default=1)  # every member asked again for the last collective it ran:
+            # it runs again (below), then the next
         for r in reporters:
             if rec.reports[r] < top:
                 start = rec.reports[r] + 1

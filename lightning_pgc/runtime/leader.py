@@ -191,6 +191,10 @@ class Leader:
         if rank not in self.detached:
             self.progress[rank] = max(self.progress[rank], progress)
 
+    def silence(self, rank: int, now: float) -> None:
+        """``rank`` is known to be silent (a leader that was replaced): not alive until its next heartbeat."""
+        self._last_beat[rank] = min(self._last_beat[rank], now - self.heartbeat_window - 1e-3)
+
     def on_reject(self, rank: int, version: int, now: float) -> None:
         """``rank``'s code for ``version`` was not finite: counted, and the rank is a straggler for it."""
         self._stats[rank].rejected += 1

@@ -17,7 +17,8 @@ On CUDA the comm thread runs on its own stream.
 
 Faults reconfigure the data group: the leader asks every member what it completed, and the ones that answer build
 a fresh group over the store; the version nobody completed is decided again without the lost ranks
-(:class:`~lightning_pgc.runtime.coordinator.Coordinator`). A rank frozen inside an all-reduce costs the others
+(:class:`~lightning_pgc.runtime.coordinator.Coordinator`). With ``failover`` a dead or frozen leader is replaced by
+a live member (:mod:`~lightning_pgc.runtime.succession`). A rank frozen inside an all-reduce costs the others
 at most one liveness window (the group's timeout); a slow or sleeping rank costs them nothing.
 """
 
@@ -39,10 +40,11 @@ from lightning_pgc.codes import Scheme
 from lightning_pgc.runtime.aggregates import Aggregates
 from lightning_pgc.runtime.collectives import LiveCollectives
 from lightning_pgc.runtime.comm import CommLoop, _Gather
-from lightning_pgc.runtime.control import LEADER_BOX, Channel, inbox
+from lightning_pgc.runtime.control import Channel, inbox, leader_box
 from lightning_pgc.runtime.group import DataGroup, open_group
 from lightning_pgc.runtime.leader import Leader, StepRecord
 from lightning_pgc.runtime.mailbox import PGCTimeoutError
+from lightning_pgc.runtime.succession import Succession
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +92,8 @@ class CollectiveRuntime(CommLoop):
         prefix: the run's namespace in the store (the same on every rank, new for every start).
         keep_versions: versions a code may serve (bounded staleness: the largest window the leader may widen to);
             default ``scheme.window`` for schemes that reuse codes, else 1.
+        failover: when the leader dies or freezes, a live member takes over (the store must outlive rank 0:
+            :func:`~lightning_pgc.runtime.control.host_store`); without it every rank fails naming the lost leader.
     """
 
     def __init__(
@@ -111,6 +115,7 @@ class CollectiveRuntime(CommLoop):
         device: torch.device = torch.device("cpu"),
         prefix: Optional[str] = None,
         keep_versions: Optional[int] = None,
+        failover: bool = False,
     ) -> None:
         if heartbeat_interval <= 0 or heartbeat_misses < 1:
             raise ValueError(
@@ -127,13 +132,14 @@ class CollectiveRuntime(CommLoop):
         self.group_timeout = timedelta(seconds=self.heartbeat_window + self.timeout)  # one liveness window
         self.prefix = prefix if prefix is not None else f"pgc/{next(_RUNS)}"
         self.kept_versions = keep_versions or (scheme.window if scheme.reuses_codes else 1)
+        self.failover = bool(failover)
+        self.term = 0  # the leader's term (see :mod:`~lightning_pgc.runtime.succession`)
         self.leader_rank = 0
-        self.leader: Optional[Leader] = (
-            (make_leader or Leader)(scheme, world_size, start_version, timeout, max_lag, self.heartbeat_window)
-            if rank == 0
-            else None
-        )
-        self.successions: list[tuple[int, int]] = []
+        self.members = list(range(world_size))  # the data group's, as the last configuration named them
+        self._make_leader = make_leader or Leader
+        self.leader: Optional[Leader] = None
+        self.successions: list[tuple[int, int]] = []  # (old leader, new leader) of every change of term
+        self.succession = Succession(self)
         self.aggregates = Aggregates(agg_numel, down_dtype, self.device)
         self.error: Optional[BaseException] = None
         self.skipped = self.rejected = 0
@@ -153,7 +159,11 @@ class CollectiveRuntime(CommLoop):
         self._attached = threading.Event()
         self._state_fn: Optional[Callable[[], Tensor]] = None
         self._final_requests: list[tuple[int, int]] = []
-        self._leader_heard = self._resumed_at = self._last_check = time.monotonic()
+        self._leader_heard = self._resumed_at = self._last_check = self._comm_free_at = time.monotonic()
+        self._last_settle = 0.0
+        self._announced: dict[int, tuple] = {}  # version -> the announcement of the code kept for it
+        self._rejoining: Optional[int] = None  # the version this rank asked to rejoin at (until attached)
+        self._bye: Optional[tuple] = None  # the BYE this rank said
         self._stopping = threading.Event()
         self._beats_done = threading.Event()
         self._stopped = False
@@ -176,10 +186,25 @@ class CollectiveRuntime(CommLoop):
         self._coll_saved: dict[int, Optional[tuple[str, object]]] = {}  # the last collective's own contribution
         self.collectives = LiveCollectives(_Gather(self))
         self._coordinator = None
-        if self.leader is not None:
-            from lightning_pgc.runtime.coordinator import Coordinator
+        if rank == 0:
+            self._lead(start_version)
 
-            self._coordinator = Coordinator(self, self.leader)
+    def _lead(self, start_version: Optional[int] = None, succeeds: Optional[int] = None) -> None:
+        """Make this rank the leader: the first one (``start_version``), or the successor of leader ``succeeds`` (its
+        control plane starts at the first version this rank did not complete and is corrected from the reports)."""
+        from lightning_pgc.runtime.coordinator import Coordinator
+
+        version = start_version if start_version is not None else self.completed + 1
+        leader = self._make_leader(
+            self.scheme, self.world_size, version, self.timeout, self.max_lag, self.heartbeat_window
+        )
+        self._coordinator = Coordinator(self, leader, succeeds=succeeds)
+        self.leader = leader
+        if succeeds is not None:
+            self._spawn(self._coordinator.run, "pgc-leader")
+
+    def _leader_box(self) -> str:
+        return leader_box(self.term)
 
     @property
     def is_leader(self) -> bool:
@@ -212,7 +237,8 @@ class CollectiveRuntime(CommLoop):
         self._stopped = True
         self._stopping.set()
         try:
-            self._ctl.push(LEADER_BOX, ("bye", self.rank, self.skipped, bool(leave and not self.is_leader)))
+            self._bye = ("bye", self.rank, self.skipped, bool(leave and not self.is_leader))
+            self._ctl.push(self._leader_box(), self._bye)
         except Exception as exc:  # the store is gone: nobody is left to tell
             log.warning("PGC rank %d: could not say BYE: %r", self.rank, exc)
         if leave and not self.is_leader:
@@ -235,9 +261,9 @@ class CollectiveRuntime(CommLoop):
         self._stopping.set()
         self._beats_done.set()
         try:
-            self._ctl.push(inbox(self.rank), ("halt",))
+            self._ctl.push(inbox(self.rank), (-1, ("halt",)))
             if self.is_leader:
-                self._ctl.push(LEADER_BOX, ("halt",))
+                self._ctl.push(self._leader_box(), ("halt",))
         except Exception:
             pass
         for t in self._threads:
@@ -282,19 +308,19 @@ class CollectiveRuntime(CommLoop):
         code.version = version
         if self._stream is not None:
             code.event = torch.cuda.current_stream(self.device).record_event()
+        announcement = ("code", self.rank, version, len(ages), max(ages, default=0), ages, self.skipped, partition)
         with self._lock:
             old = self._codes.pop(version, None)
             if old is not None:
                 self._free_codes.append(old)
             self._codes[version] = code
-        self._ctl.push(
-            LEADER_BOX, ("code", self.rank, version, len(ages), max(ages, default=0), ages, self.skipped, partition)
-        )
+            self._announced[version] = announcement
+        self._ctl.push(self._leader_box(), announcement)
 
     def reject(self, version: int) -> None:
         """This rank's code for ``version`` is not finite and is not used: the leader treats it as a straggler."""
         self.rejected += 1
-        self._ctl.push(LEADER_BOX, ("reject", self.rank, version))
+        self._ctl.push(self._leader_box(), ("reject", self.rank, version))
 
     def wait(self, version: int, donate: Optional[Callable[[], Tensor]] = None) -> Tensor:
         """The aggregate of ``version`` (``agg_numel`` elements of ``down_dtype``, on the device).
@@ -335,11 +361,13 @@ class CollectiveRuntime(CommLoop):
     def rejoin(self, version: int) -> tuple[int, Tensor]:
         """Ask to rejoin at ``version``; block until a donor sent the training state. Returns ``(u, state)``."""
         self._attached.clear()
-        self._ctl.push(LEADER_BOX, ("rejoin", self.rank, version))
+        self._rejoining = version
+        self._ctl.push(self._leader_box(), ("rejoin", self.rank, version))
         while not self._attached.wait(self.heartbeat_interval):
             self._check_leader(f"rejoining at version {version}")
         assert self._attach_info is not None
         u, donor = self._attach_info
+        self._rejoining = None
         while True:
             try:
                 blob = self._ctl.pop_blob(f"state/{self.rank}")
@@ -402,17 +430,25 @@ class CollectiveRuntime(CommLoop):
         if now - self._last_check > 3 * self.heartbeat_interval:
             self._resumed_at = now  # this thread did not run for a while: the leader's beats may be queued
         self._last_check = now
-        silent = now - max(self._leader_heard, self._resumed_at)
-        if not self.is_leader and silent > 2 * self.heartbeat_window and not self._busy:
+        silent = now - max(self._leader_heard, self._resumed_at, self._comm_free_at)
+        limit = 2 * self.heartbeat_window
+        if self.failover:  # (a successor is elected first: see Succession.due)
+            limit += self.heartbeat_window + 2 * self.world_size * self.heartbeat_interval
+        if not self.is_leader and silent > limit and not self._busy:
             raise PGCTimeoutError(
                 f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no heartbeat for "
                 f"{silent:.1f} s while {doing}; its process is gone or frozen"
             )
 
     def seat_in_doubt(self) -> bool:
-        return False
+        """Whether this rank leads but may have been replaced: with ``failover``, once per heartbeat interval (a
+        process that was stopped finds its last look older than that)."""
+        return self.failover and self.is_leader and time.monotonic() - self._last_settle > self.heartbeat_interval
 
     def settle_seat(self) -> bool:
+        """Follow every newer term named in the store (stepping down if one exists); returns :attr:`is_leader`."""
+        self._last_settle = time.monotonic()
+        self.succession.settle(self._ctl)
         return self.is_leader
 
     # ------------------------------------------------------------------------------------------- statistics
@@ -464,7 +500,7 @@ class CollectiveRuntime(CommLoop):
         self._channels.append(chan)
         while not self._beats_done.wait(self.heartbeat_interval):
             try:
-                chan.push(LEADER_BOX, ("tick",) if self.is_leader else ("beat", self.rank, self.progress))
+                chan.push(self._leader_box(), ("tick",) if self.is_leader else ("beat", self.rank, self.progress))
             except Exception as exc:  # the store is gone: the comm thread reports the lost leader
                 log.debug("PGC rank %d: heartbeat failed: %r", self.rank, exc)
 
