@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import timedelta
 from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
@@ -45,36 +44,20 @@ class CommLoop:
 
     def _serve(self) -> None:
         """The comm thread: the leader's messages in order; an all-reduce per decided version."""
-        # (a pop that waits a heartbeat window: pops of tens of milliseconds on a busy store were seen to miss
-        # messages pushed later)
-        chan = Channel(self.store, self.prefix, timedelta(seconds=self.heartbeat_window))
+        chan = Channel(self.store, self.prefix)
         self._chan = chan
         self._channels.append(chan)
         while True:
-            try:
-                term, msg = chan.pop(inbox(self.rank))
-            except TimeoutError:
-                if self._stopping.is_set() and self._beats_done.is_set():
-                    return
-                now = time.monotonic()
-                if self.failover:  # (queued messages came first: the leader really said nothing meanwhile)
-                    silent = now - self._leader_heard
-                    if self.succession.due(silent):
-                        self.succession.elect(chan, silent)
-                    continue
-                silent = now - max(self._leader_heard, self._comm_free_at)
-                if not self.is_leader and silent > 2 * self.heartbeat_window:
-                    self._fail(
-                        PGCTimeoutError(
-                            f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no "
-                            f"heartbeat for {silent:.1f} s; its process is gone or frozen"
-                        )
-                    )
-                    return
-                continue
+            term, msg = chan.pop(inbox(self.rank))
             kind = msg[0]
             if kind == "halt":
                 return
+            if kind == "tick":  # this rank's own, every heartbeat interval (queued messages came first)
+                if self._stopping.is_set() and self._beats_done.is_set():
+                    return
+                if not self._silence(chan):
+                    return
+                continue
             if 0 <= term < self.term:
                 continue  # from a leader that was replaced
             if term > self.term:
@@ -112,6 +95,25 @@ class CommLoop:
             elif kind == "abort":
                 self._fail(RuntimeError(f"the PGC leader failed: {msg[1]}"))
                 return
+
+    def _silence(self, chan: Channel) -> bool:
+        """On a tick: a leader silent too long is replaced (``failover``) or ends this rank (returns False)."""
+        now = time.monotonic()
+        if self.failover:  # (the leader's queued messages were read first: it really said nothing meanwhile)
+            silent = now - self._leader_heard
+            if self.succession.due(silent):
+                self.succession.elect(chan, silent)
+            return True
+        silent = now - max(self._leader_heard, self._comm_free_at)
+        if not self.is_leader and silent > 2 * self.heartbeat_window:
+            self._fail(
+                PGCTimeoutError(
+                    f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no "
+                    f"heartbeat for {silent:.1f} s; its process is gone or frozen"
+                )
+            )
+            return False
+        return True
 
     def _leave_group(self, chan: Channel) -> None:
         """Tell the leader what this rank completed and wait for the next configuration."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import os
 import pickle
+import time
 import uuid
 from datetime import timedelta
 from typing import Any, Optional
@@ -68,18 +69,23 @@ def run_prefix(rank: int) -> str:
     return "pgc/" + store.get(key).decode()
 
 
+#: How long a blocking pop may wait in the store. Pops are woken by messages (every rank's own heartbeat thread ticks
+#: its inboxes), never by this timeout: a store wait that times out while a message arrives can leave the
+#: connection waiting for an answer that never comes (seen with pops of tens of milliseconds, and after SIGSTOP).
+_NEVER = timedelta(days=1)
+
+
 class Channel:
     """One thread's end of the control plane: push to any rank's inbox, pop from one's own.
 
     Args:
         store: the store (this channel clones it: one connection per thread).
         prefix: the namespace of this run (unique per runtime start).
-        timeout: how long a pop blocks before it raises (``TimeoutError``).
     """
 
-    def __init__(self, store: dist.Store, prefix: str, timeout: timedelta) -> None:
+    def __init__(self, store: dist.Store, prefix: str) -> None:
         self.store = store.clone()
-        self.store.set_timeout(timeout)
+        self.store.set_timeout(_NEVER)
         self.prefix = prefix
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -99,17 +105,8 @@ class Channel:
         self.bytes_sent += len(data) * len(boxes)
 
     def pop(self, box: str) -> Any:
-        """The next message of ``box``, waiting up to the timeout.
-
-        Raises:
-            TimeoutError: nothing came in time.
-        """
-        try:
-            data = self.store.queue_pop(self._key(box))
-        except dist.DistStoreError as exc:
-            if "timeout" in str(exc).lower():
-                raise TimeoutError(str(exc)) from exc
-            raise
+        """The next message of ``box``, waiting for it (the caller makes sure one comes: a tick, say)."""
+        data = self.store.queue_pop(self._key(box))
         self.bytes_received += len(data)
         return pickle.loads(data)
 
@@ -139,13 +136,23 @@ class Channel:
         self.store.queue_push(self._key(key), data)
         self.bytes_sent += len(data)
 
-    def pop_blob(self, key: str) -> bytes:
-        try:
-            return self.store.queue_pop(self._key(key))
-        except dist.DistStoreError as exc:
-            if "timeout" in str(exc).lower():
-                raise TimeoutError(str(exc)) from exc
-            raise
+    def pop_blob(self, key: str, timeout: float) -> bytes:
+        """The next blob of ``key``, looking every 10 ms for up to ``timeout`` seconds (no store wait: see
+        :data:`_NEVER`).
+
+        Raises:
+            TimeoutError: nothing came in time.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.store.queue_len(self._key(key)) > 0:
+                try:
+                    return self.store.queue_pop(self._key(key), False)
+                except dist.QueueEmptyError:
+                    pass
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"nothing in {key} after {timeout:.1f} s")
+            time.sleep(0.01)
 
 
 def inbox(rank: int) -> str:

@@ -65,7 +65,7 @@ class Coordinator:
 
     def run(self) -> None:
         rt = self.rt
-        self.chan = Channel(rt.store, rt.prefix, _window(rt))
+        self.chan = Channel(rt.store, rt.prefix)
         rt._channels.append(self.chan)
         try:
             if self.succeeds is not None:
@@ -124,10 +124,7 @@ class Coordinator:
     def _loop(self) -> None:
         rt, leader = self.rt, self.leader
         while True:
-            try:
-                batch = [self.chan.pop(self.box)]
-            except TimeoutError:
-                batch = []
+            batch = [self.chan.pop(self.box)]  # (its rank's heartbeat thread ticks it every interval)
             batch += self.chan.drain(self.box)
             if self._deposed():
                 return
@@ -369,8 +366,3 @@ def _table(rt: "CollectiveRuntime", rec: StepRecord) -> tuple[int, ...]:
         return ()
     return tuple(rec.version - v if k >= 0 else rt.scheme.window for _, k, v in rec.plan())
 
-
-def _window(rt: "CollectiveRuntime"):
-    from datetime import timedelta
-
-    return timedelta(seconds=rt.heartbeat_window)

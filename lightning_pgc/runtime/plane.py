@@ -168,7 +168,7 @@ class CollectiveRuntime(CommLoop):
         self._beats_done = threading.Event()
         self._stopped = False
         self._threads: list[threading.Thread] = []
-        self._ctl = Channel(store, self.prefix, timedelta(seconds=self.heartbeat_window))
+        self._ctl = Channel(store, self.prefix)
         self._channels = [self._ctl]  # every thread's channel (their bytes are counted)
         self.data_bytes = 0  # bytes this rank's all-reduces sent (as many are received): a ring's 2 (m-1)/m payloads
         # comm thread state
@@ -370,7 +370,7 @@ class CollectiveRuntime(CommLoop):
         self._rejoining = None
         while True:
             try:
-                blob = self._ctl.pop_blob(f"state/{self.rank}")
+                blob = self._ctl.pop_blob(f"state/{self.rank}", self.heartbeat_interval)
             except TimeoutError:
                 self._check_leader(f"waiting for the training state of version {u}")
                 continue
@@ -495,11 +495,13 @@ class CollectiveRuntime(CommLoop):
 
     # --------------------------------------------------------------------------------------------- threads
     def _beat(self) -> None:
-        """Heartbeats to the leader with the training thread's version (the leader's own: a tick to its loop)."""
-        chan = Channel(self.store, self.prefix, timedelta(seconds=self.heartbeat_window))
+        """Heartbeats to the leader with the training thread's version (the leader's own: a tick to its loop), and a
+        tick to this rank's comm thread (its pops wait for messages only)."""
+        chan = Channel(self.store, self.prefix)
         self._channels.append(chan)
         while not self._beats_done.wait(self.heartbeat_interval):
             try:
+                chan.push(inbox(self.rank), (-1, ("tick",)))
                 chan.push(self._leader_box(), ("tick",) if self.is_leader else ("beat", self.rank, self.progress))
             except Exception as exc:  # the store is gone: the comm thread reports the lost leader
                 log.debug("PGC rank %d: heartbeat failed: %r", self.rank, exc)

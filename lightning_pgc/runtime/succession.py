@@ -62,13 +62,13 @@ class Succession:
             silent,
             winner,
         )
-        self._enter(term, winner)
+        self._enter(chan, term, winner)
 
     def learn(self, chan: Channel, term: int) -> None:
         """A message of ``term`` (newer than this rank's) arrived: follow the leader the store names for it."""
         winner = chan.read(term_key(term))
         if winner is not None:
-            self._enter(term, int(winner))
+            self._enter(chan, term, int(winner))
 
     def settle(self, chan: Channel) -> None:
         """Any thread of a leader that may have been replaced (its process stopped): follow every newer term."""
@@ -77,9 +77,9 @@ class Succession:
             winner = chan.read(term_key(term))
             if winner is None:
                 return
-            self._enter(term, int(winner))
+            self._enter(chan, term, int(winner))
 
-    def _enter(self, term: int, winner: int) -> None:
+    def _enter(self, chan: Channel, term: int, winner: int) -> None:
         rt = self.rt
         with self._lock:
             if term <= rt.term:
@@ -87,6 +87,7 @@ class Succession:
             old = rt.leader_rank
             if rt.is_leader:
                 rt.leader = None  # (its coordinator sees this and ends)
+                chan.push(leader_box(rt.term), ("halt",))
                 log.warning(
                     "PGC rank %d: rank %d took over as leader while this rank was frozen; this rank goes on as a "
                     "worker (it rejoins by state transfer)",
