@@ -68,7 +68,8 @@ def test_a_frozen_leader_is_replaced_and_rejoins_as_a_worker_when_it_resumes(tmp
     others go on. After SIGCONT rank 0 waits to learn whether it was replaced before any rank-zero write, steps
     down, gives up Lightning's rank-zero seat and rejoins by state transfer. All four finish with identical
     replicas; checkpoints, validation, the CSV run and the results come from rank 1 (one ``metrics.csv``, readable,
-    rows up to the last step)."""
+    rows up to the last step). Steps take 0.1 s, so the others are still training when rank 0 resumes (a rank that
+    resumes after the others finished, plus the liveness timeout, is left behind: the leader does not wait)."""
     job = run_job(
         tmp_path,
         "freeze0",
@@ -79,7 +80,7 @@ def test_a_frozen_leader_is_replaced_and_rejoins_as_a_worker_when_it_resumes(tmp
         check_val_every_n_epoch=None,
         limit_val_batches=2,
         checkpoint_every_n_steps=20,
-        compute_s_per_eval=0.02,
+        compute_s_per_eval=0.1,
         strategy_kwargs=FAST_LIVENESS,
         faults=[{"kind": "Freeze", "rank": 0, "step": 3, "seconds": 3.0}],
     )

@@ -223,6 +223,8 @@ class CommLoop:
             if not again:
                 self._coll_saved = {seq: self._coll_mine.pop(seq, None)}
                 self._coll_done[seq] = {r: v for r, v in got.items() if v is not None}
+                self._coll_history[seq] = self._coll_done[seq]
+                self._coll_history.pop(seq - _HISTORY, None)
             self._coll_cond.notify_all()
 
     def _read_final_stats(self, words: Optional[list[float]]) -> None:
@@ -233,6 +235,10 @@ class CommLoop:
         for r in range(self.world_size):
             row = dict(zip(STAT_NAMES, words[k * r : k * (r + 1)]))
             self.final_stats.append({"rank": r, **{n: v if n == "mean_lag_s" else int(v) for n, v in row.items()}})
+
+
+#: collective results a rank keeps for a rank that rejoins through it
+_HISTORY = 64
 
 
 def _expand(version: int, plan: Sequence) -> list[tuple[int, int, int]]:
@@ -254,7 +260,13 @@ class _Gather:
         self.seq += 1
         seq = self.seq
         with rt._coll_cond:
-            rt._coll_mine[seq] = (op, obj)
+            replayed = rt._coll_replay.pop(seq, None)
+            if replayed is None:
+                rt._coll_mine[seq] = (op, obj)
+            else:
+                rt._coll_history[seq] = replayed
+        if replayed is not None:  # run by the others in a step this rank skipped to rejoin: their result
+            return _checked(seq, replayed)
         rt._ctl.push(rt._leader_box(), ("coll", rt.rank, seq))
         with rt._coll_cond:
             while seq not in rt._coll_done:
@@ -270,11 +282,16 @@ class _Gather:
                     finally:
                         rt._coll_cond.acquire()
             got = rt._coll_done.pop(seq)
-        ops = {r: o for r, (o, _) in got.items()}
-        if len(set(ops.values())) > 1:
-            raise CollectiveError(
-                f"PGC collective {seq}: the ranks called different collectives: {ops}; every rank "
-                "must call the same collectives in the same order (e.g. `self.log(..., "
-                "sync_dist=True)` on every rank, not under `if self.global_rank == 0`)"
-            )
-        return {r: v for r, (_, v) in sorted(got.items())}
+        return _checked(seq, got)
+
+
+def _checked(seq: int, got: dict[int, tuple[str, object]]) -> dict[int, object]:
+    """The contributions of collective ``seq`` by rank, once every rank called the same operation."""
+    ops = {r: o for r, (o, _) in got.items()}
+    if len(set(ops.values())) > 1:
+        raise CollectiveError(
+            f"PGC collective {seq}: the ranks called different collectives: {ops}; every rank "
+            "must call the same collectives in the same order (e.g. `self.log(..., "
+            "sync_dist=True)` on every rank, not under `if self.global_rank == 0`)"
+        )
+    return {r: v for r, (_, v) in sorted(got.items())}

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import pickle
 import struct
 import threading
 import time
@@ -184,6 +185,9 @@ class CollectiveRuntime(CommLoop):
         self._coll_mine: dict[int, tuple[str, object]] = {}
         self._coll_done: dict[int, dict[int, tuple[str, object]]] = {}
         self._coll_saved: dict[int, Optional[tuple[str, object]]] = {}  # the last collective's own contribution
+        self._coll_history: dict[int, dict[int, tuple[str, object]]] = {}  # the last results (a rejoiner replays them)
+        self._coll_replay: dict[int, dict[int, tuple[str, object]]] = {}  # a donor's results, for collectives this
+        # rank calls in the steps it skips before the version it rejoins at
         self.collectives = LiveCollectives(_Gather(self))
         self._coordinator = None
         if rank == 0:
@@ -374,12 +378,15 @@ class CollectiveRuntime(CommLoop):
             except TimeoutError:
                 self._check_leader(f"waiting for the training state of version {u}")
                 continue
-            (sent_for,) = struct.unpack("<q", blob[:8])
+            sent_for, history_bytes = struct.unpack("<qq", blob[:16])
             if sent_for == u:
                 break
+        start = 16 + history_bytes
+        with self._coll_cond:
+            self._coll_replay = pickle.loads(blob[16:start])
         state = (
-            torch.frombuffer(bytearray(blob[8:]), dtype=torch.uint8)
-            if len(blob) > 8
+            torch.frombuffer(bytearray(blob[start:]), dtype=torch.uint8)
+            if len(blob) > start
             else torch.zeros(0, dtype=torch.uint8)
         )
         log.warning(
@@ -420,8 +427,12 @@ class CollectiveRuntime(CommLoop):
                 self._donated.setdefault(version, set()).add(rank)
 
     def send_state(self, rank: int, version: int, state: Tensor) -> None:
-        """Send ``state`` (uint8) to ``rank``, which rejoins at ``version`` (through the store)."""
-        self._ctl.put_blob(f"state/{rank}", struct.pack("<q", version) + state.cpu().numpy().tobytes())
+        """Send ``state`` (uint8) to ``rank``, which rejoins at ``version`` (through the store), with the results of
+        the last collectives this rank ran (the steps ``rank`` skips call them too)."""
+        with self._coll_cond:
+            history = pickle.dumps(dict(self._coll_history), protocol=pickle.HIGHEST_PROTOCOL)
+        header = struct.pack("<qq", version, len(history))
+        self._ctl.put_blob(f"state/{rank}", header + history + state.cpu().numpy().tobytes())
 
     def _check_leader(self, doing: str) -> None:
         if self.failure() is not None:
