@@ -218,7 +218,7 @@ class PGCStrategy(DDPStrategy):
         heartbeat_misses: int = 15,
         nonfinite: Literal["skip", "raise"] = "skip",
         shard_bytes: int = 256 * 1024,
-        data_plane: Literal["sharded", "collective"] = "sharded",
+        data_plane: Literal["sharded", "collective"] = "collective",
         seed: int = 0,
         diagnostics: bool = True,
         diagnostics_every: int = 25,

@@ -90,6 +90,10 @@ class Channel:
         self.bytes_sent = 0
         self.bytes_received = 0
 
+    def close(self) -> None:
+        """Drop this channel's connection (the runtime stopped: nothing pushes or pops on it any more)."""
+        self.store = None  # type: ignore[assignment]
+
     def _key(self, box: str) -> str:
         return f"{self.prefix}/{box}"
 

@@ -278,6 +278,10 @@ class CollectiveRuntime(CommLoop):
         if self.group is not None:
             self.group.close()
             self.group = None
+        if not alive:  # every connection to the store goes with this runtime (as ddp's do with its groups)
+            for chan in self._channels:
+                chan.close()
+            self.store = None  # type: ignore[assignment]
 
     # ------------------------------------------------------------------------------------------- worker API
     def published(self, version: int) -> bool:
