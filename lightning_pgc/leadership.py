@@ -1,7 +1,7 @@
 """Leadership: which rank does Lightning's rank-zero work when the PGC leader (rank 0) dies and another takes over.
 
-The runtime's leader failover (:class:`~lightning_pgc.runtime.worker.PGCRuntime`, ``failover=True``) moves the
-control plane and shard 0 to the lowest live rank. Lightning ties more to rank 0: it writes checkpoints
+The runtime's leader failover (:mod:`~lightning_pgc.runtime.succession`, ``failover=True``) moves the control plane
+to a live member of the data group (the lowest, normally). Lightning ties more to rank 0: it writes checkpoints
 (``is_global_zero``), its loggers are the only ones that write (``rank_zero_only``), Lightning broadcasts from it
 (``src=0``), and the fork/spawn launcher takes the fit's results from it. :class:`Leadership` moves all of that
 to the successor, so that the job goes on writing the same checkpoints and the same runs.
@@ -69,7 +69,7 @@ class Leadership:
     def follow(self) -> None:
         """Move the rank-zero seat to where the runtime's leader is now, taking it if that is this rank. A leader
         whose process stopped for a heartbeat window first waits to learn whether it was replaced
-        (:meth:`~lightning_pgc.runtime.worker.PGCRuntime.settle_seat`)."""
+        (:meth:`~lightning_pgc.runtime.plane.CollectiveRuntime.settle_seat`)."""
         st = self.strategy
         runtime = st.runtime
         if runtime is not None and runtime.seat_in_doubt():

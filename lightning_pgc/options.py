@@ -29,7 +29,6 @@ def check_options(
     heartbeat_interval: float,
     heartbeat_misses: int,
     nonfinite: str,
-    shard_bytes: int,
     seed: int,
     diagnostics: bool,
     diagnostics_every: int,
@@ -50,7 +49,6 @@ def check_options(
     _check_type("warmup", warmup, str)
     _check_type("timeout", timeout, Real)
     _check_type("max_lag", max_lag, (Integral, type(None)))
-    _check_type("shard_bytes", shard_bytes, Integral)
     _check_type("seed", seed, Integral)
     _check_type("diagnostics", diagnostics, bool)
     _check_type("diagnostics_every", diagnostics_every, Integral)
@@ -105,8 +103,6 @@ def check_options(
         raise ValueError(f"nonfinite must be 'skip' or 'raise', got {nonfinite!r}")
     if max_lag is not None and max_lag < 1:
         raise ValueError(f"max_lag must be >= 1 or None, got {max_lag}")
-    if shard_bytes < 1:
-        raise ValueError(f"shard_bytes must be >= 1, got {shard_bytes}")
     if diagnostics_every < 1:
         raise ValueError(f"diagnostics_every must be >= 1, got {diagnostics_every}")
     _check_correction(scheme, staleness_correction, lookahead_steps, dc_lambda)

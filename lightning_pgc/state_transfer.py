@@ -1,6 +1,6 @@
 """StateTransfer: how a rank that fell more than ``max_lag`` versions behind rejoins, from a donor's training state.
 
-The runtime moves the bytes (:meth:`~lightning_pgc.runtime.PGCRuntime.rejoin`, ``send_state``); this helper turns
+The runtime moves the bytes (:meth:`~lightning_pgc.runtime.CollectiveRuntime.rejoin`, ``send_state``); this helper turns
 the module and optimizer state into those bytes and back, and runs the idle steps before the rejoin version.
 """
 
@@ -55,7 +55,7 @@ class StateTransfer:
         return True
 
     def catch_up(self, version: int) -> bool:
-        """With a state received by :meth:`PGCRuntime.rejoin` pending: True while ``version`` is before the one it
+        """With a state received by :meth:`CollectiveRuntime.rejoin` pending: True while ``version`` is before the one it
         belongs to (an idle step); at that version load it, empty the cache and return False (compute as usual)."""
         assert self.pending is not None and self.strategy.cache is not None
         if version < self.pending[0]:

@@ -9,8 +9,9 @@ Per optimizer step ``t`` (= the model version, Invariant 1) every rank:
 1. skips forward/backward if the aggregate of ``t`` is already published (it fell behind: Invariant 3);
 2. otherwise runs the training step on the partitions ``scheme.evaluations(rank, t)`` (one mini-batch chunk
    per partition), copies each partition gradient into its preallocated cache slot, encodes the valid entries
-   straight into a ready-to-send message and hands it to the runtime, which sends shard ``j`` to its owner;
-3. points ``param.grad`` at the published aggregate and lets its own optimizer step, so every replica
+   straight into a code on the model's device and announces it to the runtime's leader;
+3. points ``param.grad`` at the aggregate (one all-reduce of every rank's share of the decode, run by the
+   runtime's comm thread) and lets its own optimizer step, so every replica
    applies the identical sequence of aggregates (Invariant 2).
 
 A rank that fell more than ``max_lag`` versions behind gets no aggregates (bounded memory); when it is back it
@@ -69,12 +70,10 @@ from lightning_pgc.data import PartitionBatchSampler, select_partition, split_ba
 from lightning_pgc.leadership import Leadership
 from lightning_pgc.live import ALONE, LiveRouting
 from lightning_pgc.options import STRATEGY_SCHEMES, check_options  # noqa: F401 (re-exported)
-from lightning_pgc.runtime import GlooTransport, PGCDetached, PGCRuntime, ShardLayout, choose_num_shards
 from lightning_pgc.runtime.bounded import BoundedLeader
 from lightning_pgc.runtime.control import host_store, open_store, run_prefix
-from lightning_pgc.runtime.plane import CollectiveRuntime
-from lightning_pgc.runtime.plane import PGCDetached as PlaneDetached
-from lightning_pgc.runtime.transport import payload_dtype_for
+from lightning_pgc.runtime.aggregates import payload_dtype_for
+from lightning_pgc.runtime.plane import CollectiveRuntime, PGCDetached
 from lightning_pgc.staleness import StalenessCorrection
 from lightning_pgc.state_transfer import StateTransfer
 
@@ -122,7 +121,7 @@ class PGCStrategy(DDPStrategy):
         staleness: ``bounded`` only (default 2): the window ``c``; a version uses per partition the newest
             gradient with age ``< c``. Raise it if coverage waits dominate ``pgc/bounded/coverage_wait_s``; lower it
             if ``pgc/bounded/stale_fresh_cos`` drops or the loss rises against ``dgd``. Every rank keeps its last ``c``
-            gradients (``c`` payloads of memory) to send them again to a new shard owner or leader.
+            gradients (``c`` payloads of memory) to announce them again to a new leader.
         fresh: ``bounded`` only: codes of the open version the leader waits for before closing it (default
             ``n - r + 1``). Lower it to step on the fastest ranks' gradients (more staleness), raise it for fresher ones.
         widen_after: ``bounded`` only: seconds of coverage wait after which the leader widens ``c`` by one (logged,
@@ -149,24 +148,14 @@ class PGCStrategy(DDPStrategy):
             (``buffer_stats['mailbox_high_water']``); raise it if ``rank_stats()[k]['rejoined']`` counts state
             transfers after short hiccups (each one costs a copy of the model and optimizer state).
         heartbeat_interval: seconds between heartbeats (every rank to the leader and back).
-        heartbeat_misses: heartbeats a rank may miss before it counts as dead (a shard owner that misses them
-            has its shards moved and rejoins by state transfer). Raise it if healthy ranks are reported missing,
-            or ``PGC: rank k owns shards ... (frozen)`` or ``the leader (rank 0) is frozen`` appears under heavy
-            load (e.g. long GIL-holding callbacks, or checkpoints of a large model written in one go).
+        heartbeat_misses: heartbeats a rank may miss before it counts as dead or frozen (it leaves the data group
+            and rejoins by state transfer). Raise it if healthy ranks are reported missing, or ``PGC: rank k is
+            missing`` or ``the leader (rank 0) is silent`` appears under heavy load (e.g. long GIL-holding callbacks, or checkpoints of a large model written in one go).
         nonfinite: what to do with a gradient that contains NaN or inf: ``"skip"`` drops it (the rank is a
             straggler for that step, its cache entry is evicted, ``pgc/rejected/rank{k}`` counts it; once more
             ranks than the scheme tolerates drop theirs at one step, every rank fails with ``DivergedError``:
             lower the learning rate); ``"raise"`` stops training with an error on that rank. Non-zero
             ``pgc/rejected/rank{k}`` means lower the learning rate or clip gradients.
-        data_plane: how aggregates are formed. ``"collective"``: every rank contributes its share of the decode to one
-            all-reduce per step on a dedicated data group (gloo on CPU, NCCL on CUDA; buffers stay on the model's
-            device; a dead or frozen rank is survived by rebuilding the group without it; no leader failover yet:
-            rank 0's death ends the job). ``"sharded"`` (default): the point-to-point plane where each rank decodes
-            one shard (leader failover, ``shard_bytes``). See docs/design.md.
-        shard_bytes: target bytes per shard of the data plane (``data_plane="sharded"``). Payloads up to this size go through one owner
-            (rank 0: fewest messages, best for small models); larger ones are split over up to ``n`` owners, so
-            each rank moves about a ring all-reduce's bytes. Lower it if rank 0's ``bytes_sent`` dominates;
-            raise it if a small model's pgc step is slower than ddp's.
         seed: seed of the partition split and of each partition's mini-batch stream.
         diagnostics: attach :class:`~lightning_pgc.PGCDiagnostics` unless one is already there.
         diagnostics_every: steps between the probe-batch diagnostics (displacement, ``L_hat``).
@@ -189,7 +178,7 @@ class PGCStrategy(DDPStrategy):
         process_group_timeout: timeout of Lightning's default process group (as ``DDPStrategy(timeout=...)``).
         start_method: how Lightning launches the ranks, as for ``ddp``; with any of them a dead rank does not make
             the launcher kill the others (up to ``s`` dead workers are survived, see docs/guide.md).
-        failover: when rank 0 (the leader) dies, the lowest live rank takes over: the control plane, shard 0,
+        failover: when rank 0 (the leader) dies, a live rank (the lowest, normally) takes over: the control plane,
             checkpoints, the loggers' runs and (``fork``/``spawn``) the fit's results; the job goes on as with any
             other dead rank (the log says ``... takes over``). A frozen leader (no heartbeat for a window) is
             replaced the same way; when it resumes it steps down and rejoins by state transfer, and writes nothing
@@ -217,8 +206,6 @@ class PGCStrategy(DDPStrategy):
         heartbeat_interval: float = 0.2,
         heartbeat_misses: int = 15,
         nonfinite: Literal["skip", "raise"] = "skip",
-        shard_bytes: int = 256 * 1024,
-        data_plane: Literal["sharded", "collective"] = "collective",
         seed: int = 0,
         diagnostics: bool = True,
         diagnostics_every: int = 25,
@@ -251,7 +238,6 @@ class PGCStrategy(DDPStrategy):
             heartbeat_interval=heartbeat_interval,
             heartbeat_misses=heartbeat_misses,
             nonfinite=nonfinite,
-            shard_bytes=shard_bytes,
             seed=seed,
             diagnostics=diagnostics,
             diagnostics_every=diagnostics_every,
@@ -261,8 +247,6 @@ class PGCStrategy(DDPStrategy):
             lookahead_steps=lookahead_steps,
             dc_lambda=dc_lambda,
         )
-        if data_plane not in ("sharded", "collective"):
-            raise ValueError(f"data_plane must be 'sharded' or 'collective', got {data_plane!r}")
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -287,8 +271,6 @@ class PGCStrategy(DDPStrategy):
         self.heartbeat_interval = float(heartbeat_interval)
         self.heartbeat_misses = int(heartbeat_misses)
         self.nonfinite = nonfinite
-        self.shard_bytes = int(shard_bytes)
-        self.data_plane = data_plane
         self.seed = seed
         self.diagnostics = diagnostics
         self.diagnostics_every = diagnostics_every
@@ -299,7 +281,7 @@ class PGCStrategy(DDPStrategy):
         self.dc_lambda = 0.04 if dc_lambda is None else float(dc_lambda)
         self._staleness = StalenessCorrection("none", 0.0)  # rebuilt for each fit (_start_runtime)
         self.scheme: Optional[Scheme] = None
-        self.runtime: Optional[Union[PGCRuntime, CollectiveRuntime]] = None
+        self.runtime: Optional[CollectiveRuntime] = None
         self.cache: Optional[StaleCache] = None
         self.last_step: Optional[StepInfo] = None
         self.skipped_steps = 0
@@ -309,7 +291,7 @@ class PGCStrategy(DDPStrategy):
         self._buffers: list[Tensor] = []
         self._grad_numel = 0
         self._payload_dtype = torch.float32
-        self._layout: Optional[ShardLayout] = None
+        self._numel = 0
         self._slots: dict[int, Tensor] = {}  # partition -> preallocated flat gradient (the stale cache's storage)
         self._held: Optional[Tensor] = None  # the aggregate param.grad currently views
         self._warm_start: Optional[int] = None
@@ -355,7 +337,7 @@ class PGCStrategy(DDPStrategy):
         # Lightning's launchers kill every rank when one dies; PGC survives up to s dead ranks.
         failover = self.failover is not False
         launches = self._start_method != "popen" or not self.cluster_environment.creates_processes_externally
-        if self.data_plane == "collective" and launches:
+        if launches:
             host_store()  # this process starts the ranks: the control plane's store lives here, not in a rank
         # Lightning hands each call's model and loaders to the launcher: ``_preflight`` checks them there, before
         # any rank starts.
@@ -496,47 +478,39 @@ class PGCStrategy(DDPStrategy):
                 f"PGC: training starts with the pipeline warmed up at step {warm_start}, data was laid "
                 f"out for step {self._warm_start}"
             )
-        wire_bytes = numel * torch.empty((), dtype=scheme.payload_dtype).element_size()
-        self._layout = ShardLayout(
-            numel, self._grad_numel + 1, choose_num_shards(wire_bytes, self.world_size, self.shard_bytes)
-        )
-        message_bytes = self._layout.padded_numel * torch.empty((), dtype=dtype).element_size()
+        self._numel = numel
+        message_bytes = numel * torch.empty((), dtype=dtype).element_size()
         make_leader = None
         window = scheme.c
         if isinstance(scheme, BoundedScheme):
             window = self.max_staleness or 2 * scheme.window
             make_leader = partial(BoundedLeader, widen_after=self.widen_after, max_window=window)
         max_lag = self.max_lag or int(min(1024, max(max(scheme.c, window) + 1, (512 << 20) // message_bytes)))
-        if self.data_plane == "collective":  # before the slots are made: codes are one flat buffer on the device
-            self._layout = ShardLayout(numel, self._grad_numel + 1, 1)
         self._slots = {}
         self._held = None
         if resumed is not None:
             self._checkpoints.fill(resumed)
-        if self.data_plane == "collective":
-            store = open_store(self._timeout or default_pg_timeout)
-            self.runtime = CollectiveRuntime(
-                scheme,
-                store,
-                rank=self.global_rank,
-                world_size=self.world_size,
-                numel=self._layout.padded_numel,
-                coded_numel=self._grad_numel + 1,
-                agg_numel=numel,
-                down_dtype=dtype,
-                start_version=trainer.global_step,
-                timeout=self.liveness_timeout,
-                max_lag=max_lag,
-                make_leader=make_leader,
-                heartbeat_interval=self.heartbeat_interval,
-                heartbeat_misses=self.heartbeat_misses,
-                device=self.root_device,
-                prefix=run_prefix(self.global_rank),
-                keep_versions=window if isinstance(scheme, BoundedScheme) else None,
-                failover=self._leadership.enabled(),
-            )
-        else:
-            self.runtime = self._sharded_runtime(trainer, scheme, dtype, max_lag, make_leader)
+        store = open_store(self._timeout or default_pg_timeout)
+        self.runtime = CollectiveRuntime(
+            scheme,
+            store,
+            rank=self.global_rank,
+            world_size=self.world_size,
+            numel=numel,
+            coded_numel=self._grad_numel + 1,
+            agg_numel=numel,
+            down_dtype=dtype,
+            start_version=trainer.global_step,
+            timeout=self.liveness_timeout,
+            max_lag=max_lag,
+            make_leader=make_leader,
+            heartbeat_interval=self.heartbeat_interval,
+            heartbeat_misses=self.heartbeat_misses,
+            device=self.root_device,
+            prefix=run_prefix(self.global_rank),
+            keep_versions=window if isinstance(scheme, BoundedScheme) else None,
+            failover=self._leadership.enabled(),
+        )
         self.runtime.start()
         self._live.route_metric_syncs()
         self._leadership.pin_loggers(trainer)
@@ -551,32 +525,6 @@ class PGCStrategy(DDPStrategy):
             lookahead=self.lookahead_steps,
             dc_lambda=self.dc_lambda,
         )
-
-    def _sharded_runtime(
-        self, trainer: "pl.Trainer", scheme: Scheme, dtype: torch.dtype, max_lag: int, make_leader: Any
-    ) -> PGCRuntime:
-        assert self._layout is not None
-        return PGCRuntime(
-            scheme,
-            GlooTransport(),
-            rank=self.global_rank,
-            world_size=self.world_size,
-            layout=self._layout,
-            down_dtype=dtype,
-            start_version=trainer.global_step,
-            timeout=self.liveness_timeout,
-            max_lag=max_lag,
-            pin_memory=self._pinned(),
-            make_leader=make_leader,
-            heartbeat_interval=self.heartbeat_interval,
-            heartbeat_misses=self.heartbeat_misses,
-            failover=self._leadership.enabled(),
-            frozen_failover=self._leadership.enabled(),
-        )
-
-    def _pinned(self) -> bool:
-        """Stage CUDA gradients through pinned host buffers (asynchronous copies; gloo moves host memory)."""
-        return self.root_device.type == "cuda"
 
     @override
     def on_train_end(self) -> None:
@@ -774,7 +722,7 @@ class PGCStrategy(DDPStrategy):
             try:
                 start = self._compute_and_submit(version, closure)
                 aggregate = runtime.wait(version, donate=transfer.state_bytes)
-            except (PGCDetached, PlaneDetached):  # fell too far behind while computing: catch up by state transfer
+            except PGCDetached:  # fell too far behind while computing: catch up by state transfer
                 if transfer.ahead(version, runtime.frontier()):
                     return transfer.idle_step(version, closure)
                 transfer.pending = runtime.rejoin(version)
@@ -850,9 +798,9 @@ class PGCStrategy(DDPStrategy):
             return time.monotonic()
         valid = self._staleness.compensate(valid, cache.versions(), version, self._grad_numel)
         code = runtime.new_code(version)
-        scheme.encode(self.global_rank, valid, out=code.shards)
+        scheme.encode(self.global_rank, valid, out=code.rows)
         if self._buffers:
-            code.write(self._grad_numel + 1, self._flat_buffers(code.shards.dtype))
+            code.write(self._grad_numel + 1, self._flat_buffers(code.rows.dtype))
         sent = time.monotonic()
         partition = self._evaluations[0] if isinstance(scheme, BoundedScheme) else -1
         runtime.submit(version, code, tuple(cache.ages(version).values()), partition=partition)
@@ -862,11 +810,8 @@ class PGCStrategy(DDPStrategy):
         """The preallocated flat gradient of ``partition`` (one per held partition: the stale cache's storage)."""
         slot = self._slots.get(partition)
         if slot is None:
-            assert self._layout is not None
-            if self.data_plane == "collective":  # on the model's device: the all-reduce reads it there
-                slot = torch.zeros(self._layout.padded_numel, dtype=self._payload_dtype, device=self.root_device)
-            else:
-                slot = torch.zeros(self._layout.padded_numel, dtype=self._payload_dtype, pin_memory=self._pinned())
+            # on the model's device: the encode and the all-reduce read it there
+            slot = torch.zeros(self._numel, dtype=self._payload_dtype, device=self.root_device)
             self._slots[partition] = slot
         return slot
 
@@ -888,8 +833,7 @@ class PGCStrategy(DDPStrategy):
         self._fresh.add(partition)
 
     def _flat_buffers(self, dtype: torch.dtype) -> Tensor:
-        device = self.root_device if self.data_plane == "collective" else "cpu"
-        return torch.cat([b.detach().reshape(-1).to(device, dtype) for b in self._buffers])
+        return torch.cat([b.detach().reshape(-1).to(self.root_device, dtype) for b in self._buffers])
 
     def _load_buffers(self, flat: Tensor) -> None:
         offset = 0

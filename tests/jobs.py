@@ -8,14 +8,11 @@ Ranks are forked from the launching process (``start_method="fork"``) unless a t
 then skips importing Lightning (about 10 s of CPU per rank on this machine). The CLI and packaging tests keep
 the ``popen`` path users run.
 
-``PGC_TEST_DATA_PLANE=collective`` runs every PGC job of a test file on the collective data plane (the default is
-the strategy's own), so that one contract covers both planes.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +28,6 @@ def run_job(tmp_path: Path, name: str, timeout: float = 240, **spec: Any) -> dic
     if "sync_loss" in spec:
         model["sync_train_loss"] = spec["sync_loss"]
     spec = {"out": str(Path(tmp_path) / name), "model": model, "start_method": "fork", **spec}
-    plane = os.environ.get("PGC_TEST_DATA_PLANE")
-    if plane and spec.get("strategy", "pgc") not in ("ddp", "auto"):
-        spec["strategy_kwargs"] = {"data_plane": plane, **spec.get("strategy_kwargs", {})}
     job = launch(spec, timeout=timeout).legacy()
     job["stderr"] = whole_log(job["out"])
     return job
@@ -77,9 +71,9 @@ MAX_LAG = 3
 SOAK_RSS_GROWTH = 16 << 20
 
 
-def soak(tmp_path, shard_bytes=None):
-    """The soak job and its checks (``shard_bytes``: ``PGCStrategy(shard_bytes=...)``, default if None)."""
-    kwargs = {"max_lag": MAX_LAG, **({"shard_bytes": shard_bytes} if shard_bytes else {})}
+def soak(tmp_path):
+    """The soak job and its checks."""
+    kwargs = {"max_lag": MAX_LAG}
     job = run_job(
         tmp_path,
         "soak",

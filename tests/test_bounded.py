@@ -4,8 +4,6 @@ in-process transports (coverage rule, newest-entry replacement, waits, widening,
 from __future__ import annotations
 
 import itertools
-import threading
-import time
 from functools import partial
 from typing import Optional
 
@@ -21,13 +19,11 @@ from lightning_pgc.codes import (
     choose_partition,
     error_decomposition,
 )
-from lightning_pgc.runtime import Channel
-from lightning_pgc.runtime.bounded import BoundedRecord
-from lightning_pgc.runtime.messages import control, decide_words, read_control, read_decide, Kind
-from tests.bounded_scenarios import make_runtimes, payload, submit
 
 
 # ------------------------------------------------------------------------------------------------- pure math
+
+
 def test_round_robin_evaluates_every_partition_once_per_step_and_only_held_ones():
     for n in range(2, 7):
         for r in range(1, n + 1):
@@ -278,197 +274,6 @@ def test_error_decomposition_is_exact_and_the_card_drops_a_cross_term():
     assert fresh["staleness"] == 0 and fresh["staleness_mean"] == 0 and fresh["cos_min"] == pytest.approx(1.0)
 
 
-def test_decide_words_roundtrip():
-    plain = [(k, k, 7) for k in (2, 0, 3)]
-    a, b, words = decide_words(7, plain)
-    assert (a, b) == (3, 0)
-    msg = control(4, Kind.DECIDE, 7, a, b, data=words)
-    kind, version, a2, b2, data = read_control(msg)
-    assert read_decide(version, a2, b2, data) == plain
-    bounded = [(0, 1, 6), (1, 1, 7), (2, 3, 5), (3, 2, 7)]
-    a, b, words = decide_words(7, bounded)
-    assert b == 1 and read_decide(7, *read_control(control(4, Kind.DECIDE, 7, a, b, data=words))[2:]) == bounded
-
-
-def stop_all(rts):
-    threads = [threading.Thread(target=rt.stop) for rt in rts]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
-
-
-def reference(scheme, rec: BoundedRecord) -> torch.Tensor:
-    return sum(scheme.partition_weights[i] * payload(e.rank, e.version).double() for i, e in enumerate(rec.entries))
-
-
-def test_steps_advance_without_a_persistently_slow_rank_with_identical_replicas():
-    """r = 2, c = 2: rank 3 reports only at version 0; ranks 0-2 close 8 versions without it. Every aggregate is
-    the float64 weighted sum of the leader's entries, identical on every rank (rank 3 applies them as it catches up),
-    and every entry is younger than c; rank 3's partitions are covered by their other holder."""
-    scheme = BoundedScheme(4, 2, 2)
-    rts = make_runtimes(scheme)
-    try:
-        submit(rts[3], 0)
-        got: dict[int, list[torch.Tensor]] = {}
-        for v in range(8):
-            for r in (0, 1, 2):
-                submit(rts[r], v)
-            got[v] = [rts[r].wait(v).clone() for r in (0, 1, 2)]
-        leader = rts[0].leader
-        for v in range(8):
-            rec = rts[0].record(v)
-            assert isinstance(rec, BoundedRecord) and max(rec.delays()) < 2 and rec.window == 2
-            assert v == 0 or 3 not in rec.admitted
-            torch.testing.assert_close(got[v][0].double(), reference(scheme, rec), rtol=1e-6, atol=1e-5)
-            for a in got[v]:
-                assert torch.equal(a, got[v][0])
-            assert torch.equal(rts[3].wait(v), got[v][0])  # the slow rank catches up by applying them
-        assert leader.widened == 0  # version 0 may wait for rank 2's first code; later versions never wait:
-        assert all(rts[0].record(v).coverage_wait_s == 0.0 for v in range(1, 8))
-        # Own code messages are reused (8 versions, fewer messages): owners (ranks 0, 1) keep theirs only while an
-        # entry may use them (c = 2 versions, plus one being written and one whose aggregation is under way).
-        counts = [rt.buffer_stats()["code_messages"] for rt in rts[:3]]
-        assert max(counts[:2]) <= 4 and counts[2] <= 2, counts
-        assert max(max(rts[0].record(v).delays()) for v in range(1, 8)) == 1  # stale entries were used
-    finally:
-        stop_all(rts)
-
-
-def test_oldest_choice_on_the_runtime_follows_the_table_ages_each_aggregate_carries():
-    """r = 2, c = 2, choice="oldest", rank 3 reports only at version 0. Ranks 0-2 pick their partition from the
-    table ages that the aggregate of v - 1 carried (and their own codes) and name it in their code. Every rank
-    reads the ages of the leader's record, each entry is the code of a rank that named that partition, the fast
-    ranks never compute the same partition twice in a version, the slow rank's partitions are covered by their
-    other holders with age < c, and replicas are identical. Rank 3, catching up by applying the published
-    aggregates, reads the last table too and picks its held partition with the older entry."""
-    scheme = BoundedScheme(4, 2, 2, choice="oldest")
-    rts = make_runtimes(scheme)
-    own: list[dict[int, int]] = [{} for _ in range(4)]
-    chosen: dict[int, dict[int, int]] = {}  # version -> rank -> partition
-    applied: dict[int, torch.Tensor] = {}
-
-    def send(rank, version, ages):
-        p = scheme.choose(rank, version, ages, own[rank])[0]
-        msg = rts[rank].new_code(version)
-        msg.write(0, payload(rank, version))
-        rts[rank].submit(version, msg, (0,), partition=p)
-        own[rank][p] = version
-        chosen.setdefault(version, {})[rank] = p
-
-    try:
-        send(3, 0, None)
-        ages = {r: None for r in (0, 1, 2)}
-        for v in range(8):
-            for r in (0, 1, 2):
-                send(r, v, ages[r])
-            assert len({chosen[v][r] for r in (0, 1, 2)}) == 3
-            got = [rts[r].wait(v).clone() for r in (0, 1, 2)]
-            applied[v] = got[0]
-            rec = rts[0].record(v)
-            for r in (0, 1, 2):
-                ages[r] = rts[r].table(v)
-                assert ages[r] == tuple(rec.delays())
-                assert torch.equal(got[r], got[0])
-            torch.testing.assert_close(got[0].double(), reference(scheme, rec), rtol=1e-6, atol=1e-5)
-            assert max(rec.delays()) < 2
-            for i, e in enumerate(rec.entries):
-                assert chosen[e.version][e.rank] == i
-        assert rts[0].leader.duplicates == 0
-        for p in scheme.partitions(3):  # the slow rank's partitions, by their other holder
-            assert sum(p in chosen[v].values() for v in range(1, 8)) >= 3
-        for v in range(8):  # rank 3 catches up by applying the same aggregates
-            assert torch.equal(rts[3].wait(v), applied[v])
-            last = rts[3].table(v)
-        assert last == tuple(rts[0].record(7).delays())
-        (p,) = scheme.choose(3, 8, last, own[3])
-        assert last[p] == max(last[i] for i in scheme.partitions(3))
-    finally:
-        stop_all(rts)
-
-
-def test_late_code_fills_the_table_and_a_coverage_failure_waits_for_it():
-    """r = 1 (no replica), fresh = 3, c = 2: partition 3 is rank 3's alone. Version 1 closes on rank 3's version-0
-    entry; version 2 waits (counted) until rank 3's late code of version 1 arrives, and then uses it."""
-    scheme = BoundedScheme(4, 1, 2, fresh=3)
-    rts = make_runtimes(scheme, shards=1)
-    try:
-        for r in range(4):
-            submit(rts[r], 0)
-        for rt in rts:
-            rt.wait(0)
-        for r in (0, 1, 2):
-            submit(rts[r], 1)
-        assert rts[0].wait(1) is not None
-        assert rts[0].record(1).entries[3] == Entry(3, 0) and rts[0].record(1).coverage_wait_s == 0.0
-        waits = rts[0].leader.coverage_waits  # version 0 may have waited for rank 3's first code
-        for r in (0, 1, 2):
-            submit(rts[r], 2)
-        time.sleep(0.3)
-        assert not rts[0].published(2) and rts[0].leader.coverage_waits == waits + 1
-        submit(rts[3], 1)  # late for its version, still young enough for version 2
-        rts[0].wait(2)
-        rec = rts[0].record(2)
-        assert rec.entries[3] == Entry(3, 1) and rec.coverage_wait_s >= 0.25 and rec.delays() == [0, 0, 0, 1]
-        assert 3 in rts[0].record(1).late
-    finally:
-        stop_all(rts)
-
-
-def test_widening_closes_versions_up_to_max_window_and_no_further():
-    """r = 1, c = 1, widen_after = 0.05 s, max_window = 3: rank 3 reports only at version 0, so version 1 closes
-    once c widened to 2, version 2 once c = 3; version 3 would need c = 4 and stays open."""
-    scheme = BoundedScheme(4, 1, 1, fresh=3)
-    rts = make_runtimes(scheme, shards=1, widen_after=0.05, max_window=3)
-    try:
-        for r in range(4):
-            submit(rts[r], 0)
-        rts[0].wait(0)
-        waits = rts[0].leader.coverage_waits
-        for v in (1, 2):
-            for r in (0, 1, 2):
-                submit(rts[r], v)
-            rts[0].wait(v)
-            assert rts[0].record(v).window == v + 1 and rts[0].record(v).entries[3] == Entry(3, 0)
-        for r in (0, 1, 2):
-            submit(rts[r], 3)
-        time.sleep(0.4)
-        leader = rts[0].leader
-        assert not rts[0].published(3) and leader.widened == 2 and leader.window == 3
-        assert leader.coverage_waits == waits + 3
-        assert scheme.window == 1  # widening is the leader's own; the replicated window is unchanged
-    finally:
-        stop_all(rts)
-
-
-def test_a_version_that_cannot_be_covered_fails_naming_partitions_and_holders():
-    """r = 1: partition 3 is rank 3's alone. A live rank 3 that is slow is waited for; a dead one (its process
-    never came up) fails the version within the heartbeat window plus ``timeout``, naming the partition."""
-    scheme = BoundedScheme(4, 1, 1, fresh=3)
-    rts = make_runtimes(scheme, shards=1, timeout=0.3, heartbeat=(0.05, 4))
-    try:
-        for r in (0, 1, 2):
-            submit(rts[r], 0)
-        time.sleep(1.0)  # twice window + timeout: rank 3 is slow, not dead
-        assert not rts[0].published(0) and rts[0].error is None
-        submit(rts[3], 0)
-        rts[0].wait(0)
-    finally:
-        stop_all(rts)
-    rts = make_runtimes(scheme, shards=1, timeout=0.3, heartbeat=(0.05, 4), ranks=[0, 1, 2])
-    try:
-        for r in (0, 1, 2):
-            submit(rts[r], 0)
-        with pytest.raises(RuntimeError, match=r"without a live holder: \{3: \[3\]\}"):
-            rts[0].wait(0)
-    finally:
-        for rt in rts:
-            for ch in Channel:
-                rt.hub.queues[(ch, 3, rt.rank)].put(RuntimeError("peer gone"))
-        stop_all(rts)
-
-
-# -------------------------------------------------------------------------------------------- Lightning glue
 def _trainer(strategy, devices=4):
     import lightning.pytorch as pl
 
@@ -518,7 +323,7 @@ def test_real_ranks_persistent_slow_rank_bounded_ages_identical_replicas_and_win
         tmp_path,
         "bounded",
         strategy="bounded_staleness",
-        strategy_kwargs={"staleness": 3, "shard_bytes": 4096, "choice": choice},
+        strategy_kwargs={"staleness": 3, "choice": choice},
         devices=4,
         max_steps=steps,
         delay="slowranks(ranks=[3], seconds=1.0)",

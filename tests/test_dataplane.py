@@ -394,14 +394,6 @@ def test_nccl_group_gives_identical_bits_on_the_device():
         _stop_all(rts)
 
 
-def test_the_data_plane_option_is_checked_at_construction():
-    from lightning_pgc import PGCStrategy
-
-    with pytest.raises(ValueError, match="data_plane must be 'sharded' or 'collective'"):
-        PGCStrategy(data_plane="ring")
-    assert PGCStrategy(data_plane="collective").data_plane == "collective"
-
-
 def test_gradients_keep_the_parameters_channels_last_layout():
     """A channels_last parameter's gradient is stored in its memory order and given back as a view with its
     strides: no copy, and the optimizer sees the layout autograd would have produced."""

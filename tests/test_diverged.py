@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import re
-import threading
 
 import pytest
 
@@ -17,7 +16,6 @@ from lightning_pgc.runtime import DivergedError, Leader
 from lightning_pgc.runtime.bounded import BoundedLeader
 from lightning_pgc.runtime.messages import Header, Kind
 from tests.jobs import run_job, whole_log
-from tests.runtime_scenarios import _bury, _die, FrozenTransport, make_runtimes, _step_all, _stop_all, submit
 
 
 def _code(leader: Leader, rank: int, version: int, now: float) -> None:
@@ -110,65 +108,6 @@ def test_bounded_staleness_fails_without_enough_fresh_codes_and_leaves_out_a_par
     rec = leader.try_close(0.1)
     assert rec is not None and [i for i, e in enumerate(rec.entries) if e is None] == [1]
     assert leader.uncovered == 1
-
-
-def test_every_runtime_fails_fast_when_every_code_of_a_version_is_rejected():
-    """3 in-process runtimes (pgc_cr, s = 1), every rank rejects version 1: the leader raises, every worker gets the
-    error from the leader (ABORT) instead of waiting for a version that cannot close. The timeout is longer than
-    the test's own limit and heartbeats keep every rank alive, so only the divergence can end the waits."""
-    scheme = make_scheme("pgc_cr", 3, 1)
-    rts = make_runtimes(scheme, timeout=3600.0, heartbeat=(0.05, 20))
-    try:
-        for rt in rts:
-            submit(rt, 0, ages=(0, 0))
-        for rt in rts:
-            rt.release(rt.wait(0))
-        for rt in rts:
-            rt.reject(1)
-        with pytest.raises(
-            DivergedError, match=r"Training diverged: ranks \[\d, \d(, \d)?\]'s gradients for version 1"
-        ):
-            rts[0].wait(1)
-        for rt in rts[1:]:
-            with pytest.raises(RuntimeError, match=r"leader failed: DivergedError: Training diverged"):
-                rt.wait(1)
-    finally:
-        _stop_all(rts, timeout=0.5)
-
-
-def test_a_new_leader_is_told_again_of_the_rejected_codes_of_the_open_version():
-    """pgc_cr, n = 4, s = 1, one shard, failover. Rank 1's code of version 1 is not finite (told to leader rank 0),
-    ranks 2 and 3 send theirs, and rank 0 dies before closing it. Rank 1 takes over; with the dead leader and the
-    rejection, the codes of ranks 2 and 3 cannot decode version 1: every live rank fails at once saying so (without
-    the rejection told again, the new leader would wait for ever for rank 1's code)."""
-    scheme = make_scheme("pgc_cr", 4, 1)
-    rts = make_runtimes(scheme, shards=1, timeout=60.0, heartbeat=(0.05, 40), wrap={0: FrozenTransport}, failover=True)
-    errors: dict[int, BaseException] = {}
-
-    def wait(r: int) -> None:
-        try:
-            rts[r].wait(1)
-        except BaseException as err:  # (what is checked below)
-            errors[r] = err
-
-    try:
-        _step_all(rts, 0)
-        rts[0].transport.freeze()
-        rts[1].reject(1)
-        for r in (2, 3):
-            submit(rts[r], 1, ages=(0, 0))
-        _die(rts, 0)
-        waiters = [threading.Thread(target=wait, args=(r,)) for r in (1, 2, 3)]
-        for t in waiters:
-            t.start()
-        for t in waiters:
-            t.join(10.0)
-        assert sorted(errors) == [1, 2, 3], errors
-        assert isinstance(errors[1], DivergedError) and "ranks [1]'s gradients for version 1" in str(errors[1])
-        assert "ranks [0] are gone" in str(errors[1])
-        assert all("Training diverged" in str(errors[r]) for r in (2, 3))
-    finally:
-        _bury(rts, 0)
 
 
 @pytest.mark.parametrize("strategy", ["pgc", "bounded_staleness"])

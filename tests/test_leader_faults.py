@@ -15,16 +15,11 @@ from tests.jobs import FAST_LIVENESS, kill_job, run_job
 
 
 @pytest.mark.parametrize(
-    "strategy,shard_bytes,during",
-    [
-        ("pgc", None, "train"),
-        ("pgc", 64, "train"),
-        ("bounded_staleness", None, "train"),
-        ("bounded_staleness", None, "sanity_check"),
-    ],
-    ids=["one_shard", "every_rank_owns_one", "bounded", "bounded_sanity"],
+    "strategy,during",
+    [("pgc", "train"), ("bounded_staleness", "train"), ("bounded_staleness", "sanity_check")],
+    ids=["pgc", "bounded", "bounded_sanity"],
 )
-def test_a_killed_leader_is_replaced_by_rank_1_and_the_job_finishes(tmp_path, strategy, shard_bytes, during):
+def test_a_killed_leader_is_replaced_by_rank_1_and_the_job_finishes(tmp_path, strategy, during):
     """SIGKILL of rank 0 (the leader, and Lightning's rank zero) at step 3: rank 1 takes over. Ranks 1-3 finish fit
     with identical replicas; validation and checkpoints go on (written by rank 1, in the same folder); the CSV
     logger's run continues (rows from before and after the failover in one ``metrics.csv``, ``pgc/alive`` 3); the
@@ -32,9 +27,7 @@ def test_a_killed_leader_is_replaced_by_rank_1_and_the_job_finishes(tmp_path, st
     rank 1 rebuilds the table from the codes the live ranks keep and send it again. Killed in the sanity check
     instead (``bounded_sanity``), before any version closed, version 0 closes without rank 0's partition."""
     fault = {"kind": "Kill", "rank": 0, "step": 3 if during == "train" else 0, "during": during}
-    job = kill_job(
-        tmp_path, "kill0", strategy, fault, during, **({} if shard_bytes is None else {"shard_bytes": shard_bytes})
-    )
+    job = kill_job(tmp_path, "kill0", strategy, fault, during)
     log = job["stderr"]
     ranks = job["ranks"]
     assert ranks[0] is None

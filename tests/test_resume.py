@@ -17,7 +17,6 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning_pgc import PGCStrategy
 from lightning_pgc.codes import StaleCache
 from lightning_pgc.pipeline_state import PipelineState, sidecar_dir, sidecar_path, sidecar_paths
-from lightning_pgc.runtime import ShardLayout
 from tests.jobs import run_job
 
 K, C = 4, 2  # interrupted after K steps, then C = s + 1 more
@@ -73,7 +72,7 @@ def _strategy(rank: int = 1, world_size: int = 4, step: int = 7, **kwargs) -> PG
     strategy.scheme = strategy._make_scheme(world_size)
     strategy.cache = StaleCache(strategy.scheme.partitions(rank), max_age=strategy.scheme.cache_max_age)
     strategy._grad_numel = GRAD_NUMEL
-    strategy._layout = ShardLayout(GRAD_NUMEL + 3, GRAD_NUMEL + 1, 2)
+    strategy._numel = GRAD_NUMEL + 3
     strategy._lightning_module = SimpleNamespace(trainer=SimpleNamespace(global_step=step))
     strategy._warm_start = 0
     return strategy

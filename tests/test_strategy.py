@@ -61,8 +61,7 @@ def test_exact_schemes_decode_the_full_gradient_on_real_ranks(tmp_path):
     dgd = run_job(tmp_path, "dgd", strategy="dgd", **common)
     slow = "slowranks(ranks=[1], seconds=0.3)"
     gc_fr = run_job(tmp_path, "gc_fr", strategy="gc_fr", delay=slow, **common)
-    # gc_cr's float64 codes split over 4 shard owners (shard_bytes below the payload): still exact
-    gc_cr = run_job(tmp_path, "gc_cr", strategy="gc_cr", strategy_kwargs={"shard_bytes": 4096}, delay=slow, **common)
+    gc_cr = run_job(tmp_path, "gc_cr", strategy="gc_cr", delay=slow, **common)  # float64 codes: still exact
     reference = [loss for _, _, loss in dgd["curve"]]
     for job in (gc_fr, gc_cr):
         losses = [loss for _, _, loss in job["curve"]]
@@ -74,7 +73,7 @@ def test_exact_schemes_decode_the_full_gradient_on_real_ranks(tmp_path):
 
 @pytest.mark.parametrize(
     "strategy, kwargs, evals_per_step",
-    [  # dgd, gc_fr and gc_cr run sharded in the exactness test above
+    [  # dgd, gc_fr and gc_cr run in the exactness test above
         ("pgc", {}, [2] + [1] * 29),  # full warm-up: both held partitions at the first step
         ("pgc_fr", {}, [2] + [1] * 29),
         ("ignore_stragglers", {}, [1] * 30),
@@ -83,12 +82,11 @@ def test_exact_schemes_decode_the_full_gradient_on_real_ranks(tmp_path):
     ],
 )
 def test_every_scheme_keeps_replicas_identical_and_lays_out_partitions(tmp_path, strategy, kwargs, evals_per_step):
-    # shard_bytes far below the payload: every rank owns a shard (the data plane of large models)
     job = run_job(
         tmp_path,
         strategy,
         strategy=strategy,
-        strategy_kwargs={"shard_bytes": 4096, **kwargs},
+        strategy_kwargs=kwargs,
         devices=4,
         max_steps=30,
         batch_size=8,
@@ -168,8 +166,6 @@ def test_bad_configurations_fail_before_any_rank_starts():
         PGCStrategy(warmup="lazy")
     with pytest.raises(ValueError, match="timeout"):
         PGCStrategy(timeout=0)
-    with pytest.raises(ValueError, match="shard_bytes"):
-        PGCStrategy(shard_bytes=0)
     assert PGCStrategy(scheme="bounded", failover=True).failover is True  # (the table moves with the leader)
     with pytest.raises(ValueError, match="rank 0 is the launching process under start_method='popen'"):
         _trainer(PGCStrategy(failover=True), devices=2)  # popen (the default) outside a cluster launcher

@@ -9,7 +9,14 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from lightning_pgc.runtime.mailbox import PGCTimeoutError
+
+class PGCTimeoutError(RuntimeError):
+    """No aggregate arrived in time: the leader stopped beating (or a bounded wait in a test ran out)."""
+
+
+def payload_dtype_for(params_dtype: torch.dtype) -> torch.dtype:
+    """The aggregate's dtype: float64 for double-precision models, float32 otherwise."""
+    return torch.float64 if params_dtype == torch.float64 else torch.float32
 
 
 class Aggregates:

@@ -1,21 +1,20 @@
-"""The bounded-staleness coordinator on the sharded data plane: the leader's table and coverage rule.
+"""The bounded-staleness coordinator: the leader's table and coverage rule.
 
-Ranks push one uncoded partition gradient per version (:class:`~lightning_pgc.codes.BoundedScheme`). The leader
-sees shard 0 of every code, late ones included, and keeps the newest ``(rank, version)`` per partition in a
+Ranks compute one uncoded partition gradient per version (:class:`~lightning_pgc.codes.BoundedScheme`). The leader
+sees every code's announcement, late ones included, and keeps the newest ``(rank, version)`` per partition in a
 :class:`~lightning_pgc.codes.CoverageTable`. It closes version ``t`` once ``scheme.wait_for`` codes of ``t``
 arrived and every partition has an entry with ``t - v_i < c``; its DECIDE names, per partition, the rank and
-version of the code to use, so every shard owner sums the same entries and replicas stay identical. Owners keep
-every code from the oldest entry in use on (``scheme.reuses_codes``). Coverage failure waits (counted, logged)
+version of the code to use, so every member contributes the same entries to the all-reduce and replicas stay
+identical. Ranks keep every code from the oldest entry in use on (``scheme.reuses_codes``). Coverage failure waits (counted, logged)
 and, with ``widen_after``, widens ``c`` by one per ``widen_after`` seconds of waiting, up to ``max_window``. A
 partition that cannot be covered at the open version (no entry younger than ``c``, and every live holder's code of
 it carries another partition: e.g. the first version after a holder died at the start of fit, under round robin)
 would wait for ever, since no rank computes version ``t + 1`` before ``t`` closes: the version closes without it,
 the other partitions averaged (counted in ``uncovered``, logged).
 
-Faults: every rank also keeps its own codes of its last ``c`` versions, so a dead shard owner's or leader's codes
-can be sent again to the new owner. A dead owner's entries are forgotten (:meth:`BoundedLeader.forget`: its own
-shard of its code died with it), and a version it closed but never published is planned again from live codes
-(:meth:`BoundedLeader.replan`); a successor leader rebuilds the table from the codes sent again to it.
+Faults: a dead or frozen rank's entries are forgotten (:meth:`BoundedLeader.forget`: its codes died with it), and a
+version whose all-reduce it broke is decided again without them. Every rank keeps its own codes of its last ``c``
+versions, so a successor leader rebuilds the table from the codes announced again to it.
 """
 
 from __future__ import annotations
@@ -89,7 +88,7 @@ class BoundedLeader(Leader):
         self.duplicates = 0  # codes carrying a partition another code of the same version already carried
         self.uncovered = 0  # partitions left out of an aggregate because no live holder could cover them
         self._carried: dict[int, dict[int, list[int]]] = {}  # version -> partition -> ranks whose codes carried it
-        # (recent versions only: what :meth:`forget` and :meth:`replan` fall back on)
+        # (recent versions only: what :meth:`forget` falls back on)
         self._counts_from: dict[int, float] = {}  # forgotten rank -> first version whose codes count again
         self._covered_since: Optional[float] = None
         self._uncoverable_since: Optional[float] = None
@@ -100,7 +99,7 @@ class BoundedLeader(Leader):
         return min(self.bounded.window + self.widened, max(self.max_window, self.bounded.window))
 
     def on_code(self, header: Header, arrived: float) -> None:
-        """Shard 0 of a code arrived (late ones too): offer it to the table as its partition's newest entry.
+        """A code was announced (late ones too): offer it to the table as its partition's newest entry.
 
         Raises:
             CoordinatorError: the code names a partition its sender does not hold.
@@ -116,7 +115,7 @@ class BoundedLeader(Leader):
             return  # a code of a forgotten rank (sent before it froze, say), from before it rejoined
         carried = self._carried.setdefault(header.version, {})
         if header.sender in carried.get(partition, ()):
-            return  # the same code sent again (to a new owner of shard 0)
+            return  # the same code announced again (to a new leader)
         self.duplicates += partition in carried
         carried.setdefault(partition, []).append(header.sender)
         for v in [v for v in self._carried if v < self.version - 16]:
@@ -126,8 +125,7 @@ class BoundedLeader(Leader):
             self.displaced += 1
 
     def forget(self, rank: int, floor: int) -> None:
-        """``rank`` died (or froze): its codes lost the rows it kept for its own shards (and one may not have reached
-        every owner), so none of them enters an aggregate again. Each partition whose entry was its code falls back
+        """``rank`` died (or froze): its codes died with it, so none of them enters an aggregate again. Each partition whose entry was its code falls back
         on the newest other code of that partition seen lately of a version from ``floor`` on (owners keep those),
         or on none: the partition waits for coverage. Its codes count again from the version it rejoins at."""
         self._counts_from[rank] = math.inf
@@ -157,30 +155,6 @@ class BoundedLeader(Leader):
         if rank in self._counts_from:
             self._counts_from[rank] = u
         return u, donor
-
-    def replan(self, version: int, gone: set[int], kept: int) -> Optional[list[tuple[int, int, int]]]:
-        """The plan to decode closed ``version`` again after a shard owner died before publishing it: its entries,
-        each one whose rank is ``gone`` or forgotten (or older than the ``kept`` versions ranks keep their codes for)
-        replaced by the newest live code of that partition within the window (``version - v < c``), so that its new
-        owner gets every code again. None while some partition has no such code (a late one may still come).
-        """
-        rec = self.record(version)
-        if not isinstance(rec, BoundedRecord):
-            return None
-        gone = set(gone) | {r for r, v in self._counts_from.items() if v > version}
-        floor = version - min(rec.window, kept)
-        plan = []
-        for i, e in enumerate(rec.entries):
-            if e is None:  # left out of the aggregate: left out again
-                plan.append((i, -1, version))
-                continue
-            if e.rank in gone or e.version <= floor:
-                sub = self._newest(i, floor, below=version, gone=frozenset(gone))
-                if sub is None:
-                    return None
-                e = sub
-            plan.append((i, e.rank, e.version))
-        return plan
 
     def try_close(self, now: float) -> Optional[StepRecord]:
         """Close the open version if enough fresh codes arrived and every partition is covered (no rank is waited

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -19,11 +19,8 @@ from lightning_pgc.runtime.collectives import CollectiveError
 from lightning_pgc.runtime.control import Channel, inbox
 from lightning_pgc.runtime.group import open_group
 from lightning_pgc.runtime.leader import STAT_NAMES
-from lightning_pgc.runtime.mailbox import PGCTimeoutError
+from lightning_pgc.runtime.aggregates import PGCTimeoutError
 from lightning_pgc.runtime.weights import contribute
-
-if TYPE_CHECKING:
-    from lightning_pgc.runtime.plane import CollectiveRuntime
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +224,37 @@ class CommLoop:
                 self._coll_history.pop(seq - _HISTORY, None)
             self._coll_cond.notify_all()
 
+    def gather(self, op: str, obj: object) -> dict[int, object]:
+        """Training thread: every member's contribution to Lightning's next collective (an all-gather run by the comm
+        threads on the data group in the order the leader sets, so it never interleaves differently with the
+        all-reduces on two ranks); see :class:`~lightning_pgc.runtime.collectives.LiveCollectives`."""
+        self._coll_seq += 1
+        seq = self._coll_seq
+        with self._coll_cond:
+            replayed = self._coll_replay.pop(seq, None)
+            if replayed is None:
+                self._coll_mine[seq] = (op, obj)
+            else:
+                self._coll_history[seq] = replayed
+        if replayed is not None:  # run by the others in a step this rank skipped to rejoin: their result
+            return _checked(seq, replayed)
+        self._ctl.push(self._leader_box(), ("coll", self.rank, seq))
+        with self._coll_cond:
+            while seq not in self._coll_done:
+                failure = self.failure()
+                if failure is not None:
+                    raise RuntimeError(f"PGC collective {seq} abandoned: {failure}") from failure
+                if not self._coll_cond.wait(self.heartbeat_interval):
+                    self._coll_cond.release()
+                    try:
+                        self._check_leader(f"in collective {seq} (a barrier, broadcast or reduce)")
+                        if self._state_fn is not None:
+                            self._donate(self.progress + 1, self._state_fn)
+                    finally:
+                        self._coll_cond.acquire()
+            got = self._coll_done.pop(seq)
+        return _checked(seq, got)
+
     def _read_final_stats(self, words: Optional[list[float]]) -> None:
         if words is None:
             return
@@ -244,45 +272,6 @@ _HISTORY = 64
 def _expand(version: int, plan: Sequence) -> list[tuple[int, int, int]]:
     """A plan as sent (ranks, for codes of ``version`` keyed by rank; or full entries) as full entries."""
     return [(p, p, version) if isinstance(p, int) else tuple(p) for p in plan]
-
-
-class _Gather:
-    """Lightning's collectives among the current members, run by the comm thread on the data group in the order
-    the leader sets (so they never interleave differently with the all-reduces on two ranks)."""
-
-    def __init__(self, runtime: "CollectiveRuntime") -> None:
-        self.runtime = runtime
-        self.rank, self.world_size = runtime.rank, runtime.world_size
-        self.seq = 0
-
-    def gather(self, op: str, obj: object) -> dict[int, object]:
-        rt = self.runtime
-        self.seq += 1
-        seq = self.seq
-        with rt._coll_cond:
-            replayed = rt._coll_replay.pop(seq, None)
-            if replayed is None:
-                rt._coll_mine[seq] = (op, obj)
-            else:
-                rt._coll_history[seq] = replayed
-        if replayed is not None:  # run by the others in a step this rank skipped to rejoin: their result
-            return _checked(seq, replayed)
-        rt._ctl.push(rt._leader_box(), ("coll", rt.rank, seq))
-        with rt._coll_cond:
-            while seq not in rt._coll_done:
-                failure = rt.failure()
-                if failure is not None:
-                    raise RuntimeError(f"PGC collective {seq} abandoned: {failure}") from failure
-                if not rt._coll_cond.wait(rt.heartbeat_interval):
-                    rt._coll_cond.release()
-                    try:
-                        rt._check_leader(f"in collective {seq} (a barrier, broadcast or reduce)")
-                        if rt._state_fn is not None:
-                            rt._donate(rt.progress + 1, rt._state_fn)
-                    finally:
-                        rt._coll_cond.acquire()
-            got = rt._coll_done.pop(seq)
-        return _checked(seq, got)
 
 
 def _checked(seq: int, got: dict[int, tuple[str, object]]) -> dict[int, object]:

@@ -365,4 +365,3 @@ def _table(rt: "CollectiveRuntime", rec: StepRecord) -> tuple[int, ...]:
     if getattr(rt.scheme, "choice", None) != "oldest":
         return ()
     return tuple(rec.version - v if k >= 0 else rt.scheme.window for _, k, v in rec.plan())
-

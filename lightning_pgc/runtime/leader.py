@@ -1,8 +1,8 @@
 """The leader's control plane: which ranks' codes close each version, and who is alive (no payload, no I/O).
 
-The leader sees shard 0 of every code (it owns shard 0), so it knows when each rank's code for a version
-arrived. It closes the open version as soon as the codes in decode (``scheme.admits``): it never waits for a
-rank. Every shard owner then decodes its shard with that same ordered set, so every replica applies the
+Every rank announces its code for a version to the leader, so the leader knows when each one is ready. It
+closes the open version as soon as the codes in decode (``scheme.admits``): it never waits for a rank. Every member
+of the data group then contributes its share of that same plan to one all-reduce, so every replica applies the
 identical aggregate. Liveness is separate from progress: a rank is alive while its heartbeats arrive. A rank
 whose training thread falls more than ``max_lag`` versions behind is *detached* (it gets no more aggregates, so
 its memory stays bounded) until it asks to rejoin, when a live rank donates the current training state.
@@ -149,7 +149,7 @@ class Leader:
 
     # -------------------------------------------------------------------------------------------- events
     def on_code(self, header: Header, arrived: float) -> None:
-        """Shard 0 of ``header.sender``'s code for ``header.version`` arrived at monotonic time ``arrived``.
+        """``header.sender``'s code for ``header.version`` was announced at monotonic time ``arrived``.
 
         Raises:
             CoordinatorError: a code for a version that is not open yet (ranks out of step).
@@ -209,14 +209,13 @@ class Leader:
 
     def on_dead(self, rank: int) -> None:
         """``rank``'s stream broke (its process is gone). A code of it for the open version is no longer admitted:
-        the shard of it that it owned itself died with it."""
+        its code died with it."""
         if rank not in self.byes:
             self.dead.add(rank)
             self.drop_open(rank)
 
     def drop_open(self, rank: int) -> None:
-        """Forget ``rank``'s code for the open version (it died, or froze owning a shard: the shard of its code it
-        owned itself is gone with it)."""
+        """Forget ``rank``'s code for the open version (it died or froze: its code is gone with it)."""
         if rank in self._arrivals:
             self._order.remove(rank)
             for d in (self._arrivals, self._valid, self._ages):
@@ -233,7 +232,7 @@ class Leader:
         thread applies ``u`` or has finished), unless the leader is the one rejoining, is detached itself or rejoins
         at ``u`` too (it has the state of ``u`` only once its own donor sent it): then the attached live rank
         furthest ahead that does not rejoin at ``u``. Several ranks may rejoin at one version (two that missed a
-        dead leader's last shard, say)."""
+        dead leader's last aggregate, say)."""
         u = self.version
         self.detached.pop(rank, None)
         self.progress[rank] = u
@@ -261,7 +260,7 @@ class Leader:
     def reopen(self, version: int, now: float) -> None:
         """A successor leader: ``version`` is the open one (the dead leader's last decisions are unknown here, and
         every version before ``version`` reached some live rank whole). Codes of it that arrived are forgotten:
-        ranks re-send them to the new owner of shard 0."""
+        ranks announce them again to the new leader."""
         self.version = version
         self._last_close = now
         for r in self.progress:  # until their heartbeats say more: at the open version (none is detached for lag)

@@ -40,11 +40,11 @@ from torch import Tensor
 from lightning_pgc.codes import Scheme
 from lightning_pgc.runtime.aggregates import Aggregates
 from lightning_pgc.runtime.collectives import LiveCollectives
-from lightning_pgc.runtime.comm import CommLoop, _Gather
+from lightning_pgc.runtime.comm import CommLoop
 from lightning_pgc.runtime.control import Channel, inbox, leader_box
 from lightning_pgc.runtime.group import DataGroup, open_group
 from lightning_pgc.runtime.leader import Leader, StepRecord
-from lightning_pgc.runtime.mailbox import PGCTimeoutError
+from lightning_pgc.runtime.aggregates import PGCTimeoutError
 from lightning_pgc.runtime.succession import Succession
 
 log = logging.getLogger(__name__)
@@ -58,11 +58,11 @@ class PGCDetached(RuntimeError):
 
 
 class Code:
-    """One rank's code for one version: a flat buffer on the model's device (encode into :attr:`shards`)."""
+    """One rank's code for one version: a flat buffer on the model's device (encode into :attr:`rows`)."""
 
     def __init__(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
         self.flat = torch.zeros(numel, dtype=dtype, device=device)
-        self.shards = self.flat.view(1, -1)
+        self.rows = self.flat.view(1, -1)  # (the codes' encode writes one row)
         self.version = -1
         self.event: Optional[object] = None  # CUDA: recorded when it was submitted (the comm stream waits on it)
         self.read: Optional[object] = None  # CUDA: recorded after the comm stream last read it
@@ -75,7 +75,7 @@ class Code:
 class CollectiveRuntime(CommLoop):
     """Every rank's runtime on the collective data plane; the leader's also runs the control plane.
 
-    The worker API is the sharded runtime's: :meth:`start`; per version :meth:`published`, :meth:`detached` /
+    The worker API: :meth:`start`; per version :meth:`published`, :meth:`detached` /
     :meth:`rejoin`, :meth:`new_code` and :meth:`submit` (or :meth:`reject`), :meth:`wait`, :meth:`donation` /
     :meth:`send_state`, :meth:`release`; :meth:`stop` at the end.
 
@@ -188,7 +188,8 @@ class CollectiveRuntime(CommLoop):
         self._coll_history: dict[int, dict[int, tuple[str, object]]] = {}  # the last results (a rejoiner replays them)
         self._coll_replay: dict[int, dict[int, tuple[str, object]]] = {}  # a donor's results, for collectives this
         # rank calls in the steps it skips before the version it rejoins at
-        self.collectives = LiveCollectives(_Gather(self))
+        self._coll_seq = 0  # Lightning's collectives this rank called
+        self.collectives = LiveCollectives(self)
         self._coordinator = None
         if rank == 0:
             self._lead(start_version)
