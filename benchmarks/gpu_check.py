@@ -36,7 +36,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     from lightning_pgc import PGCStrategy
-    from lightning_pgc.stragglers import StragglerInjector
+    from lightning_pgc.callbacks.stragglers import StragglerInjector
 
     class Net(pl.LightningModule):
         def __init__(self) -> None:

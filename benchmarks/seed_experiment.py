@@ -73,7 +73,7 @@ def strategy_of(fragment: str, seed: int) -> tuple[str, dict[str, Any]]:
 
 def seeds_delay(scale: float) -> str:
     """The delay model of ``stragglers/seeds.yaml`` times ``scale`` (times the fragment's own ``scale``)."""
-    from lightning_pgc.stragglers import parse_delay
+    from lightning_pgc.callbacks.stragglers import parse_delay
 
     injector = yaml.safe_load(recipe_path(STRAGGLERS).read_text())["trainer"]["callbacks"][0]["init_args"]
     return str(parse_delay(injector["delay"]).scaled(scale * float(injector.get("scale", 1.0))))
@@ -237,7 +237,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     if unknown:
         raise SystemExit(f"unknown arms {unknown}; known: {list(fragments)}")
     if args.synthetic_data:
-        from lightning_pgc.cifar import write_synthetic_cifar10
+        from lightning_pgc.examples.cifar import write_synthetic_cifar10
 
         write_synthetic_cifar10(args.data_dir)
     root = Path(args.out).resolve()

@@ -15,7 +15,7 @@ Runs (one after the other, :func:`lightning_pgc.experiments.launch`, the package
   runs.
 
 Then every run (fit and validation) is simulated with the same scheme, delay model and delay realisation
-(:func:`~lightning_pgc.stragglers.delay_for` of the run's seed) and compared on rank 0's step times (mean, median,
+(:func:`~lightning_pgc.callbacks.stragglers.delay_for` of the run's seed) and compared on rank 0's step times (mean, median,
 90th percentile, from ``curve.csv``, after ``--skip`` warm-up steps) and the admitted sets (the leader's record of
 every version, from the diagnostics history: their distribution's total-variation distance and the fraction of
 versions whose simulated set equals the real one). The tolerances are :data:`TOLERANCE`. Writes

@@ -3,7 +3,7 @@
     python benchmarks/stall.py              # 2 rounds (about 8 min on 2 cores)
     python benchmarks/stall.py --rounds 1 --steps 30 --stall-seconds 5   # a smoke run, not for docs
 
-Per round, four runs side by side: pgc and ddp, each without and with a :class:`~lightning_pgc.faults.Stall` of
+Per round, four runs side by side: pgc and ddp, each without and with a :class:`~lightning_pgc.callbacks.faults.Stall` of
 ``--stall-seconds`` on rank 2 at step ``--stall-step``. For each run: the *other* ranks' seconds per step
 (throughput from step 5 to their last step), the stalled rank's skipped steps and state transfers, its peak
 RSS and mailbox high-water mark, and whether every replica ended identical. Reuses the launcher of
@@ -136,7 +136,7 @@ def write_markdown(res: dict) -> None:
         f"Produced by `{res['command'].strip()}` ({res['machine']}; {res['minutes']:.0f} min); every number below "
         f"is in docs/stall.json. A 10 M-parameter MLP (1024-10000-4, batch 32 per rank, SGD), {res['steps']} "
         f"steps; in the `_stall` runs rank {res['stalled_rank']}'s training thread sleeps "
-        f"{res['stall_seconds']:g} s at step {res['stall_step']} (`lightning_pgc.faults.Stall`; its process and "
+        f"{res['stall_seconds']:g} s at step {res['stall_step']} (`lightning_pgc.callbacks.faults.Stall`; its process and "
         "background threads stay alive). Seconds per step are the *other* ranks' throughput from step "
         f"{res['skip']} to their last step. 4 ranks share 2 cores, so while rank {res['stalled_rank']} sleeps the "
         "other three get more CPU: that flatters the `pgc_stall` row. Compare runs within a round."

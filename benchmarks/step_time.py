@@ -62,7 +62,7 @@ def run_worker(args: argparse.Namespace) -> None:
 
     import lightning_pgc  # noqa: F401  (registers the strategy names)
     from lightning_pgc import PGCStrategy
-    from lightning_pgc.stragglers import StragglerInjector
+    from lightning_pgc.callbacks.stragglers import StragglerInjector
 
     torch.set_num_threads(1)
     d_in, hidden, classes, batch = MODELS[args.model] or (64, 0, 10, 4)
@@ -83,7 +83,7 @@ def run_worker(args: argparse.Namespace) -> None:
     samples = batch * args.devices * 8
     data = TensorDataset(torch.randn(samples, d_in, generator=g), torch.randint(0, classes, (samples,), generator=g))
     if args.model == "comm":
-        from lightning_pgc.digits import DigitsCNN
+        from lightning_pgc.examples.digits import DigitsCNN
 
         data = TensorDataset(
             torch.randn(samples, 1, 8, 8, generator=g), torch.randint(0, classes, (samples,), generator=g)
@@ -108,7 +108,7 @@ def run_worker(args: argparse.Namespace) -> None:
     if args.slow_seconds > 0:
         callbacks.append(StragglerInjector(f"slowranks(ranks=[{args.slow_rank}], seconds={args.slow_seconds})"))
     if args.stall_seconds > 0:
-        from lightning_pgc.faults import Stall
+        from lightning_pgc.callbacks.faults import Stall
 
         callbacks.append(Stall(rank=args.slow_rank, step=args.stall_step, seconds=args.stall_seconds))
     strategy: Any = "ddp"
@@ -165,7 +165,7 @@ def launch(
     stall: tuple[int, float] = (0, 0.0),
     plane: str = "sharded",
 ) -> dict:
-    """Run one configuration; ``stall``: (step, seconds) of a :class:`~lightning_pgc.faults.Stall` on
+    """Run one configuration; ``stall``: (step, seconds) of a :class:`~lightning_pgc.callbacks.faults.Stall` on
     ``slow_rank``."""
     out.mkdir(parents=True, exist_ok=True)
     cmd = [

@@ -53,11 +53,11 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 import lightning_pgc  # noqa: F401  (registers the strategy names before any Trainer is built)
 from lightning_pgc import recipes
 from lightning_pgc.strategy import PGCStrategy, REGISTERED
-from lightning_pgc.stragglers import StragglerInjector
+from lightning_pgc.callbacks.stragglers import StragglerInjector
 
 #: What ``lightning-pgc fit`` trains when no ``--model`` / ``--data`` is given: the embedded digits task.
-DEFAULT_MODEL = "lightning_pgc.digits.DigitsCNN"
-DEFAULT_DATA = "lightning_pgc.digits.DigitsDataModule"
+DEFAULT_MODEL = "lightning_pgc.examples.digits.DigitsCNN"
+DEFAULT_DATA = "lightning_pgc.examples.digits.DigitsDataModule"
 
 DESCRIPTION = (
     "Straggler-tolerant data-parallel training with pipelined gradient coding (Lightning's CLI). "

@@ -15,9 +15,7 @@ Optionally (``theory_every_n_steps``, off by default) the leader's rank also mea
 theory of the paper only assumes (``docs/theory.md``): the staleness bias ``gamma_hat``, the noise ratio ``xi_hat``,
 the extra error of the received-subset estimator over the straggler pattern, the exact decomposition of the
 aggregate's error into subset-selection, sampling and staleness terms, and how correlated the copies of one
-partition are. :class:`StalenessValve` (every rank, off unless added) lowers the learning rate (or, under bounded
-staleness, the window ``c``) when the measured staleness term becomes a large fraction of ``|g_hat|^2``, with the
-same decision on every rank and no collective.
+partition are (:class:`~lightning_pgc.callbacks.theory_metrics.TheoryMeter`).
 
 Under ``scheme="bounded"`` the leader's rank also logs ``pgc/bounded/...``: every step the window ``c`` in effect,
 coverage waits, widenings, table displacements, duplicated evaluations and the delay histogram ``t - s(t,i)``; at the probe cadence the
@@ -27,26 +25,28 @@ the probe batch (see :func:`lightning_pgc.codes.bounded.error_decomposition`).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
-from contextlib import contextmanager
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
-import numpy as np
 import torch
 from lightning.fabric.utilities.apply_func import apply_to_collection
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from lightning_pgc import theory
-from lightning_pgc.codes.bounded import BoundedScheme, adapt_step, error_decomposition
+from lightning_pgc.callbacks.probe import (
+    flat_params,
+    log_at,
+    loss_and_gradient,
+    loss_gradient,
+    probe_loss,
+    swapped_params,
+)
+from lightning_pgc.callbacks.theory_metrics import TheoryMeter
+from lightning_pgc.codes.bounded import BoundedScheme, error_decomposition
 from lightning_pgc.runtime.bounded import BoundedRecord
 
-log = logging.getLogger(__name__)
-
-__all__ = ["PGCDiagnostics", "StalenessValve"]
+__all__ = ["PGCDiagnostics"]
 
 
 class PGCDiagnostics(Callback):
@@ -117,10 +117,9 @@ class PGCDiagnostics(Callback):
         self._snapshots: deque[tuple[int, Tensor]] = deque()
         self._probe: Any = None
         self._last_probe: Optional[tuple[int, Tensor, Tensor]] = None  # (version, params, probe gradient)
-        self._pending_probe: Optional[tuple[int, Tensor, Tensor]] = None
+        self._pending_probe: Optional[tuple[int, Optional[Tensor], Tensor]] = None
         self._probe_loss: Optional[float] = None
-        self._patterns: Optional[tuple[np.ndarray, np.ndarray]] = None
-        self._theory_warned = False
+        self._theory = TheoryMeter(theory_probe_per_partition, theory_window, theory_max_patterns, theory_chunk)
         self._delay_counts: dict[int, int] = {}  # bounded staleness: t - s(t,i) over every closed version
 
     # ------------------------------------------------------------------------------------------------ hooks
@@ -128,7 +127,7 @@ class PGCDiagnostics(Callback):
         self._last_end = None
         self._snapshots.clear()
         self._last_probe = None
-        self._patterns = None
+        self._theory.reset()
         self.history.clear()
         self._delay_counts = {}
         if isinstance(getattr(trainer.strategy, "scheme", None), BoundedScheme) and self.theory_every_n_steps:
@@ -139,27 +138,27 @@ class PGCDiagnostics(Callback):
             )
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        strategy = trainer.strategy
+        strategy: Any = trainer.strategy  # PGCStrategy's runtime, scheme and rank_stats (duck-typed)
         if not _is_leader(strategy):
             return
         if self._probe is None:
             self._probe = apply_to_collection(batch, Tensor, lambda t: t.detach().clone())
         version = trainer.global_step
         c = max(getattr(strategy.scheme, "c", 1), getattr(strategy.runtime.leader, "max_window", 1))
-        params = _flat_params(pl_module) if self._snapshot_needed(version, c) else None
+        params = flat_params(pl_module) if self._snapshot_needed(version, c) else None
         if params is not None:
             self._snapshots.append((version, params))
         while self._snapshots and self._snapshots[0][0] < version - max(c, 1) - 16:  # older than any use
             self._snapshots.popleft()
         self._probe_loss = None
         if version % self.every_n_steps == 0:
-            loss, gradient = _loss_and_gradient(pl_module, self._probe)
+            loss, gradient = loss_and_gradient(pl_module, self._probe)
             self._pending_probe = (version, params, gradient)
             self._probe_loss = loss
         else:
             self._pending_probe = None
             if version % self.loss_every_n_steps == 0:
-                self._probe_loss = _probe_loss(pl_module, self._probe)
+                self._probe_loss = probe_loss(pl_module, self._probe)
 
     def _snapshot_needed(self, version: int, c: int) -> bool:
         """Copy the parameters only at versions a coming measurement can look back to (not every step)."""
@@ -171,7 +170,7 @@ class PGCDiagnostics(Callback):
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        strategy = trainer.strategy
+        strategy: Any = trainer.strategy  # PGCStrategy's runtime, scheme and rank_stats (duck-typed)
         info = getattr(strategy, "last_step", None)
         now = time.monotonic()
         if info is None or not _is_leader(strategy):
@@ -195,7 +194,7 @@ class PGCDiagnostics(Callback):
         leader = runtime.leader if runtime is not None else None  # once: a frozen leader may step down meanwhile
         record = runtime.record(info.version) if leader is not None else None
         max_age = 0
-        if record is not None:
+        if record is not None and leader is not None:  # (a record implies a leader)
             measured = self._record_metrics(strategy, record)
             max_age = int(measured.get("pgc/max_age", 0))
             if info.version % self.log_every_n_steps == 0:
@@ -213,9 +212,13 @@ class PGCDiagnostics(Callback):
             and record is not None
             and info.version % self.theory_every_n_steps == 0
         ):
-            metrics.update(self._theory_metrics(trainer, pl_module, strategy, record, info))
+            metrics.update(
+                self._theory.measure(
+                    trainer, pl_module, strategy.scheme, record, info, dict(self._snapshots), runtime.record
+                )
+            )
         if metrics:
-            _log_at(trainer, metrics, info.version)
+            log_at(trainer, metrics, info.version)
             self.history.append({"step": float(info.version), **metrics})
         if record is not None and info.version % self.every_n_steps == 0:
             self._log_histogram(trainer, record, info.version, strategy.rank_stats())
@@ -308,9 +311,9 @@ class PGCDiagnostics(Callback):
         live = [p for p in pl_module.parameters() if p.requires_grad]
         grad_at = {version: gradient}
         for v in sorted(set(versions) - {version}):
-            with _swapped_params(live, snapshots[v]):
+            with swapped_params(live, snapshots[v]):
                 grad_at[v] = self._probe_gradient(pl_module)
-        scheme = pl_module.trainer.strategy.scheme  # a BoundedRecord comes from a BoundedScheme
+        scheme: Any = getattr(pl_module.trainer.strategy, "scheme")  # a BoundedRecord comes from a BoundedScheme
         weights = list(scheme.decoding_weights([i for i, _ in present]).values())
         parts = error_decomposition(gradient, grad_at, versions, weights, info.aggregate, params, snapshots)
         out = {f"pgc/bounded/err_{k}": v for k, v in parts.items() if not k.startswith("cos") and k != "displacement"}
@@ -323,153 +326,7 @@ class PGCDiagnostics(Callback):
 
     def _probe_gradient(self, pl_module: LightningModule) -> Tensor:
         """Gradient of the training loss on the fixed probe batch, leaving no trace (grads, buffers, RNG, logs)."""
-        return _loss_gradient(pl_module, self._probe)
-
-    # ----------------------------------------------------------------------------------------- the theory
-    def _theory_metrics(
-        self, trainer: Trainer, pl_module: LightningModule, strategy: Any, record: Any, info: Any
-    ) -> dict[str, float]:
-        """The theory's constants at version ``t`` from exact recomputation of every copy in every rank's cache.
-
-        Mini-batches are deterministic (``PartitionStreams``), so rank 0 recomputes ``g_j^(v)`` for every copy of
-        every rank at the snapshot of version ``v``, and ``grad F_j(beta_v)`` on the partition (or its fixed probe
-        subset). Nothing of the run changes: parameters are swapped back, buffers restored, RNG forked, logs muted.
-        """
-        started = time.perf_counter()
-        scheme = strategy.scheme
-        n, t = scheme.n, info.version
-        found = _partition_loader(trainer)
-        if found is None:
-            if not self._theory_warned:
-                rank_zero_warn(
-                    "PGCDiagnostics(theory_every_n_steps=...) needs PGCStrategy's partition sampler; "
-                    "the theory measurements are skipped"
-                )
-                self._theory_warned = True
-            return {}
-        loader, sampler = found
-        start = int(sampler.warmup_step())
-        streams, batch_size = sampler.streams, sampler.batch_size
-
-        # Versions of every copy in every rank's cache: what the admitted codes report (a rank that skipped steps has
-        # fewer entries); for the other ranks the nominal pipeline (their cache had they computed every step).
-        versions = {k: theory.nominal_cache_versions(scheme, k, t, start) for k in range(n)}
-        exact = 1.0
-        for k in record.admitted:
-            ages = record.ages.get(k)
-            reported = None
-            # The header carries the first 16 ages, clamped at 15.
-            if ages is not None and record.valid.get(k) == len(ages) and all(a < 15 for a in ages):
-                reported = theory.versions_from_ages(scheme, k, t, ages, start)
-            if reported is None:
-                exact = 0.0  # keep the nominal pipeline for this rank
-            else:
-                versions[k] = reported
-        used = [k for k in record.admitted if record.weights.get(k, 0.0) != 0.0]
-        oldest = min((v for k in used for v in versions[k].values()), default=t)
-        needed = sorted({v for vs in versions.values() for v in vs.values()} | {t, oldest})
-        snapshots = dict(self._snapshots)
-        if any(v not in snapshots for v in needed):
-            return {"pgc/theory/missing_snapshot": 1.0}
-
-        params = list(pl_module.parameters())  # the layout of _flat_params
-        members = [self._probe_members(streams, j) for j in range(n)]
-        minibatch: dict[tuple[int, int], Tensor] = {}
-        full: dict[tuple[int, int], Tensor] = {}
-        objective: dict[int, Tensor] = {}
-        for v in needed:
-            parts = sorted({j for vs in versions.values() for j, u in vs.items() if u == v})
-            with _swapped_params(params, snapshots[v]):
-                for j in parts:
-                    minibatch[(j, v)] = _loss_gradient(pl_module, _collate(loader, streams.batch(j, v, batch_size)))
-                for j in range(n):
-                    full[(j, v)] = self._mean_gradient(pl_module, loader, members[j])
-            objective[v] = torch.stack([full[(j, v)] for j in range(n)]).mean(dim=0)
-
-        present = {k: tuple(vs) for k, vs in versions.items()}
-        aggregate = info.aggregate.to(torch.float64).reshape(-1)
-        W_used = theory.copy_weights(scheme, record.admitted, present)
-        reconstructed = theory.weighted_copy_sum(W_used, versions, minibatch)
-        W_ref = theory.reference_copy_weights(scheme, present)
-        decomposition = theory.decompose_error(aggregate, W_ref, versions, minibatch, full, objective[t])
-        squares = decomposition.squared_norms()
-        grad_sq = float(objective[t].pow(2).sum())
-
-        out: dict[str, float] = {
-            "pgc/theory/total_sq": squares["total"],
-            "pgc/theory/subset_sq": squares["subset"],
-            "pgc/theory/sampling_sq": squares["sampling"],
-            "pgc/theory/staleness_sq": squares["staleness"],
-            "pgc/theory/decomp_residual": decomposition.residual,
-            "pgc/theory/recon_residual": float(
-                (reconstructed - aggregate).norm() / max(float(aggregate.norm()), 1e-300)
-            ),
-            "pgc/theory/grad_sq": grad_sq,
-            "pgc/theory/oldest_age": float(t - oldest),
-            "pgc/theory/gamma_hat": theory.gamma_hat(objective[t], objective[oldest]),
-            "pgc/theory/gamma_avg": squares["staleness"] / max(grad_sq, 1e-300),
-            "pgc/theory/exact": exact,
-            "pgc/theory/partial_caches": float(sum(len(vs) < len(scheme.partitions(k)) for k, vs in versions.items())),
-        }
-        for name, value in decomposition.cross_terms().items():
-            out["pgc/theory/cross_" + name.replace("*", "_")] = value
-        if oldest != t:
-            step = float((snapshots[t] - snapshots[oldest]).norm())
-            out["pgc/theory/L_full"] = float((objective[t] - objective[oldest]).norm()) / max(step, 1e-300)
-            out["pgc/theory/displacement_sq"] = step**2
-        in_use = {k: versions[k] for k in used}
-        xi = theory.xi_hat(in_use, minibatch, full, objective)
-        out["pgc/theory/xi_hat"] = xi["xi"]
-        out["pgc/theory/xi_within"] = xi["xi_within"]
-        for name, value in theory.copy_statistics(W_ref, versions, minibatch, full, objective).items():
-            out["pgc/theory/" + name] = value
-
-        # The received-subset estimator against the all-rank average, over the straggler pattern (Lemma 3).
-        codes = theory.codes_from_copies(scheme, versions, minibatch)
-        g_bar = theory.weighted_copy_sum(W_ref, versions, minibatch)
-        if self._patterns is None:
-            patterns = theory.received_patterns(scheme, self.theory_max_patterns, seed=0)
-            self._patterns = theory.pattern_rank_weights(scheme, patterns)
-        uniform = theory.subset_moments(codes, g_bar, *self._patterns)
-        out["pgc/theory/lemma3_mean_sq"] = uniform.mean_sq
-        out["pgc/theory/lemma3_ref_sq"] = uniform.reference_sq
-        out["pgc/theory/lemma3_gap_ratio"] = uniform.lemma3_gap / max(uniform.reference_sq, 1e-300)
-        out["pgc/theory/subset_mse_uniform"] = uniform.mse
-        out["pgc/theory/subset_bias_uniform"] = uniform.bias_sq
-        out["pgc/theory/subset_var_uniform"] = uniform.variance
-        runtime = strategy.runtime
-        recent = [runtime.record(v) for v in range(max(t - self.theory_window + 1, 0), t + 1)]
-        recent = [r for r in recent if r is not None]
-        if recent:
-            rank_weights = np.zeros((len(recent), n))
-            for row, rec in enumerate(recent):
-                for k, w in rec.weights.items():
-                    rank_weights[row, k] = w
-            empirical = theory.subset_moments(codes, g_bar, np.full(len(recent), 1.0 / len(recent)), rank_weights)
-            out["pgc/theory/subset_mse_empirical"] = empirical.mse
-            out["pgc/theory/subset_bias_empirical"] = empirical.bias_sq
-            out["pgc/theory/subset_var_empirical"] = empirical.variance
-            out["pgc/theory/empirical_patterns"] = float(len(recent))
-        out["pgc/theory/cost_s"] = time.perf_counter() - started
-        return out
-
-    def _probe_members(self, streams: Any, j: int) -> np.ndarray:
-        members = np.asarray(streams.partitions[j])
-        cap = self.theory_probe_per_partition
-        if cap is None or cap >= len(members):
-            return members
-        return np.sort(np.random.default_rng([int(streams.seed), 7919, j]).choice(members, size=cap, replace=False))
-
-    def _mean_gradient(self, pl_module: LightningModule, loader: Any, members: np.ndarray) -> Tensor:
-        """Gradient of the mean training loss over ``members`` (chunked; assumes training_step returns a mean)."""
-        total: Optional[Tensor] = None
-        size = len(members)
-        for lo in range(0, size, self.theory_chunk):
-            chunk = members[lo : lo + self.theory_chunk].tolist()
-            g = _loss_gradient(pl_module, _collate(loader, chunk)) * (len(chunk) / size)
-            total = g if total is None else total + g
-        assert total is not None
-        return total
+        return loss_gradient(pl_module, self._probe)
 
     def _log_histogram(self, trainer: Trainer, record: Any, version: int, stats: list[dict[str, float]]) -> None:
         """W&B only: the age histogram and, for every rank (no cap), the per-rank table and lag histogram."""
@@ -484,7 +341,7 @@ class PGCDiagnostics(Callback):
                 ages = [a for r in record.admitted for a in record.ages.get(r, ())]
                 row: dict[str, Any] = {"pgc/age_histogram": wandb.Histogram(ages), "trainer/global_step": version}
                 if stats:
-                    columns = ["rank", "admitted", "late", "skipped", "mean_lag_s"]
+                    columns: list[Any] = ["rank", "admitted", "late", "skipped", "mean_lag_s"]
                     row["pgc/ranks"] = wandb.Table(
                         columns=columns, data=[[float(r[c]) for c in columns] for r in stats]
                     )
@@ -492,278 +349,10 @@ class PGCDiagnostics(Callback):
                 logger.experiment.log(row)
 
 
-class StalenessValve(Callback):
-    """Safety valve: lower the learning rate when the measured staleness term is a large part of ``|g_hat|^2``.
-
-    Every ``check_every_n_steps`` steps, at step ``t``, every rank computes the gradient of the training loss on a
-    fixed probe batch (the same ``probe_size`` training samples on every rank) at ``beta_t`` and at
-    ``beta_{t-a}``, ``a = scheme.max_staleness`` (``c - 1``: the oldest a gradient in a code can be), and
-
-        ``L_hat = |g(beta_t) - g(beta_{t-a})| / (|beta_t - beta_{t-a}| + eps)``,
-        ``ratio = L_hat^2 |beta_t - beta_{t-a}|^2 / mean |g_hat|^2``
-
-    where the mean runs over the gradients applied since the previous check (``param.grad`` when the optimizer
-    steps: under PGC the decoded aggregate, identical on every rank). When ``ratio > threshold`` it
-    multiplies every optimizer param group's ``lr`` by ``factor`` (down to ``min_scale`` times the original),
-    records the event and warns (rank 0) that ``c`` may be too large for this learning rate.
-
-    Replicas stay bit-identical without any collective: the inputs (parameters, aggregates, the probe batch and
-    ``scheme.max_staleness``) are identical on every rank and the computation is deterministic, so every rank takes
-    the same decision at the same step. That requires the same torch build and thread settings on every rank, as
-    Lightning's launchers give. Off unless added to the Trainer's callbacks.
-
-    Args:
-        threshold: act when ``ratio`` exceeds this.
-        factor: multiply ``lr`` by this on each action (``0 < factor < 1``).
-        check_every_n_steps: steps between checks (two probe gradients per check, on every rank).
-        min_scale: never scale ``lr`` below this fraction of its value when training started.
-        probe_size: samples in the probe batch (drawn once, seeded, from the training set).
-        probe_seed: seed of that draw.
-        action: ``"lr"`` lowers the learning rate; ``"window"`` (``scheme="bounded"`` only) lowers the staleness
-            window ``c`` by one instead (down to ``min_window``; the leader then closes versions only with younger
-            entries, waiting more for coverage); ``"warn"`` only warns and records.
-        recover_below: if set, undo one action (``lr`` times ``1/factor`` or ``c`` plus one, up to the original)
-            when ``ratio`` falls below this.
-        staleness: the age ``a`` to measure over; default ``scheme.max_staleness`` (the valve is inert when 0),
-            read once at the start of fit.
-        eps: the ``eps`` in ``L_hat``.
-        min_window: the smallest ``c`` the ``"window"`` action lowers to. Raise it if coverage waits
-            (``pgc/bounded/coverage_wait_s``) grow after the valve acted.
-    """
-
-    def __init__(
-        self,
-        threshold: float = 0.5,
-        factor: float = 0.5,
-        check_every_n_steps: int = 10,
-        min_scale: float = 1.0 / 64,
-        probe_size: int = 256,
-        probe_seed: int = 0,
-        action: str = "lr",
-        recover_below: Optional[float] = None,
-        staleness: Optional[int] = None,
-        eps: float = 1e-12,
-        min_window: int = 1,
-    ) -> None:
-        if not threshold >= 0:
-            raise ValueError(f"threshold must be >= 0, got {threshold}")
-        if not 0.0 < factor < 1.0:
-            raise ValueError(f"factor must be in (0, 1), got {factor}")
-        if check_every_n_steps < 1:
-            raise ValueError(f"check_every_n_steps must be >= 1, got {check_every_n_steps}")
-        if not 0.0 < min_scale <= 1.0:
-            raise ValueError(f"min_scale must be in (0, 1], got {min_scale}")
-        if probe_size < 1:
-            raise ValueError(f"probe_size must be >= 1, got {probe_size}")
-        if action not in ("lr", "warn", "window"):
-            raise ValueError(f"action must be 'lr', 'window' or 'warn', got {action!r}")
-        if min_window < 1:
-            raise ValueError(f"min_window must be >= 1, got {min_window}")
-        if recover_below is not None and not 0 <= recover_below < threshold:
-            raise ValueError(f"recover_below must be in [0, threshold), got {recover_below}")
-        if staleness is not None and staleness < 0:
-            raise ValueError(f"staleness must be >= 0 or None, got {staleness}")
-        self.threshold = float(threshold)
-        self.factor = float(factor)
-        self.check_every_n_steps = check_every_n_steps
-        self.min_scale = float(min_scale)
-        self.probe_size = probe_size
-        self.probe_seed = probe_seed
-        self.action = action
-        self.recover_below = recover_below
-        self.staleness = staleness
-        self.eps = eps
-        self.min_window = min_window
-        self.window: Optional[int] = None  # current c under action="window" (checkpointed)
-        self._initial_window = 0
-        self.scale = 1.0  # current lr / lr at the start of training (checkpointed)
-        self.events: list[dict[str, float]] = []  # every lr change (checkpointed)
-        self.history: list[dict[str, float]] = []  # every check of this fit
-        self._age = 0
-        self._probe: Any = None
-        self._anchors: dict[int, tuple[Tensor, Tensor]] = {}
-        self._agg_sq: list[float] = []
-        self.rank = 0
-        self.final_lrs: list[float] = []  # every param group's lr at the end of fit
-
-    # ------------------------------------------------------------------------------------------------ state
-    def state_dict(self) -> dict[str, Any]:
-        return {"scale": self.scale, "events": list(self.events), "window": self.window}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.scale = float(state_dict.get("scale", 1.0))
-        self.events = list(state_dict.get("events", []))
-        self.window = state_dict.get("window")
-
-    # ------------------------------------------------------------------------------------------------ hooks
-    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.history = []
-        self._anchors = {}
-        self._agg_sq = []
-        self.rank = trainer.global_rank
-        scheme = getattr(trainer.strategy, "scheme", None)
-        if self.action == "window":
-            if not isinstance(scheme, BoundedScheme):
-                raise ValueError(
-                    "StalenessValve(action='window') lowers the window c of scheme='bounded'; this "
-                    f"strategy's scheme is {getattr(scheme, 'name', None)!r}: use action='lr'"
-                )
-            self._initial_window = scheme.window
-            if self.window is not None:  # resumed: the checkpointed window, identical on every rank
-                scheme.window = self.window
-            self.window = scheme.window
-        self._age = int(self.staleness if self.staleness is not None else getattr(scheme, "max_staleness", 0) or 0)
-        if self._age == 0:
-            if self.rank == 0:
-                log.info("StalenessValve: no staleness to measure (max_staleness = 0); the valve is inert")
-            return
-        loader = trainer.train_dataloader
-        found = _partition_loader(trainer)
-        if found is not None:
-            loader = found[0]
-        dataset = getattr(loader, "dataset", None)
-        if dataset is None or not hasattr(dataset, "__len__"):
-            raise ValueError("StalenessValve needs a map-style training dataset to draw its probe batch from")
-        size = min(self.probe_size, len(dataset))
-        indices = np.random.default_rng(self.probe_seed).permutation(len(dataset))[:size].tolist()
-        self._probe = _collate(loader, indices)
-
-    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
-        if self._age == 0 or self._probe is None:
-            return
-        t, a, every = trainer.global_step, self._age, self.check_every_n_steps
-        is_anchor = (t + a) % every == 0
-        is_check = t % every == 0 and (t - a) in self._anchors
-        if not (is_anchor or is_check):
-            return
-        params = _flat_params(pl_module)
-        gradient = _loss_gradient(pl_module, self._probe)
-        if is_check:
-            old_params, old_gradient = self._anchors.pop(t - a)
-            self._check(trainer, pl_module, t, params, gradient, old_params, old_gradient)
-        if is_anchor:
-            self._anchors[t] = (params, gradient)
-        for v in [v for v in self._anchors if v < t - a]:
-            del self._anchors[v]
-
-    def on_before_optimizer_step(self, trainer: Trainer, pl_module: LightningModule, optimizer: Any) -> None:
-        """``|g_hat|^2`` of the gradient about to be applied: under PGC the decoded aggregate, the same on every rank."""
-        if self._age == 0:
-            return
-        total = 0.0
-        for p in pl_module.parameters():
-            if p.requires_grad and p.grad is not None:
-                total += float(p.grad.detach().to(torch.float64).pow(2).sum())
-        self._agg_sq.append(total)
-
-    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.final_lrs = [float(g["lr"]) for opt in trainer.optimizers for g in opt.param_groups]
-
-    # ------------------------------------------------------------------------------------------- decision
-    def _check(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        t: int,
-        params: Tensor,
-        gradient: Tensor,
-        old_params: Tensor,
-        old_gradient: Tensor,
-    ) -> None:
-        if not self._agg_sq:
-            return
-        agg_sq = sum(self._agg_sq) / len(self._agg_sq)
-        self._agg_sq = []
-        step = float((params - old_params).norm())
-        l_hat = float((gradient - old_gradient).norm()) / (step + self.eps)
-        term = l_hat**2 * step**2
-        ratio = term / max(agg_sq, self.eps)
-        new_scale, new_window = self.scale, self.window
-        if self.action == "lr":
-            new_scale = adapt_step(
-                ratio,
-                threshold=self.threshold,
-                recover_below=self.recover_below,
-                value=self.scale,
-                factor=self.factor,
-                lowest=self.min_scale,
-                highest=1.0,
-            )
-        elif self.action == "window" and self.window is not None:
-            new_window = int(
-                adapt_step(
-                    ratio,
-                    threshold=self.threshold,
-                    recover_below=self.recover_below,
-                    value=self.window,
-                    factor=-1,
-                    lowest=min(self.min_window, self.window),
-                    highest=self._initial_window,
-                )
-            )
-        entry = {
-            "step": float(t),
-            "ratio": ratio,
-            "staleness_term": term,
-            "agg_sqnorm": agg_sq,
-            "L_hat": l_hat,
-            "displacement_sq": step**2,
-            "lr_scale": new_scale,
-        }
-        if new_window is not None:
-            entry["window"] = float(new_window)
-        self.history.append(entry)
-        if new_window != self.window:
-            trainer.strategy.scheme.window = self.window = new_window
-            self.events.append(entry)
-        changed = new_scale != self.scale
-        if changed:
-            change = new_scale / self.scale
-            for optimizer in trainer.optimizers:
-                for group in optimizer.param_groups:
-                    group["lr"] = group["lr"] * change
-            self.scale = new_scale
-            self.events.append(entry)
-        if ratio > self.threshold and self.rank == 0:
-            if self.action == "window":
-                did = f"staleness window c is now {self.window}. "
-            elif self.action != "lr":
-                did = ""
-            elif changed:
-                did = f"learning rate scaled to {self.scale:g} x its initial value. "
-            else:
-                did = f"learning rate already at its floor ({self.scale:g} x its initial value). "
-            rank_zero_warn(
-                f"PGC staleness valve at step {t}: L_hat^2 * |beta_t - beta_(t-{self._age})|^2 = {term:.3g} is "
-                f"{ratio:.2f} x |g_hat|^2 (threshold {self.threshold:g}); {did}"
-                f"Gradients up to c-1 = {self._age} steps stale move this far: consider a smaller c (PGC: fewer "
-                f"tolerated stragglers, c = s+1 = {self._age + 1}; bounded: `staleness`) or a lower learning rate."
-            )
-        if self.rank == 0:  # at the step measured, once (not at Lightning's log_every_n_steps cadence)
-            _log_at(
-                trainer,
-                {
-                    "pgc/valve/ratio": ratio,
-                    "pgc/valve/lr_scale": self.scale,
-                    "pgc/valve/L_hat_staleness": l_hat,
-                    "pgc/valve/staleness_term": term,
-                    **({"pgc/valve/window": float(self.window)} if self.window else {}),
-                },
-                t,
-            )
-
-
-# ================================================================================================== helpers
 def _is_leader(strategy: Any) -> bool:
     """Whether this rank runs the leader (rank 0), where the per-version records are."""
     runtime = getattr(strategy, "runtime", None)
     return runtime is not None and runtime.is_leader
-
-
-def _log_at(trainer: Trainer, metrics: dict[str, float], step: int) -> None:
-    """Log ``metrics`` once, at ``step``, to every logger of the trainer (rank 0's loggers are the live ones)."""
-    for logger in trainer.loggers:
-        logger.log_metrics(metrics, step=step)
 
 
 def _rank_metrics(stats: list[dict[str, float]], closed: int, cap: Optional[int] = None) -> dict[str, float]:
@@ -786,137 +375,3 @@ def _rank_metrics(stats: list[dict[str, float]], closed: int, cap: Optional[int]
         out["pgc/slowest_rank"] = float(slowest["rank"])
         out["pgc/slowest_rank_mean_lag_s"] = float(slowest["mean_lag_s"])
     return out
-
-
-def _flat_params(module: torch.nn.Module) -> Tensor:
-    """Every parameter, frozen ones included, so the layout survives a finetuning callback's unfreezing."""
-    return torch.cat([p.detach().reshape(-1).double().cpu() for p in module.parameters()])
-
-
-def _loss_gradient(pl_module: LightningModule, batch: Any) -> Tensor:
-    """Flat float64 gradient of ``training_step(batch)``'s loss, leaving no trace (grads, buffers, RNG, logs)."""
-    return _loss_and_gradient(pl_module, batch)[1]
-
-
-def _loss_and_gradient(pl_module: LightningModule, batch: Any) -> tuple[float, Tensor]:
-    """``training_step(batch)``'s loss and its flat float64 gradient over every parameter (zeros for frozen ones),
-    leaving no trace (grads, buffers, metric states, RNG, logs)."""
-    params = list(pl_module.parameters())
-    trainable = [p for p in params if p.requires_grad]
-    batch = apply_to_collection(batch, Tensor, lambda t: t.to(pl_module.device))
-    with _untouched(pl_module), torch.enable_grad():
-        output = pl_module.training_step(batch, 0)
-        loss = output["loss"] if isinstance(output, Mapping) else output
-        grads = dict(zip(map(id, trainable), torch.autograd.grad(loss, trainable, allow_unused=True)))
-    flat = [(grads.get(id(p)) if grads.get(id(p)) is not None else torch.zeros_like(p)) for p in params]
-    return float(loss.detach()), torch.cat([g.detach().reshape(-1).double().cpu() for g in flat])
-
-
-def _probe_loss(pl_module: LightningModule, batch: Any) -> float:
-    """``training_step(batch)``'s loss at the current parameters, without autograd, leaving no trace."""
-    batch = apply_to_collection(batch, Tensor, lambda t: t.to(pl_module.device))
-    with _untouched(pl_module), torch.no_grad():
-        output = pl_module.training_step(batch, 0)
-        loss = output["loss"] if isinstance(output, Mapping) else output
-    return float(loss.detach())
-
-
-@contextmanager
-def _untouched(pl_module: LightningModule) -> Iterator[None]:
-    """Run the user's training_step off the record: RNG forked, logs muted, collectives refused (under PGC), buffers
-    and torchmetrics states restored afterwards (a probe call on rank 0 must not count in a metric or move
-    BatchNorm statistics)."""
-    buffers = [b.detach().clone() for b in pl_module.buffers()]
-    metrics = _metric_states(pl_module)
-    with torch.random.fork_rng(devices=[]), _muted(pl_module), _guarded(pl_module):
-        try:
-            yield
-        finally:
-            for b, saved in zip(pl_module.buffers(), buffers):
-                b.data.copy_(saved)
-            for metric, state in metrics:
-                for name, value in state.items():
-                    setattr(metric, name, value)
-
-
-@contextmanager
-def _guarded(pl_module: LightningModule) -> Iterator[None]:
-    """Under PGC, refuse collectives in a probe call of training_step as in the real one (it runs on one rank)."""
-    try:
-        guard = getattr(pl_module.trainer.strategy, "collective_guard", None)
-    except RuntimeError:  # not attached to a Trainer
-        guard = None
-    if guard is None:
-        yield
-    else:
-        with guard(pl_module):
-            yield
-
-
-def _metric_states(module: torch.nn.Module) -> list[tuple[Any, dict[str, Any]]]:
-    """A copy of every torchmetrics metric's state (its ``_defaults`` names and update bookkeeping)."""
-    import copy
-
-    saved = []
-    for sub in module.modules():
-        defaults = getattr(sub, "_defaults", None)
-        if isinstance(defaults, dict) and hasattr(sub, "_update_count"):
-            names = [*defaults, "_update_count", "_computed", "_forward_cache"]
-            saved.append((sub, {n: copy.deepcopy(getattr(sub, n, None)) for n in names if hasattr(sub, n)}))
-    return saved
-
-
-@contextmanager
-def _swapped_params(params: Sequence[torch.nn.Parameter], flat: Tensor) -> Iterator[None]:
-    """Temporarily point every parameter's data at the values in ``flat`` (float64, from ``_flat_params``).
-
-    The original tensors are put back untouched, so the run's parameters (and the optimizer's references to them)
-    are bit-for-bit unchanged afterwards.
-    """
-    saved = [p.data for p in params]
-    offset = 0
-    try:
-        for p in params:
-            size = p.numel()
-            p.data = flat[offset : offset + size].view_as(p).to(device=p.device, dtype=p.dtype).clone()
-            offset += size
-        yield
-    finally:
-        for p, data in zip(params, saved):
-            p.data = data
-
-
-def _partition_loader(trainer: Trainer) -> Optional[tuple[Any, Any]]:
-    """``(DataLoader, PartitionBatchSampler)`` of the running fit, or ``None`` when the strategy is not PGC's."""
-    from lightning_pgc.data import PartitionBatchSampler
-
-    combined = getattr(trainer.fit_loop, "_combined_loader", None)
-    loaders = list(combined.flattened) if combined is not None else []
-    if not loaders and trainer.train_dataloader is not None:
-        loaders = [trainer.train_dataloader]
-    for loader in loaders:
-        sampler = getattr(loader, "batch_sampler", None)
-        if isinstance(sampler, PartitionBatchSampler):
-            return loader, sampler
-    return None
-
-
-def _collate(loader: Any, indices: Sequence[int]) -> Any:
-    """The batch ``loader`` would yield for these dataset indices."""
-    dataset = loader.dataset
-    collate = getattr(loader, "collate_fn", None)
-    if collate is None:
-        from torch.utils.data import default_collate as collate
-    return collate([dataset[int(i)] for i in indices])
-
-
-@contextmanager
-def _muted(module: LightningModule) -> Iterator[None]:
-    """Silence ``self.log`` inside a probe call of the user's training_step."""
-    module.log = lambda *args, **kwargs: None  # type: ignore[method-assign]
-    module.log_dict = lambda *args, **kwargs: None  # type: ignore[method-assign]
-    try:
-        yield
-    finally:
-        del module.log
-        del module.log_dict
