@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import crossover as cx  # noqa: E402
 import grid as single  # noqa: E402
 
-from lightning_pgc import recipes  # noqa: E402
+from lightning_pgc import recipe_files as recipes  # noqa: E402
 from lightning_pgc.experiments import FILES, job_config, launch, read_result  # noqa: E402
 from lightning_pgc.experiments.spec import recipe_path, resolve_spec  # noqa: E402
 

@@ -80,7 +80,7 @@ def test_help_lists_subcommands(tmp_path: Path) -> None:
 
 def test_version_and_recipes_listing(capsys: pytest.CaptureFixture[str]) -> None:
     import lightning_pgc
-    from lightning_pgc import recipes
+    from lightning_pgc import recipe_files as recipes
     from lightning_pgc.cli import main
 
     main(["--version"])  # answered before LightningCLI is built (the wheel test runs the console script)
@@ -103,7 +103,7 @@ def test_version_and_recipes_listing(capsys: pytest.CaptureFixture[str]) -> None
 
 def test_local_file_shadows_the_packaged_recipe(tmp_path: Path) -> None:
     from lightning_pgc.cli import resolve_configs
-    from lightning_pgc.recipes import resolve
+    from lightning_pgc.recipe_files import resolve
 
     packaged = str(resolve("digits_cnn.yaml"))
     assert resolve_configs(["fit", "--config", "digits_cnn.yaml", "-c=x"]) == ["fit", "--config", packaged, "-c=x"]

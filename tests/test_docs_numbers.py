@@ -157,7 +157,7 @@ def _select(x: Any, keys: list[str]) -> list[Any]:
 
 
 def _resolve(name: str) -> Path:
-    for candidate in (ROOT / name, DOCS / name, ROOT / "lightning_pgc" / "recipes" / name):
+    for candidate in (ROOT / name, DOCS / name, ROOT / "recipes" / name):
         if candidate.is_file():
             return candidate
     raise FileNotFoundError(name)

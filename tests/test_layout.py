@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -51,3 +52,44 @@ def test_public_names_are_importable_from_the_package_and_its_callbacks() -> Non
     for name in ("Stall", "Freeze", "Kill", "Terminate", "NaNGradient"):
         assert getattr(callbacks, name) is getattr(faults, name)
     assert callbacks.StragglerInjector is stragglers.StragglerInjector
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_recipes_live_at_the_top_level_and_resolve_from_any_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lightning_pgc import recipe_files
+    from lightning_pgc.cli import resolve_configs
+
+    assert recipe_files.folder() == ROOT / "recipes"  # a checkout: beside the package
+    assert not (ROOT / "lightning_pgc" / "recipes").exists()
+    names = recipe_files.available()
+    assert {"digits_cnn.yaml", "strategies/ddp.yaml", "stragglers/seeds.yaml"} <= set(names)
+    monkeypatch.chdir(tmp_path)  # no recipe files here
+    for name in names:
+        assert resolve_configs(["fit", "--config", name]) == ["fit", "--config", str(ROOT / "recipes" / name)]
+    assert resolve_configs(["--config=recipes/digits_cnn.yaml"]) == [f"--config={ROOT / 'recipes' / 'digits_cnn.yaml'}"]
+
+
+def test_an_installed_package_reads_the_recipes_inside_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wheel's layout (lightning_pgc/recipes/) comes first; with neither folder the error names both."""
+    from lightning_pgc import recipe_files
+
+    inside, beside = tmp_path / "site" / "lightning_pgc" / "recipes", tmp_path / "site" / "recipes"
+    (inside / "strategies").mkdir(parents=True)
+    (inside / "digits_cnn.yaml").write_text("# inside\n")
+    (inside / "strategies" / "ddp.yaml").write_text("# a fragment\n")
+    beside.mkdir()
+    (beside / "digits_cnn.yaml").write_text("# beside\n")
+    monkeypatch.setattr(recipe_files, "CANDIDATES", (inside, beside))
+    assert recipe_files.folder() == inside
+    assert recipe_files.available() == ["digits_cnn.yaml", "strategies/ddp.yaml"]
+    assert recipe_files.describe("lightning_pgc/recipes/digits_cnn.yaml") == "inside"
+    (inside / "digits_cnn.yaml").unlink()
+    (inside / "__pycache__").mkdir()  # a leftover folder without recipes is skipped
+    assert recipe_files.folder() == beside
+    monkeypatch.setattr(recipe_files, "CANDIDATES", (inside / "none", beside / "none"))
+    with pytest.raises(FileNotFoundError, match="no recipes found in .*none or .*none"):
+        recipe_files.folder()

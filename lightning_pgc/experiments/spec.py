@@ -46,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from lightning_pgc import recipes
+from lightning_pgc import recipe_files as recipes
 
 __all__ = ["DEFAULTS", "job_config", "resolve_spec", "recipe_path"]
 
