@@ -93,3 +93,18 @@ def test_an_installed_package_reads_the_recipes_inside_it(tmp_path: Path, monkey
     monkeypatch.setattr(recipe_files, "CANDIDATES", (inside / "none", beside / "none"))
     with pytest.raises(FileNotFoundError, match="no recipes found in .*none or .*none"):
         recipe_files.folder()
+
+
+def test_the_module_map_in_the_design_page_is_generated_from_the_package() -> None:
+    """docs/design.md's map is :func:`render`'s output exactly (regenerate: ``python docs/module_map.py``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("module_map", ROOT / "docs" / "module_map.py")
+    assert spec is not None and spec.loader is not None
+    module_map = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module_map)
+    block = module_map.render()
+    assert module_map.current((ROOT / "docs" / "design.md").read_text()) == block
+    every = sorted(p.relative_to(ROOT / "lightning_pgc") for p in (ROOT / "lightning_pgc").rglob("*.py"))
+    assert all(f" {p.name} " in block or f" {p.parent.name}/ " in block for p in every)  # no module left out
+    assert "theory_metrics.py" in block and "TheoryMeter: the convergence theory's constants" in block
