@@ -539,7 +539,6 @@ def single_main(argv: list[str]) -> dict[str, Any]:
             "benchmarks_loss_vs_step.png": plot(runs, configs, "step", args.target, title),
         },
     )
-    paths = {path.name: path for path in [docs / "benchmarks.csv", *written]}
 
     summary = Table(
         title=f"grid summary: mean over seeds {args.seeds} (target validation loss {args.target}); "
@@ -574,7 +573,7 @@ def single_main(argv: list[str]) -> dict[str, Any]:
         )
     console.print(summary)
     console.print(f"grid wall time: {grid_wall / 60:.1f} min ({jobs_run} jobs run, {len(jobs) - jobs_run} reused)")
-    for path in paths.values():
+    for path in [docs / "benchmarks.csv", *written]:
         console.print(f"wrote {path}")
     console.print(f"wrote {len(runs)} job directories under {root} (rank files, curves, job.log, W&B runs)")
     return result
