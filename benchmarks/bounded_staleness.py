@@ -29,7 +29,6 @@ block between the ``bounded-choice`` markers of ``docs/bounded_staleness.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import statistics
 import sys
@@ -37,10 +36,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import grid  # noqa: E402  (the grid's per-run measurements and helpers)
-
-from lightning_pgc.experiments import launch  # noqa: E402
+from lightning_pgc.experiments import launch
+from lightning_pgc.experiments import runs as grid  # the grid's per-run measurements
+from lightning_pgc.experiments.report import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKS = {
@@ -159,7 +157,7 @@ def summarize(
                 "reached": sum(1 for r in ok if r.get("reached")),
             }
             for _, key, _ in columns:
-                values = [r[key] for r in ok if key in r and not grid._isnan(r[key])]
+                values = [r[key] for r in ok if key in r and not grid.isnan(r[key])]
                 entry[key] = statistics.fmean(values) if values else float("nan")
                 entry[key + "_min"] = min(values) if values else float("nan")
                 entry[key + "_max"] = max(values) if values else float("nan")
@@ -169,7 +167,7 @@ def summarize(
 
 def cell(entry: dict[str, Any], key: str, spec: str) -> str:
     mean, lo, hi = entry[key], entry[key + "_min"], entry[key + "_max"]
-    if grid._isnan(mean):
+    if grid.isnan(mean):
         return "-"
     text = format(mean, spec)
     if format(lo, spec) != format(hi, spec):
@@ -225,7 +223,7 @@ def render_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(runs: dict[tuple[str, str], list[grid.Run]], labels: Sequence[str], target: float, path: Path) -> None:
+def plot(runs: dict[tuple[str, str], list[grid.Run]], labels: Sequence[str], target: float) -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -256,18 +254,7 @@ def plot(runs: dict[tuple[str, str], list[grid.Run]], labels: Sequence[str], tar
     axes[0].set_ylabel("validation loss (seed mean)")
     axes[0].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def update_markdown(path: Path, generated: str, marks: tuple[str, str] = MARKS["bounded"]) -> None:
-    """Replace the block between ``marks`` (appended at the end when the page has none yet)."""
-    begin, end = marks
-    text = path.read_text() if path.exists() else "# Bounded staleness\n"
-    if begin not in text:
-        text = text.rstrip("\n") + f"\n\n{begin}\n{end}\n"
-    head, rest = text.split(begin, 1)
-    path.write_text(head + generated + rest.split(end, 1)[1])
+    return fig
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -359,11 +346,14 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
         "table": summarize(rows, labels, columns),
         "runs": [{k: v for k, v in r.items() if k != "out"} for r in rows],
     }
-    docs = Path(args.docs)
-    (docs / f"{name}.json").write_text(json.dumps(result, indent=1, default=float))
-    plot(runs, labels, args.target, docs / f"{name}.png")
-    update_markdown(
-        docs / "bounded_staleness.md", render_markdown(result), MARKS["bounded-choice" if args.choices else "bounded"]
+    write_report(
+        Path(args.docs),
+        name,
+        result,
+        block=(render_markdown(result), *MARKS["bounded-choice" if args.choices else "bounded"]),
+        markdown_name="bounded_staleness",
+        title="# Bounded staleness",
+        figures={f"{name}.png": plot(runs, labels, args.target)},
     )
     print(render_markdown(result))
     return result

@@ -17,13 +17,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from lightning_pgc.experiments.launch import launch_script
+from lightning_pgc.experiments.report import write_json
+from lightning_pgc.experiments.stats import seconds_per_step
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,7 +37,7 @@ def worker(args: argparse.Namespace) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     from lightning_pgc import PGCStrategy
-    from lightning_pgc.stragglers import StragglerInjector
+    from lightning_pgc.callbacks.stragglers import StragglerInjector
 
     class Net(pl.LightningModule):
         def __init__(self) -> None:
@@ -126,52 +127,21 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def launch(args: argparse.Namespace, strategy: str, slow: float, out: Path) -> dict:
-    """Start ``args.ranks`` processes by hand (each a one-device node on its own GPU) and read their results."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = []
-    for r in range(args.ranks):
-        env = {
-            **os.environ,
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "NODE_RANK": str(r),
-            "LOCAL_RANK": "0",
-            "WORLD_SIZE": str(args.ranks),
-            "OMP_NUM_THREADS": "2",
-        }
-        if args.accelerator == "cuda":
-            env["CUDA_VISIBLE_DEVICES"] = str(r)  # one GPU per rank: NCCL refuses two ranks on one GPU
-        cmd = [
-            sys.executable,
-            __file__,
-            "--worker",
-            "--strategy",
-            strategy,
-            "--out",
-            str(out),
-            "--ranks",
-            str(args.ranks),
-            "--steps",
-            str(args.steps),
-            "--accelerator",
-            args.accelerator,
-            "--slow-seconds",
-            str(slow),
-        ]
-        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    logs = [p.communicate(timeout=900)[0] for p in procs]
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"{strategy} failed:\n" + "\n".join(log[-3000:] for log in logs))
-    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(args.ranks)]
-    start = max(r["times"][args.skip - 1] for r in ranks)
-    end = max(r["times"][-1] for r in ranks)
+    """Start ``args.ranks`` processes (each a one-device node on its own GPU) and summarize what they wrote."""
+    worker = ["--strategy", strategy, "--ranks", str(args.ranks), "--steps", str(args.steps)]
+    worker += ["--skip", str(args.skip), "--accelerator", args.accelerator, "--slow-seconds", str(slow)]
+
+    def one_gpu(rank: int) -> dict[str, str]:  # NCCL refuses two ranks on one GPU
+        return {"CUDA_VISIBLE_DEVICES": str(rank)} if args.accelerator == "cuda" else {}
+
+    ranks = launch_script(
+        Path(__file__), worker, out, args.ranks, one_process_per_rank=True, rank_env=one_gpu, threads=2, timeout=900
+    )
     shas = {r["aggregate_sha256"] for r in ranks}
     return {
         "strategy": strategy,
         "slow_s": slow,
-        "seconds_per_step": (end - start) / (args.steps - args.skip),
+        "seconds_per_step": seconds_per_step([r["times"] for r in ranks], args.skip),
         "device": ranks[0]["device"],
         "params": ranks[0]["params"],
         "buffers": ranks[0]["buffers"],
@@ -215,11 +185,8 @@ def main() -> None:
         results.append(res)
         print(json.dumps({k: v for k, v in res.items() if k != "buffers"}), flush=True)
     if args.write:
-        (ROOT / "docs" / "gpu_check.json").write_text(
-            json.dumps(
-                {"command": "python benchmarks/gpu_check.py " + " ".join(sys.argv[1:]), "results": results}, indent=1
-            )
-        )
+        command = "python benchmarks/gpu_check.py " + " ".join(sys.argv[1:])
+        write_json(ROOT / "docs" / "gpu_check.json", {"command": command, "results": results})
 
 
 if __name__ == "__main__":

@@ -34,27 +34,31 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import json
-import math
 import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 from lightning_pgc.experiments import (
     JobResult,
-    at_index,
-    cumulative_at,
-    first_crossing,
-    interpolate,
     launch,
-    read_result,
     smoothed,
 )
-from lightning_pgc.experiments.spec import resolve_spec
+from lightning_pgc.experiments.report import update_block, write_report
+from lightning_pgc.experiments.runs import (
+    Config,
+    Run,
+    equal_wall_times,
+    isnan,
+    read_run,
+    reusable,
+    run_row,
+    seed_mean,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,24 +77,6 @@ MARK_END = "<!-- grid:end -->"
 
 
 # ================================================================================================ the grid
-@dataclass(frozen=True)
-class Config:
-    """One row of the table: a scheme with its s and c (c = copies of each partition, 1 for ddp/dgd/ignore)."""
-
-    scheme: str
-    s: int
-    c: int
-    condition: str = "stragglers"  # or "no delay": the same job without injected delays
-
-    @property
-    def label(self) -> str:
-        return self.scheme if self.s == 0 else f"{self.scheme} s={self.s}"
-
-    @property
-    def key(self) -> str:
-        return f"{self.scheme}_s{self.s}" + ("" if self.condition == "stragglers" else "_nodelay")
-
-
 def default_delay(n: int) -> str:
     """Log-normal jitter on every rank, rare long stalls on any rank, and the last rank moderately slow."""
     return (
@@ -170,147 +156,6 @@ def job_spec(cfg: Config, seed: int, args: argparse.Namespace, out: Path, group:
 
 
 # ============================================================================================ measurements
-@dataclass
-class Run:
-    """What one job wrote, read back."""
-
-    config: Config
-    seed: int
-    out: Path
-    ok: bool
-    job_wall_s: float = float("nan")  # the whole job, launch to exit
-    val: list[tuple[float, int, float, float]] = field(default_factory=list)  # (wall, step, loss, acc)
-    train: list[tuple[float, int, float]] = field(default_factory=list)  # (wall on the val clock, step, loss)
-    ranks: list[dict[str, Any]] = field(default_factory=list)
-    diagnostics: list[dict[str, float]] = field(default_factory=list)
-    error: str = ""
-
-
-def read_run(cfg: Config, seed: int, result: JobResult) -> Run:
-    """A grid run from a job's result (``ok=False`` with the reason when something is missing)."""
-    if not result.ok or not result.val_curve:
-        return Run(
-            cfg, seed, result.out, ok=False, job_wall_s=result.job_wall_s, error=result.error or "no validation curve"
-        )
-    val = [(wall, step, loss, acc) for wall, step, loss, acc, _ in result.val_curve]
-    return Run(
-        cfg,
-        seed,
-        result.out,
-        ok=True,
-        job_wall_s=result.job_wall_s,
-        val=val,
-        train=result.train_on_val_clock(),
-        ranks=result.ranks,
-        diagnostics=result.diagnostics,
-    )
-
-
-def run_row(run: Run, target: float, equal_wall_s: Optional[float]) -> dict[str, Any]:
-    """Every measured column of one run (NaN where not defined)."""
-    nan = float("nan")
-    row: dict[str, Any] = {
-        "condition": run.config.condition,
-        "scheme": run.config.scheme,
-        "s": run.config.s,
-        "c": run.config.c,
-        "seed": run.seed,
-        "status": "ok" if run.ok else "failed",
-        "job_wall_s": run.job_wall_s,
-        "out": str(run.out),
-    }
-    if not run.ok:
-        return row
-    walls = [v[0] for v in run.val]
-    steps = [float(v[1]) for v in run.val]
-    losses = [v[2] for v in run.val]
-    accs = [v[3] for v in run.val]
-    measures = [r["measure"] for r in run.ranks]
-    evals = [sum(col) for col in zip(*(m["evals_per_step"] for m in measures))]
-    samples = [sum(col) for col in zip(*(m["samples_per_step"] for m in measures))]
-    flops_per_sample = measures[0]["flops_fwd_bwd_per_sample"]
-    n_steps = len(evals)
-
-    crossing = first_crossing(losses, target)
-    row.update(
-        {
-            "target_val_loss": target,
-            "reached": crossing is not None,
-            "time_to_target_s": at_index(walls, crossing) if crossing is not None else nan,
-            "steps_to_target": at_index(steps, crossing) if crossing is not None else nan,
-        }
-    )
-    if crossing is not None:
-        step = row["steps_to_target"]
-        row["grad_evals_to_target"] = cumulative_at(evals, step)
-        row["gflop_to_target"] = cumulative_at(samples, step) * flops_per_sample / 1e9
-    else:
-        row["grad_evals_to_target"] = row["gflop_to_target"] = nan
-    acc_eq = interpolate(walls, accs, equal_wall_s) if equal_wall_s is not None else None
-    loss_eq = interpolate(walls, losses, equal_wall_s) if equal_wall_s is not None else None
-    row.update(
-        {
-            "equal_wall_s": equal_wall_s if equal_wall_s is not None else nan,
-            "val_acc_at_equal_wall": acc_eq if acc_eq is not None else nan,
-            "val_loss_at_equal_wall": loss_eq if loss_eq is not None else nan,
-            "fit_wall_s": walls[-1],
-            "steps": int(steps[-1]),
-            "final_val_loss": losses[-1],
-            "final_val_acc": accs[-1],
-            "grad_evals_total": float(sum(evals)),
-            "grad_evals_per_step": sum(evals) / max(n_steps, 1),
-            "gflop_total": sum(samples) * flops_per_sample / 1e9,
-            "flops_fwd_bwd_per_sample": flops_per_sample,
-        }
-    )
-    utils = [m["utilization"] for m in measures]
-    row.update(
-        {
-            "utilization_mean": statistics.fmean(utils),
-            "utilization_min": min(utils),
-            "utilization_max": max(utils),
-            "busy_s_mean": statistics.fmean(m["busy_s"] for m in measures),
-            "compute_s_mean": statistics.fmean(m["forward_s"] + m["backward_s"] for m in measures),
-            "simulated_compute_s_mean": statistics.fmean(m.get("simulated_compute_s", 0.0) for m in measures),
-            "injected_sleep_s_mean": statistics.fmean(m["injected_sleep_s"] for m in measures),
-            "worker_wait_ms_per_step": 1000 * statistics.fmean(m["wait_s"] for m in measures) / max(n_steps, 1),
-            "idle_ms_per_step": 1000 * statistics.fmean(m["wall_s"] - m["busy_s"] for m in measures) / max(n_steps, 1),
-            "skipped_steps": sum(r.get("skipped_steps", 0) for r in run.ranks),
-            "replicas_identical": len({r["checksum"] for r in run.ranks}) == 1,
-        }
-    )
-    history = run.diagnostics
-    max_ages = [h["pgc/max_age"] for h in history if "pgc/max_age" in h]
-    mean_ages = [h["pgc/mean_age"] for h in history if "pgc/mean_age" in h]
-    waits = [h["pgc/coordinator_wait_s"] for h in history if "pgc/coordinator_wait_s" in h]
-    after_first = []
-    for h in history:
-        arrivals = [v for k, v in h.items() if k.startswith("pgc/arrival_s/rank")]
-        if "pgc/coordinator_wait_s" in h and arrivals:
-            after_first.append(h["pgc/coordinator_wait_s"] - min(arrivals))
-    fresh = run.config.scheme == "ddp"  # no PGC runtime: every gradient is fresh by construction
-    row.update(
-        {
-            "max_age": max(max_ages) if max_ages else (0.0 if fresh else nan),
-            "mean_age": statistics.fmean(mean_ages) if mean_ages else (0.0 if fresh else nan),
-            "coord_wait_ms_per_step": 1000 * statistics.fmean(waits) if waits else nan,
-            "coord_wait_after_first_code_ms": 1000 * statistics.fmean(after_first) if after_first else nan,
-        }
-    )
-    return row
-
-
-def equal_wall_times(runs: Iterable[Run]) -> dict[tuple[str, int], float]:
-    """Per (condition, seed): the wall time at which the fastest run finished all its steps."""
-    out: dict[tuple[str, int], float] = {}
-    for run in runs:
-        if run.ok and run.val:
-            end = run.val[-1][0]
-            key = (run.config.condition, run.seed)
-            out[key] = min(out.get(key, end), end)
-    return out
-
-
 #: (column in the aggregated table, per-run key, format)
 TABLE: list[tuple[str, str, str]] = [
     ("time to target (s)", "time_to_target_s", ".1f"),
@@ -352,19 +197,15 @@ def aggregate(rows: Sequence[dict[str, Any]], configs: Sequence[Config]) -> list
             "reached": sum(1 for r in ok if r.get("reached")),
         }
         for _, key, _ in TABLE:
-            values = [r[key] for r in ok if key in r and not _isnan(r[key])]
+            values = [r[key] for r in ok if key in r and not isnan(r[key])]
             entry[key] = statistics.fmean(values) if values else float("nan")
             entry[key + "_spread"] = (max(values) - min(values)) / 2 if len(values) > 1 else 0.0
         table.append(entry)
     return table
 
 
-def _isnan(x: Any) -> bool:
-    return isinstance(x, float) and math.isnan(x)
-
-
 def fmt(value: float, spec: str, spread: float = 0.0) -> str:
-    if _isnan(value):
+    if isnan(value):
         return "-"
     text = format(value, spec)
     if spread and format(spread, spec) != format(0.0, spec):
@@ -403,24 +244,7 @@ def _style(configs: Sequence[Config]) -> dict[str, tuple[str, str]]:
     return {cfg.key: (colors[cfg.scheme], dashes.get(cfg.s + 1, "-.")) for cfg in configs}
 
 
-def seed_mean(
-    curves: Sequence[tuple[Sequence[float], Sequence[float]]], points: int = 200
-) -> tuple[list[float], list[float]]:
-    """Mean over seeds of curves y(x), interpolated on a common grid up to the shortest curve's end."""
-    end = min(xs[-1] for xs, _ in curves)
-    start = max(xs[0] for xs, _ in curves)
-    grid = [start + (end - start) * i / (points - 1) for i in range(points)] if end > start else [start]
-    grid = [min(max(x, start), end) for x in grid]  # no rounding past either end
-    means = []
-    for x in grid:
-        values = [interpolate(xs, ys, x) for xs, ys in curves]
-        means.append(statistics.fmean(v for v in values if v is not None))
-    return grid, means
-
-
-def plot(
-    runs: Sequence[Run], configs: Sequence[Config], axis: str, target: float, title: str, path: Path, window: int = 10
-) -> None:
+def plot(runs: Sequence[Run], configs: Sequence[Config], axis: str, target: float, title: str, window: int = 10) -> Any:
     """Validation loss (left) and trailing-mean training loss (right) vs ``axis`` ("wall" or "step"), seed mean."""
     import matplotlib
 
@@ -451,8 +275,7 @@ def plot(
     ax_v.legend(fontsize=8, ncol=2)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 # ================================================================================================= report
@@ -493,10 +316,10 @@ def render_markdown(result: dict[str, Any], table: Sequence[dict[str, Any]]) -> 
     baseline = [e for e in table if e["condition"] != "stragglers"]
     lines += ["", markdown_table(main, len(s["seeds"])), ""]
     ddp = next((e for e in main if e["scheme"] == "ddp"), None)
-    if ddp is not None and not _isnan(ddp["time_to_target_s"]):
+    if ddp is not None and not isnan(ddp["time_to_target_s"]):
         ratios = []
         for e in main:
-            if e["scheme"] != "ddp" and not _isnan(e["time_to_target_s"]):
+            if e["scheme"] != "ddp" and not isnan(e["time_to_target_s"]):
                 ratios.append(f"{e['label']}: {e['time_to_target_s'] / ddp['time_to_target_s']:.2f}x")
         lines += ["Time to the target relative to ddp (lower is better): " + ", ".join(ratios) + ".", ""]
     if baseline:
@@ -520,21 +343,12 @@ def render_markdown(result: dict[str, Any], table: Sequence[dict[str, Any]]) -> 
     return "\n".join(lines)
 
 
-TEMPLATE = """# Benchmarks: every scheme on the same stragglers
-
-{generated}
-"""
+TITLE = "# Benchmarks: every scheme on the same stragglers"
 
 
 def update_markdown(path: Path, generated: str) -> None:
-    """Replace the generated block of ``path`` (create the file if missing), keeping the rest."""
-    if path.exists() and MARK_BEGIN in path.read_text() and MARK_END in path.read_text():
-        text = path.read_text()
-        head, rest = text.split(MARK_BEGIN, 1)
-        _, tail = rest.split(MARK_END, 1)
-        path.write_text(head + generated + tail)
-    else:
-        path.write_text(TEMPLATE.format(generated=generated))
+    """Replace the generated block of ``path`` (a missing page starts with :data:`TITLE`), keeping the rest."""
+    update_block(path, generated, MARK_BEGIN, MARK_END, title=TITLE)
 
 
 # ==================================================================================================== main
@@ -545,15 +359,6 @@ def run_job(spec: dict[str, Any], progress: Any, task: Any) -> JobResult:
         progress.update(task, completed=step, status="training" if step else "starting ranks")
 
     return launch(spec, check=False, on_progress=report)
-
-
-def reusable(out: Path, spec: dict[str, Any]) -> Optional[JobResult]:
-    """The result of a finished job in ``out`` run with the same spec (ignoring W&B naming), else None."""
-    previous = read_result(out)
-    strip = lambda s: {k: v for k, v in resolve_spec(s).items() if k not in ("wandb", "out")}  # noqa: E731
-    if not previous.ok or strip(previous.spec) != strip(spec):
-        return None
-    return previous
 
 
 def carry_over(result: dict[str, Any], previous_json: Path) -> None:
@@ -695,7 +500,7 @@ def single_main(argv: list[str]) -> dict[str, Any]:
         "grid_wall_s": grid_wall,
         "jobs": len(jobs),
         "jobs_run": jobs_run,
-        "jobs_wall_s_sum": sum(r.job_wall_s for r in runs if not _isnan(r.job_wall_s)),
+        "jobs_wall_s_sum": sum(r.job_wall_s for r in runs if not isnan(r.job_wall_s)),
         "machine": f"{os.cpu_count()} CPU cores, no GPU",
         "finished": time.strftime("%Y-%m-%d %H:%M"),
         "out": os.path.relpath(root, ROOT) if root.is_relative_to(ROOT) else str(root),
@@ -719,21 +524,21 @@ def single_main(argv: list[str]) -> dict[str, Any]:
         "table": table,
         "runs": rows,
     }
-    paths = {
-        "csv": docs / "benchmarks.csv",
-        "json": docs / "benchmarks.json",
-        "wall": docs / "benchmarks_loss_vs_wall.png",
-        "step": docs / "benchmarks_loss_vs_step.png",
-        "md": docs / "benchmarks.md",
-    }
     if jobs_run == 0:
-        carry_over(result, paths["json"])
-    write_csv(rows, paths["csv"])
-    paths["json"].write_text(json.dumps(result, indent=1, default=str))
+        carry_over(result, docs / "benchmarks.json")
+    write_csv(rows, docs / "benchmarks.csv")
     title = f"digits CNN, n={args.devices} CPU ranks, mean of seeds {args.seeds}; delay: {args.delay}"
-    plot(runs, configs, "wall", args.target, title, paths["wall"])
-    plot(runs, configs, "step", args.target, title, paths["step"])
-    update_markdown(paths["md"], render_markdown(result, table))
+    written = write_report(
+        docs,
+        "benchmarks",
+        result,
+        block=(render_markdown(result, table), MARK_BEGIN, MARK_END),
+        title=TITLE,
+        figures={
+            "benchmarks_loss_vs_wall.png": plot(runs, configs, "wall", args.target, title),
+            "benchmarks_loss_vs_step.png": plot(runs, configs, "step", args.target, title),
+        },
+    )
 
     summary = Table(
         title=f"grid summary: mean over seeds {args.seeds} (target validation loss {args.target}); "
@@ -768,7 +573,7 @@ def single_main(argv: list[str]) -> dict[str, Any]:
         )
     console.print(summary)
     console.print(f"grid wall time: {grid_wall / 60:.1f} min ({jobs_run} jobs run, {len(jobs) - jobs_run} reused)")
-    for path in paths.values():
+    for path in [docs / "benchmarks.csv", *written]:
         console.print(f"wrote {path}")
     console.print(f"wrote {len(runs)} job directories under {root} (rank files, curves, job.log, W&B runs)")
     return result
@@ -777,16 +582,21 @@ def single_main(argv: list[str]) -> dict[str, Any]:
 def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     """``--simulate``: benchmarks/sim_grid.py; ``--single``: the earlier one-table grid; default: the map grid."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     if "--simulate" in argv:  # the timing metrics for n = 4..64 on the simulated clock (benchmarks/sim_grid.py)
-        import sim_grid
-
-        return sim_grid.main([a for a in argv if a != "--simulate"])
+        return _script("sim_grid").main([a for a in argv if a != "--simulate"])
     if "--single" in argv:
         return single_main([a for a in argv if a != "--single"])
-    import grid_map
+    return _script("grid_map").main(argv)
 
-    return grid_map.main(argv)
+
+def _script(name: str) -> Any:
+    """The entry point ``benchmarks/<name>.py`` of another mode, loaded from its file (the scripts share code only
+    through :mod:`lightning_pgc.experiments`)."""
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", Path(__file__).with_name(f"{name}.py"))
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     WANDB_MODE=offline python benchmarks/grid.py [--max-jobs 40] [--only-cells stalls-sleep] [--render-only]
 
-Plans (:mod:`crossover`) a sweep (``--lrs`` at the recipe's momentum and the same effective rates at each of
+Plans (:mod:`lightning_pgc.experiments.crossover`) a sweep (``--lrs`` at the recipe's momentum and the same effective rates at each of
 ``--momenta``, on ``--sweep-seeds``, ``--sweep-steps`` steps, under ``--sweep-delay``, per evaluation cost) and the
 main runs (``--seeds``, ``--steps``) of every arm in every cell (``--delays`` x ``--costs``) at the setting the
 sweep chose, as round ``--round`` (a new round reruns every arm of a cell together), runs the jobs that have no
@@ -17,7 +17,6 @@ run the same command again to continue. ``--render-only`` runs nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -26,8 +25,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-import crossover as cx
-import grid as single
+from lightning_pgc.experiments import crossover as cx
+from lightning_pgc.experiments import runs as single
+from lightning_pgc.experiments.report import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the evaluation costs by their measured job time here (sweep: about 30 s, 51 s and 109 s per 100-step job)
@@ -296,19 +296,16 @@ def render(
         },
         "cells": summaries,
     }
-    docs = Path(args.docs)
-    docs.mkdir(parents=True, exist_ok=True)
-    (docs / "grid_map.json").write_text(json.dumps(result, indent=1, default=float))
-    cx.plot_map(result, docs / "grid_map.png")
-    md = docs / "benchmarks.md"
-    text = md.read_text() if md.exists() else "# Benchmarks\n"
-    block = cx.render_markdown(result)
-    if cx.MARK_BEGIN in text:
-        before, rest = text.split(cx.MARK_BEGIN, 1)
-        text = before + block + rest.split(cx.MARK_END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n## The crossover map\n\n" + block + "\n"
-    (docs / "benchmarks.md").write_text(text)
+    write_report(
+        Path(args.docs),
+        "grid_map",
+        result,
+        block=(cx.render_markdown(result), cx.MARK_BEGIN, cx.MARK_END),
+        markdown_name="benchmarks",
+        title="# Benchmarks",
+        heading="## The crossover map",
+        figures={"grid_map.png": cx.plot_map(result)},
+    )
     return result
 
 

@@ -15,13 +15,14 @@ docs/safety_valve.md and docs/safety_valve.png, and prints every path it writes.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from lightning_pgc.experiments import launch
+from lightning_pgc.experiments.report import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,7 +78,7 @@ def run_one(out: Path, cfg: dict, args: argparse.Namespace, seed: int) -> dict:
     }
 
 
-def plot(results: dict, path: Path, args: argparse.Namespace) -> None:
+def plot(results: dict, args: argparse.Namespace) -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -129,8 +130,7 @@ def plot(results: dict, path: Path, args: argparse.Namespace) -> None:
     axes[2].set_yscale("log")
     axes[2].legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
 
 
 def main() -> None:
@@ -182,10 +182,6 @@ def main() -> None:
         )
     command = "python benchmarks/safety_valve.py " + " ".join(sys.argv[1:])
     payload = {"command": command.strip(), "args": vars(args), "valve": VALVE, "summary": rows, "runs": results}
-    written = []
-    path = docs / "safety_valve.json"
-    path.write_text(json.dumps(payload, indent=1))
-    written.append(path)
 
     def fmt(values: list, spec: str = ".3f") -> str:
         return " / ".join("-" if v is None else format(v, spec) for v in values)
@@ -219,12 +215,8 @@ def main() -> None:
             f"{r['valves_agree_on_every_rank']} |"
         )
     lines += ["", "![safety valve](safety_valve.png)", ""]
-    path = docs / "safety_valve.md"
-    path.write_text("\n".join(lines))
-    written.append(path)
-    path = docs / "safety_valve.png"
-    plot(results, path, args)
-    written.append(path)
+    page = "\n".join(lines)
+    written = write_report(docs, "safety_valve", payload, page=page, figures={"safety_valve.png": plot(results, args)})
     for w in written:
         print(w)
 

@@ -36,13 +36,12 @@ from typing import Any, Optional
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import crossover as cx  # noqa: E402
-import grid as single  # noqa: E402
-
-from lightning_pgc import recipes  # noqa: E402
-from lightning_pgc.experiments import FILES, job_config, launch, read_result  # noqa: E402
-from lightning_pgc.experiments.spec import recipe_path, resolve_spec  # noqa: E402
+from lightning_pgc import recipe_files as recipes
+from lightning_pgc.experiments import FILES, job_config, launch, read_result
+from lightning_pgc.experiments import crossover as cx
+from lightning_pgc.experiments import runs as single
+from lightning_pgc.experiments.report import write_report
+from lightning_pgc.experiments.spec import recipe_path, resolve_spec
 
 RECIPE = "cifar10_resnet18.yaml"
 STRAGGLERS = "stragglers/seeds.yaml"
@@ -73,7 +72,7 @@ def strategy_of(fragment: str, seed: int) -> tuple[str, dict[str, Any]]:
 
 def seeds_delay(scale: float) -> str:
     """The delay model of ``stragglers/seeds.yaml`` times ``scale`` (times the fragment's own ``scale``)."""
-    from lightning_pgc.stragglers import parse_delay
+    from lightning_pgc.callbacks.stragglers import parse_delay
 
     injector = yaml.safe_load(recipe_path(STRAGGLERS).read_text())["trainer"]["callbacks"][0]["init_args"]
     return str(parse_delay(injector["delay"]).scaled(scale * float(injector.get("scale", 1.0))))
@@ -176,7 +175,6 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     recipe_lr = yaml.safe_load(recipe_path(RECIPE).read_text())["model"]["init_args"]["lr"]
     cell = cx.summarize_cell(records, arms, sorted(seeds), args.target, {a.key: recipe_lr for a in arms})
     result = {"out": str(root), "target": args.target, "seeds": sorted(seeds), "cell": cell, "records": records}
-    (root / "seed_experiment.json").write_text(json.dumps(result, indent=1, default=float))
     text = "\n".join(
         [
             f"# Seed experiment: {len(arms)} arms, seeds {sorted(seeds)}, target validation loss {args.target}",
@@ -187,7 +185,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
             "",
         ]
     )
-    (root / "seed_experiment.md").write_text(text)
+    write_report(root, "seed_experiment", result, page=text)
     print(text)
     return result
 
@@ -237,7 +235,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     if unknown:
         raise SystemExit(f"unknown arms {unknown}; known: {list(fragments)}")
     if args.synthetic_data:
-        from lightning_pgc.cifar import write_synthetic_cifar10
+        from lightning_pgc.examples.cifar import write_synthetic_cifar10
 
         write_synthetic_cifar10(args.data_dir)
     root = Path(args.out).resolve()

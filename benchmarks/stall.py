@@ -3,11 +3,12 @@
     python benchmarks/stall.py              # 2 rounds (about 8 min on 2 cores)
     python benchmarks/stall.py --rounds 1 --steps 30 --stall-seconds 5   # a smoke run, not for docs
 
-Per round, four runs side by side: pgc and ddp, each without and with a :class:`~lightning_pgc.faults.Stall` of
+Per round, four runs side by side: pgc and ddp, each without and with a :class:`~lightning_pgc.callbacks.faults.Stall` of
 ``--stall-seconds`` on rank 2 at step ``--stall-step``. For each run: the *other* ranks' seconds per step
 (throughput from step 5 to their last step), the stalled rank's skipped steps and state transfers, its peak
-RSS and mailbox high-water mark, and whether every replica ended identical. Reuses the launcher of
-``benchmarks/step_time.py``. Writes docs/stall.json and docs/stall.md (every number in the .md is in the .json).
+RSS and mailbox high-water mark, and whether every replica ended identical. Runs the worker of
+``benchmarks/step_time.py`` through :func:`lightning_pgc.experiments.launch.launch_script`. Writes docs/stall.json
+and docs/stall.md (every number in the .md is in the .json).
 """
 
 from __future__ import annotations
@@ -20,19 +21,19 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_time import DOCS, ROOT, launch  # noqa: E402
+from lightning_pgc.experiments.launch import launch_script
+from lightning_pgc.experiments.report import write_report
+from lightning_pgc.experiments.stats import seconds_per_step
 
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+STEP_TIME = Path(__file__).with_name("step_time.py")  # its --worker mode: one fit of an MLP on synthetic data
 STALLED = 2
 
 
 def others_seconds_per_step(job: dict, skip: int) -> float:
     """Wall time from every non-stalled rank past step ``skip`` to the last of them done, per step."""
-    ranks = [r for r in job["ranks"] if r["rank"] != STALLED]
-    last = len(ranks[0]["times"])
-    start = max(r["times"][skip - 1] for r in ranks)
-    end = max(r["times"][-1] for r in ranks)
-    return (end - start) / (last - skip)
+    return seconds_per_step([r["times"] for r in job["ranks"] if r["rank"] != STALLED], skip)
 
 
 def summarize(job: dict, skip: int) -> dict:
@@ -63,7 +64,8 @@ def main() -> None:
     p.add_argument("--from-json", action="store_true", help="only rewrite docs/stall.md from docs/stall.json")
     args = p.parse_args()
     if args.from_json:
-        write_markdown(json.loads((DOCS / "stall.json").read_text()))
+        result = json.loads((DOCS / "stall.json").read_text())
+        write_report(DOCS, "stall", result, page=render_markdown(result))
         return
     load_before = os.getloadavg()[0]
 
@@ -82,17 +84,11 @@ def main() -> None:
         for r in range(args.rounds):
             for name, (strategy, seconds) in configs.items():
                 progress.update(task, description=f"round {r + 1}: {name}")
-                job = launch(
-                    Path(args.out) / f"round{r}" / name,
-                    strategy,
-                    "10m",
-                    4,
-                    args.steps,
-                    0.0,
-                    STALLED,
-                    stall=(args.stall_step, seconds),
-                )
-                runs[name].append(summarize(job, args.skip))
+                worker = ["--strategy", strategy, "--model", "10m", "--devices", "4", "--steps", str(args.steps)]
+                worker += ["--slow-rank", str(STALLED), "--stall-step", str(args.stall_step)]
+                worker += ["--stall-seconds", str(seconds)]
+                ranks = launch_script(STEP_TIME, worker, Path(args.out) / f"round{r}" / name, 4)
+                runs[name].append(summarize({"ranks": ranks}, args.skip))
                 progress.advance(task)
     growth = {
         s: [a["others_s_per_step"] / b["others_s_per_step"] for a, b in zip(runs[f"{s}_stall"], runs[s])]
@@ -112,9 +108,7 @@ def main() -> None:
         "runs": runs,
         "others_step_growth": {s: {"per_round": v, "median": statistics.median(v)} for s, v in growth.items()},
     }
-    DOCS.mkdir(exist_ok=True)
-    (DOCS / "stall.json").write_text(json.dumps(result, indent=1))
-    write_markdown(result)
+    write_report(DOCS, "stall", result, page=render_markdown(result))
     for s, v in result["others_step_growth"].items():
         print(
             f"{s}: others' seconds per step with / without the stall: {v['median']:.3f} "
@@ -126,7 +120,7 @@ def _rss(row: dict) -> str:
     return f"{row['stalled_peak_rss_mb']:.0f} / {row['others_peak_rss_mb']:.0f}"
 
 
-def write_markdown(res: dict) -> None:
+def render_markdown(res: dict) -> str:
     def fmt(values: list, digits: int = 3) -> str:
         return ", ".join("-" if v is None else (f"{v:.{digits}f}" if isinstance(v, float) else str(v)) for v in values)
 
@@ -136,7 +130,7 @@ def write_markdown(res: dict) -> None:
         f"Produced by `{res['command'].strip()}` ({res['machine']}; {res['minutes']:.0f} min); every number below "
         f"is in docs/stall.json. A 10 M-parameter MLP (1024-10000-4, batch 32 per rank, SGD), {res['steps']} "
         f"steps; in the `_stall` runs rank {res['stalled_rank']}'s training thread sleeps "
-        f"{res['stall_seconds']:g} s at step {res['stall_step']} (`lightning_pgc.faults.Stall`; its process and "
+        f"{res['stall_seconds']:g} s at step {res['stall_step']} (`lightning_pgc.callbacks.faults.Stall`; its process and "
         "background threads stay alive). Seconds per step are the *other* ranks' throughput from step "
         f"{res['skip']} to their last step. 4 ranks share 2 cores, so while rank {res['stalled_rank']} sleeps the "
         "other three get more CPU: that flatters the `pgc_stall` row. Compare runs within a round."
@@ -168,7 +162,7 @@ def write_markdown(res: dict) -> None:
         "rank finished its own.",
         "",
     ]
-    (DOCS / "stall.md").write_text("\n".join(md))
+    return "\n".join(md)
 
 
 if __name__ == "__main__":

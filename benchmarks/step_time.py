@@ -21,11 +21,14 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from lightning_pgc.experiments.launch import launch_script
+from lightning_pgc.experiments.report import write_report
+from lightning_pgc.experiments.stats import seconds_per_step
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -62,7 +65,7 @@ def run_worker(args: argparse.Namespace) -> None:
 
     import lightning_pgc  # noqa: F401  (registers the strategy names)
     from lightning_pgc import PGCStrategy
-    from lightning_pgc.stragglers import StragglerInjector
+    from lightning_pgc.callbacks.stragglers import StragglerInjector
 
     torch.set_num_threads(1)
     d_in, hidden, classes, batch = MODELS[args.model] or (64, 0, 10, 4)
@@ -83,7 +86,7 @@ def run_worker(args: argparse.Namespace) -> None:
     samples = batch * args.devices * 8
     data = TensorDataset(torch.randn(samples, d_in, generator=g), torch.randint(0, classes, (samples,), generator=g))
     if args.model == "comm":
-        from lightning_pgc.digits import DigitsCNN
+        from lightning_pgc.examples.digits import DigitsCNN
 
         data = TensorDataset(
             torch.randn(samples, 1, 8, 8, generator=g), torch.randint(0, classes, (samples,), generator=g)
@@ -108,7 +111,7 @@ def run_worker(args: argparse.Namespace) -> None:
     if args.slow_seconds > 0:
         callbacks.append(StragglerInjector(f"slowranks(ranks=[{args.slow_rank}], seconds={args.slow_seconds})"))
     if args.stall_seconds > 0:
-        from lightning_pgc.faults import Stall
+        from lightning_pgc.callbacks.faults import Stall
 
         callbacks.append(Stall(rank=args.slow_rank, step=args.stall_step, seconds=args.stall_seconds))
     strategy: Any = "ddp"
@@ -165,50 +168,26 @@ def launch(
     stall: tuple[int, float] = (0, 0.0),
     plane: str = "sharded",
 ) -> dict:
-    """Run one configuration; ``stall``: (step, seconds) of a :class:`~lightning_pgc.faults.Stall` on
+    """Run one configuration; ``stall``: (step, seconds) of a :class:`~lightning_pgc.callbacks.faults.Stall` on
     ``slow_rank``."""
-    out.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        __file__,
-        "--worker",
-        "--out",
-        str(out),
-        "--strategy",
-        strategy,
-        "--model",
-        model,
-        "--devices",
-        str(devices),
-        "--steps",
-        str(steps),
-        "--slow-seconds",
-        str(slow),
-        "--slow-rank",
-        str(slow_rank),
-        "--stall-step",
-        str(stall[0]),
-        "--stall-seconds",
-        str(stall[1]),
-        "--plane",
-        plane,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
-    for key in ("LOCAL_RANK", "RANK", "WORLD_SIZE", "NODE_RANK"):
-        env.pop(key, None)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{strategy}/{model} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
-    return {"ranks": [json.loads((out / f"rank{r}.json").read_text()) for r in range(devices)]}
+    args = {
+        "--strategy": strategy,
+        "--model": model,
+        "--devices": devices,
+        "--steps": steps,
+        "--slow-seconds": slow,
+        "--slow-rank": slow_rank,
+        "--stall-step": stall[0],
+        "--stall-seconds": stall[1],
+        "--plane": plane,
+    }
+    argv = [str(x) for item in args.items() for x in item]
+    return {"ranks": launch_script(Path(__file__), argv, out, devices)}
 
 
-def seconds_per_step(job: dict, skip: int) -> float:
+def job_seconds_per_step(job: dict, skip: int) -> float:
     """Wall time from every rank past step ``skip`` to every rank done, per step."""
-    ranks = job["ranks"]
-    last = len(ranks[0]["times"])
-    start = max(r["times"][skip - 1] for r in ranks)
-    end = max(r["times"][-1] for r in ranks)
-    return (end - start) / (last - skip)
+    return seconds_per_step([r["times"] for r in job["ranks"]], skip)
 
 
 def traffic_ratio(job: dict, steps: int, devices: int) -> float:
@@ -252,8 +231,7 @@ def main() -> None:
         return
     if args.from_json:
         result = json.loads((DOCS / "step_time.json").read_text())
-        write_markdown(result)
-        plot(result)
+        write_report(DOCS, "step_time", result, page=render_markdown(result), figures={"step_time.png": plot(result)})
         return
 
     from rich.console import Console
@@ -292,7 +270,7 @@ def main() -> None:
             progress.advance(task)
 
     skip = args.skip
-    step_s = {k: [seconds_per_step(j, skip) for j in v] for k, v in runs.items()}
+    step_s = {k: [job_seconds_per_step(j, skip) for j in v] for k, v in runs.items()}
 
     # Ratios per round (side by side), then the median over rounds.
     def ratio(a: str, b: str) -> list[float]:
@@ -344,17 +322,16 @@ def main() -> None:
         "rank_stats": {k: runs[k][0]["ranks"][0]["rank_stats"] for k in runs if every[k][0] != "ddp"},
         "buffers": {k: [r["buffers"] for r in runs[k][0]["ranks"]] for k in runs if every[k][0] != "ddp"},
     }
-    DOCS.mkdir(exist_ok=True)
-    (DOCS / "step_time.json").write_text(json.dumps(result, indent=1))
-    write_markdown(result)
-    plot(result)
+    written = write_report(
+        DOCS, "step_time", result, page=render_markdown(result), figures={"step_time.png": plot(result)}
+    )
     for k, v in result["ratios"].items():
         console.print(
             f"{k}: {v['median']:.3f} (per round {', '.join(f'{x:.3f}' for x in v['per_round'])})"
             + ("" if v["target_max"] is None else f", target <= {v['target_max']}")
         )
-    for path in ("step_time.json", "step_time.md", "step_time.png"):
-        console.print(f"wrote {DOCS / path}")
+    for path in written:
+        console.print(f"wrote {path}")
 
 
 def planes(args: argparse.Namespace) -> None:
@@ -390,7 +367,7 @@ def planes(args: argparse.Namespace) -> None:
                 )
             )
     skip = args.skip
-    step_s = {k: [seconds_per_step(j, skip) for j in v] for k, v in runs.items()}
+    step_s = {k: [job_seconds_per_step(j, skip) for j in v] for k, v in runs.items()}
 
     def ratio(a: str, b: str) -> list[float]:
         return [x / y for x, y in zip(step_s[a], step_s[b])]
@@ -434,13 +411,12 @@ def planes(args: argparse.Namespace) -> None:
         },
         "peak_rss_mb": {k: [max(r["peak_rss_mb"] for r in j["ranks"]) for j in v] for k, v in runs.items()},
     }
-    (DOCS / "step_time_planes.json").write_text(json.dumps(result, indent=1))
-    write_planes_markdown(result)
+    write_report(DOCS, "step_time_planes", result, page=render_planes_markdown(result))
     for k, v in result["ratios"].items():
         print(f"{k}: {v['median']:.3f} (per round {_fmt_list(v['per_round'])}), target <= {v['target_max']}")
 
 
-def write_planes_markdown(res: dict) -> None:
+def render_planes_markdown(res: dict) -> str:
     md = [
         "# Step time: the collective data plane against ddp",
         "",
@@ -491,7 +467,7 @@ def write_planes_markdown(res: dict) -> None:
     ]
     md += ["", "Peak RSS, largest rank (MB):", "", "| run | per round |", "|---|---|"]
     md += [f"| {k} | {_fmt_list(v, 0)} |" for k, v in res["peak_rss_mb"].items()]
-    (DOCS / "step_time_planes.md").write_text("\n".join(md) + "\n")
+    return "\n".join(md) + "\n"
 
 
 def _met(per_round: list[float], target_max: float) -> str:
@@ -504,7 +480,7 @@ def _fmt_list(values: list[float], digits: int = 3) -> str:
     return ", ".join(f"{v:.{digits}f}" for v in values)
 
 
-def write_markdown(res: dict) -> None:
+def render_markdown(res: dict) -> str:
     md = [
         "# Step time: pgc vs ddp",
         "",
@@ -557,10 +533,10 @@ def write_markdown(res: dict) -> None:
     md += ["", "Peak RSS, largest rank (MB):", "", "| run | per round |", "|---|---|"]
     md += [f"| {k} | {_fmt_list(v, 0)} |" for k, v in res["peak_rss_mb"].items()]
     md += ["", "![step time](step_time.png)", ""]
-    (DOCS / "step_time.md").write_text("\n".join(md))
+    return "\n".join(md)
 
 
-def plot(res: dict) -> None:
+def plot(res: dict) -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -589,7 +565,7 @@ def plot(res: dict) -> None:
     axes[1].set_ylabel("ms per step, 1m model")
     axes[1].legend()
     fig.tight_layout()
-    fig.savefig(DOCS / "step_time.png", dpi=110)
+    return fig
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from lightning_pgc.codes import make_scheme
+from lightning_pgc.experiments.report import write_json
 from lightning_pgc.codes.tandon import (
     MAX_ENUMERATED_SUBSETS,
     RESIDUAL_TOL,
@@ -145,8 +146,7 @@ def main() -> None:
         "residual_counterexample": counterexample,
         "decode_error": decode_error,
     }
-    path = ROOT / "docs" / "tandon_conditions.json"
-    path.write_text(json.dumps(result, indent=1))
+    path = write_json(ROOT / "docs" / "tandon_conditions.json", result)
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1))
     print(f"wrote {path}")
 

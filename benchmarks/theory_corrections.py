@@ -7,12 +7,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
 
 from lightning_pgc import theory_corrections as tc
+from lightning_pgc.experiments.report import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,7 +57,7 @@ def main() -> None:
         "lookahead_k": lookahead_k,
         "wall_s": time.monotonic() - started,
     }
-    Path(args.out).write_text(json.dumps(out, indent=1))
+    write_json(Path(args.out), out)
     print(
         f"{'c':>2} {'m':>4} {'correction':>19} {'m_applied':>9} {'boundary':>9} {'a/(1-m)':>8} {'rate':>8} {'steps/e':>8}"
     )

@@ -19,11 +19,13 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from lightning_pgc import theory as th
 from lightning_pgc.experiments import launch
+from lightning_pgc.experiments.report import save_figure, write_json, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -148,13 +150,14 @@ def quadratic_checks() -> dict[str, list[float]]:
     }
 
 
-def plot(results: dict, quad: dict, docs: Path) -> list[Path]:
+def plot(results: dict, quad: dict) -> dict[str, Any]:
+    """The four figures, by file name in docs/."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    written = []
+    figures: dict[str, Any] = {}
     names = list(results)
     colors = {
         "subset_sq": "tab:orange",
@@ -190,10 +193,7 @@ def plot(results: dict, quad: dict, docs: Path) -> list[Path]:
     np.atleast_1d(axes)[0].legend(fontsize=8)
     fig.suptitle("Exact decomposition of the aggregate's error (digits, 4 ranks; cross terms not shown)")
     fig.tight_layout()
-    path = docs / "theory_decomposition.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
+    figures["theory_decomposition.png"] = fig
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for name in names:
@@ -209,10 +209,7 @@ def plot(results: dict, quad: dict, docs: Path) -> list[Path]:
         ax.set_title(title)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    path = docs / "theory_constants.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
+    figures["theory_constants.png"] = fig
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for name in names:
@@ -229,10 +226,7 @@ def plot(results: dict, quad: dict, docs: Path) -> list[Path]:
     axes[1].set_xlabel("step")
     axes[1].legend(fontsize=7)
     fig.tight_layout()
-    path = docs / "theory_estimator.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
+    figures["theory_estimator.png"] = fig
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     axes[0].plot(quad["tau"], quad["pure_delay_closed_form"], "k-", label="2 sin(pi / (2(2 tau + 1)))")
@@ -254,11 +248,8 @@ def plot(results: dict, quad: dict, docs: Path) -> list[Path]:
     axes[1].set_title(f"staleness error vs delay: log-log slope {quad['slope']:.3f}")
     axes[1].legend(fontsize=8)
     fig.tight_layout()
-    path = docs / "theory_quadratic.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    written.append(path)
-    return written
+    figures["theory_quadratic.png"] = fig
+    return figures
 
 
 def main() -> None:
@@ -288,14 +279,13 @@ def main() -> None:
             saved["runs"][name]["expectation_ratios"] = expectation_ratios(prefixed(rows), args.skip)
             print(name, json.dumps(saved["runs"][name]["expectation_ratios"]))
         saved["resummarized"] = "python benchmarks/theory_run.py --resummarize " + f"--skip {args.skip}"
-        path.write_text(json.dumps(saved, indent=1))
-        print(path)
+        print(write_json(path, saved))
         return
     if args.replot:
         saved = json.loads((docs / "theory_run.json").read_text())
         results = {name: {"history": prefixed(rows)} for name, rows in saved["series"].items()}
-        for w in plot(results, saved["quadratic"], docs):
-            print(w)
+        for name, fig in plot(results, saved["quadratic"]).items():
+            print(save_figure(fig, docs / name))
         return
 
     results = {}
@@ -341,7 +331,7 @@ def main() -> None:
             flush=True,
         )
     quad = quadratic_checks()
-    written = plot({name: {"history": prefixed(r["history"])} for name, r in results.items()}, quad, docs)
+    figures = plot({name: {"history": prefixed(r["history"])} for name, r in results.items()}, quad)
     payload = {
         "command": "python benchmarks/theory_run.py " + " ".join(sys.argv[1:]),
         "args": vars(args),
@@ -349,10 +339,7 @@ def main() -> None:
         "series": {k: v["history"] for k, v in results.items()},
         "quadratic": quad,
     }
-    path = docs / "theory_run.json"
-    path.write_text(json.dumps(payload, indent=1))
-    written.insert(0, path)
-    for w in written:
+    for w in write_report(docs, "theory_run", payload, figures=figures):
         print(w)
 
 

@@ -7,21 +7,22 @@ Importing the package registers the strategy names ``pgc``, ``pgc_cr``, ``pgc_fr
 
 from lightning.pytorch.strategies import StrategyRegistry
 
-from lightning_pgc.callbacks import PGCDiagnostics, StalenessValve
-from lightning_pgc.codes import SCHEMES, Scheme, make_scheme
-from lightning_pgc.compat import PGCUnsupportedError
-from lightning_pgc.strategy import PGCStrategy
-from lightning_pgc.stragglers import (
+from lightning_pgc.callbacks import (
     Constant,
     DelayModel,
     Exponential,
     LogNormal,
     NoDelay,
+    PGCDiagnostics,
     SlowRanks,
     Spikes,
+    StalenessValve,
     StragglerInjector,
     parse_delay,
 )
+from lightning_pgc.codes import SCHEMES, Scheme, make_scheme
+from lightning_pgc.compat import PGCUnsupportedError
+from lightning_pgc.strategy import PGCStrategy
 
 __version__ = "0.1.0"
 

@@ -12,7 +12,7 @@ Usage (recipes are shipped inside the package; ``lightning-pgc recipes`` lists t
     python -m lightning_pgc fit --help
 
 ``--config NAME`` reads the local file ``NAME`` when there is one (relative to the working directory), else
-the packaged recipe of that name (:mod:`lightning_pgc.recipes`), so an installed wheel runs the recipes from
+the packaged recipe of that name (:mod:`lightning_pgc.recipe_files`), so an installed wheel runs the recipes from
 any directory and a local copy of a recipe shadows the packaged one.
 
 Why a thin subclass and not a custom parser: everything stays plain ``LightningCLI`` (subcommands ``fit``,
@@ -51,13 +51,13 @@ from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 import lightning_pgc  # noqa: F401  (registers the strategy names before any Trainer is built)
-from lightning_pgc import recipes
+from lightning_pgc import recipe_files as recipes
 from lightning_pgc.strategy import PGCStrategy, REGISTERED
-from lightning_pgc.stragglers import StragglerInjector
+from lightning_pgc.callbacks.stragglers import StragglerInjector
 
 #: What ``lightning-pgc fit`` trains when no ``--model`` / ``--data`` is given: the embedded digits task.
-DEFAULT_MODEL = "lightning_pgc.digits.DigitsCNN"
-DEFAULT_DATA = "lightning_pgc.digits.DigitsDataModule"
+DEFAULT_MODEL = "lightning_pgc.examples.digits.DigitsCNN"
+DEFAULT_DATA = "lightning_pgc.examples.digits.DigitsDataModule"
 
 DESCRIPTION = (
     "Straggler-tolerant data-parallel training with pipelined gradient coding (Lightning's CLI). "

@@ -9,9 +9,9 @@ import sys
 
 import lightning.pytorch as pl
 
-from lightning_pgc.digits import DigitsCNN, DigitsDataModule
+from lightning_pgc.examples.digits import DigitsCNN, DigitsDataModule
 from lightning_pgc.step_trace import StepTimeTrace
-from lightning_pgc.stragglers import StragglerInjector
+from lightning_pgc.callbacks.stragglers import StragglerInjector
 
 if __name__ == "__main__":
     out = sys.argv[1]

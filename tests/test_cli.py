@@ -3,7 +3,7 @@
 Multi-process runs go through a subprocess (``python -m lightning_pgc ...``): Lightning's popen launcher starts
 ranks 1..n-1 by re-running that command, which cannot work from inside pytest. Each run uses 2 CPU ranks,
 ``OMP_NUM_THREADS=1`` and W&B offline, in a fresh working directory; nothing is downloaded. The CIFAR-10
-recipe runs on a tiny CIFAR-format data set written by :func:`lightning_pgc.cifar.write_synthetic_cifar10`.
+recipe runs on a tiny CIFAR-format data set written by :func:`lightning_pgc.examples.cifar.write_synthetic_cifar10`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from lightning_pgc.cifar import write_synthetic_cifar10
+from lightning_pgc.examples.cifar import write_synthetic_cifar10
 
 # Packaged recipe names: the CLI resolves them inside the installed package (the runs' cwd has no such files).
 DIGITS = "digits_cnn.yaml"
@@ -80,7 +80,7 @@ def test_help_lists_subcommands(tmp_path: Path) -> None:
 
 def test_version_and_recipes_listing(capsys: pytest.CaptureFixture[str]) -> None:
     import lightning_pgc
-    from lightning_pgc import recipes
+    from lightning_pgc import recipe_files as recipes
     from lightning_pgc.cli import main
 
     main(["--version"])  # answered before LightningCLI is built (the wheel test runs the console script)
@@ -103,7 +103,7 @@ def test_version_and_recipes_listing(capsys: pytest.CaptureFixture[str]) -> None
 
 def test_local_file_shadows_the_packaged_recipe(tmp_path: Path) -> None:
     from lightning_pgc.cli import resolve_configs
-    from lightning_pgc.recipes import resolve
+    from lightning_pgc.recipe_files import resolve
 
     packaged = str(resolve("digits_cnn.yaml"))
     assert resolve_configs(["fit", "--config", "digits_cnn.yaml", "-c=x"]) == ["fit", "--config", packaged, "-c=x"]
@@ -136,7 +136,7 @@ def test_bad_strategy_is_a_clean_error(tmp_path: Path, args: list[str], message:
 def test_cifar_datamodule_on_tiny_copy(tmp_path: Path) -> None:
     import torch
 
-    from lightning_pgc.cifar import CIFAR10DataModule
+    from lightning_pgc.examples.cifar import CIFAR10DataModule
 
     write_synthetic_cifar10(tmp_path, per_batch=10)
     dm = CIFAR10DataModule(str(tmp_path), batch_size=4, num_workers=0, val_split=0.2, check_integrity=False)
@@ -156,7 +156,7 @@ def test_cifar_datamodule_on_tiny_copy(tmp_path: Path) -> None:
 
 
 def test_cifar_missing_data_says_how_to_get_it(tmp_path: Path) -> None:
-    from lightning_pgc.cifar import CIFAR10DataModule
+    from lightning_pgc.examples.cifar import CIFAR10DataModule
 
     with pytest.raises(FileNotFoundError, match=r"--data.download true.*--data.data_dir"):
         CIFAR10DataModule(str(tmp_path / "nowhere")).setup("fit")
@@ -165,7 +165,7 @@ def test_cifar_missing_data_says_how_to_get_it(tmp_path: Path) -> None:
 def test_resnet18_cifar_is_adapted_to_32x32() -> None:
     import torch
 
-    from lightning_pgc.cifar import ResNet18CIFAR
+    from lightning_pgc.examples.cifar import ResNet18CIFAR
 
     model = ResNet18CIFAR()
     assert model.net.conv1.kernel_size == (3, 3) and model.net.conv1.stride == (1, 1)

@@ -56,8 +56,9 @@ def test_every_demo_job_is_the_map_grids_job_for_its_cell_arm_and_seed():
     """The demo follows the map: each of its jobs has the spec benchmarks/grid_map.py gives the same cell, arm,
     setting and seed (delays, cost, steps, validation, rate, momentum), apart from where it writes and W&B."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    import crossover as cx
     import grid_map
+
+    from lightning_pgc.experiments import crossover as cx
 
     grid_args = grid_map.parse_args(["--no-wandb"])
     args = demo.parse_args(["--seed", "3"])

@@ -61,7 +61,7 @@ def test_start_method_faults_and_resources_reach_the_config(tmp_path: Path) -> N
         "init_args": {"scheme": "pgc_cr", "stragglers": 1, "start_method": "fork"},
     }
     assert forked["trainer"]["callbacks"][3] == {
-        "class_path": "lightning_pgc.faults.Stall",
+        "class_path": "lightning_pgc.callbacks.faults.Stall",
         "init_args": {"rank": 2, "step": 4, "seconds": 1.5},
     }
     assert forked["trainer"]["callbacks"][4] == {

@@ -13,7 +13,7 @@ from typing import Optional
 import pytest
 import torch
 
-from lightning_pgc.faults import Freeze, Kill, NaNGradient, Stall
+from lightning_pgc.callbacks.faults import Freeze, Kill, NaNGradient, Stall
 from tests.jobs import FAST_LIVENESS, MAX_LAG, kill_job, run_job, soak, whole_log
 
 

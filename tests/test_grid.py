@@ -1,4 +1,5 @@
-"""The benchmark grid's pure parts (crossings, interpolation, table, CSV) and one tiny real job logged to W&B offline."""
+"""The benchmark grid's pure parts (crossings, interpolation, run rows, table, CSV, the report block) and one tiny real
+job logged to W&B offline."""
 
 from __future__ import annotations
 
@@ -14,23 +15,24 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import grid  # noqa: E402
 
-from lightning_pgc.experiments import launch  # noqa: E402
+from lightning_pgc.experiments import at_index, cumulative_at, first_crossing, interpolate, launch, smoothed  # noqa: E402
+from lightning_pgc.experiments import runs as grid_runs  # noqa: E402
 
 
 def test_interpolation_and_crossing():
-    assert grid.interpolate([0.0, 1.0, 3.0], [10.0, 20.0, 0.0], 2.0) == pytest.approx(10.0)
-    assert grid.interpolate([0.0, 1.0], [1.0, 2.0], 1.5) is None
-    assert grid.interpolate([0.0, 1.0], [1.0, 2.0], -0.1) is None
+    assert interpolate([0.0, 1.0, 3.0], [10.0, 20.0, 0.0], 2.0) == pytest.approx(10.0)
+    assert interpolate([0.0, 1.0], [1.0, 2.0], 1.5) is None
+    assert interpolate([0.0, 1.0], [1.0, 2.0], -0.1) is None
     # the loss crosses 1.0 a quarter of the way from index 1 (2.0) to index 2 (-2.0)
-    assert grid.first_crossing([3.0, 2.0, -2.0, 0.5], 1.0) == pytest.approx(1.25)
-    assert grid.first_crossing([0.5, 3.0], 1.0) == 0.0
-    assert grid.first_crossing([3.0, 2.0], 1.0) is None
-    assert grid.at_index([0.0, 10.0, 30.0], 1.25) == pytest.approx(15.0)
-    assert grid.at_index([0.0, 10.0, 30.0], 2.0) == 30.0
+    assert first_crossing([3.0, 2.0, -2.0, 0.5], 1.0) == pytest.approx(1.25)
+    assert first_crossing([0.5, 3.0], 1.0) == 0.0
+    assert first_crossing([3.0, 2.0], 1.0) is None
+    assert at_index([0.0, 10.0, 30.0], 1.25) == pytest.approx(15.0)
+    assert at_index([0.0, 10.0, 30.0], 2.0) == 30.0
     # work that produced version 2.5: steps 0 and 1 whole, half of step 2
-    assert grid.cumulative_at([4, 4, 8, 8], 2.5) == pytest.approx(12.0)
-    assert grid.cumulative_at([4, 4], 2.0) == 8.0
-    assert grid.smoothed([1.0, 3.0, 5.0], 2) == [1.0, 2.0, 4.0]
+    assert cumulative_at([4, 4, 8, 8], 2.5) == pytest.approx(12.0)
+    assert cumulative_at([4, 4], 2.0) == 8.0
+    assert smoothed([1.0, 3.0, 5.0], 2) == [1.0, 2.0, 4.0]
 
 
 def test_grid_configs_respect_n():
@@ -50,7 +52,7 @@ def test_grid_configs_respect_n():
     assert ("pgc_cr", 3) in {(c.scheme, c.s) for c in configs6}
 
 
-def _synthetic_run(cfg: grid.Config, seed: int, slowdown: float, evals: int, ages: int) -> grid.Run:
+def _synthetic_run(cfg: grid_runs.Config, seed: int, slowdown: float, evals: int, ages: int) -> grid_runs.Run:
     """Validation every 10 steps, loss 2.0 -> 0.2 over 40 steps; wall time = slowdown * step / 10."""
     val = [(slowdown * s / 10, s, 2.0 - 0.045 * s, 0.2 + 0.02 * s) for s in range(0, 41, 10)]
     train = [(slowdown * s / 10, s, 2.0 - 0.045 * s) for s in range(40)]
@@ -82,7 +84,7 @@ def _synthetic_run(cfg: grid.Config, seed: int, slowdown: float, evals: int, age
         if cfg.scheme != "ddp"
         else []
     )
-    return grid.Run(
+    return grid_runs.Run(
         cfg,
         seed,
         Path("/nowhere"),
@@ -96,17 +98,17 @@ def _synthetic_run(cfg: grid.Config, seed: int, slowdown: float, evals: int, age
 
 
 def test_rows_table_and_csv(tmp_path):
-    ddp, pgc = grid.Config("ddp", 0, 1), grid.Config("pgc_cr", 1, 2)
+    ddp, pgc = grid_runs.Config("ddp", 0, 1), grid_runs.Config("pgc_cr", 1, 2)
     runs = [
         _synthetic_run(ddp, 0, 2.0, 1, 0),
         _synthetic_run(pgc, 0, 1.0, 1, 1),
         _synthetic_run(ddp, 1, 2.2, 1, 0),
         _synthetic_run(pgc, 1, 1.2, 1, 1),
-        grid.Run(pgc, 2, Path("/nowhere"), ok=False, error="boom"),
+        grid_runs.Run(pgc, 2, Path("/nowhere"), ok=False, error="boom"),
     ]
-    equal = grid.equal_wall_times(runs)
+    equal = grid_runs.equal_wall_times(runs)
     assert equal == {("stragglers", 0): pytest.approx(4.0), ("stragglers", 1): pytest.approx(4.8)}  # pgc is first
-    rows = [grid.run_row(r, 1.0, equal.get(("stragglers", r.seed))) for r in runs]
+    rows = [grid_runs.run_row(r, 1.0, equal.get(("stragglers", r.seed))) for r in runs]
     row = rows[0]  # ddp seed 0: loss 2 - 0.045 s <= 1.0 from step 22.2; wall = 0.2 * step
     assert row["reached"] and row["steps_to_target"] == pytest.approx(1.0 / 0.045, rel=1e-6)
     assert row["time_to_target_s"] == pytest.approx(0.2 / 0.045, rel=1e-6)

@@ -14,8 +14,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import crossover as cx  # noqa: E402
 import grid_map  # noqa: E402
+
+from lightning_pgc.experiments import crossover as cx  # noqa: E402
 
 T_975_DF2 = 4.302652729911275  # Student t, two-sided 95 %, 2 degrees of freedom (tables)
 

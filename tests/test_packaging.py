@@ -64,7 +64,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_wheel_contents_and_metadata(wheel: Path) -> None:
     import lightning_pgc
-    from lightning_pgc import recipes
+    from lightning_pgc import recipe_files as recipes
 
     names = zipfile.ZipFile(wheel).namelist()
     for recipe in recipes.available():
@@ -80,6 +80,19 @@ def test_wheel_contents_and_metadata(wheel: Path) -> None:
     core = [r for r in meta.get_all("Requires-Dist") if "extra ==" not in r]
     assert sorted(r.split(">")[0].split("<")[0].split("=")[0].strip() for r in core) == ["lightning", "torch"]
     assert {"examples", "wandb", "bench", "test"} <= set(meta.get_all("Provides-Extra"))
+
+
+def test_wheel_holds_every_package_and_the_top_level_recipes(wheel: Path) -> None:
+    """The wheel lists its packages explicitly (the top-level recipes/ folder is mapped into it): a package added to
+    lightning_pgc/ without being listed in pyproject.toml would be missing from the wheel."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    packages = sorted(p.parent.relative_to(ROOT).as_posix() for p in (ROOT / "lightning_pgc").rglob("__init__.py"))
+    assert packages and all(f"{package}/__init__.py" in names for package in packages), packages
+    modules = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "lightning_pgc").rglob("*.py"))
+    assert [m for m in modules if m not in names] == []
+    recipes = sorted(p.relative_to(ROOT / "recipes").as_posix() for p in (ROOT / "recipes").rglob("*.yaml"))
+    assert "digits_cnn.yaml" in recipes
+    assert [r for r in recipes if f"lightning_pgc/recipes/{r}" not in names] == []
 
 
 def test_wheel_installs_and_runs_a_packaged_recipe_from_any_directory(wheel: Path, tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from lightning_pgc.stragglers import (
+from lightning_pgc.callbacks.stragglers import (
     Constant,
     DelayModel,
     Exponential,
@@ -311,7 +311,7 @@ def test_injector_from_jsonargparse_config():
         {
             "injector": {
                 "delay": {
-                    "class_path": "lightning_pgc.stragglers.SlowRanks",
+                    "class_path": "lightning_pgc.callbacks.stragglers.SlowRanks",
                     "init_args": {"ranks": [1], "seconds": 0.5},
                 }
             }
@@ -323,7 +323,7 @@ def test_injector_from_jsonargparse_config():
     callbacks.add_argument("--callbacks", type=list[Callback])
     yaml = """
 callbacks:
-  - class_path: lightning_pgc.stragglers.StragglerInjector
+  - class_path: lightning_pgc.callbacks.stragglers.StragglerInjector
     init_args:
       delay: "lognormal(median=0.02, sigma=0.5) + slowranks(ranks=[3], seconds=1.0)"
       seed: 0
@@ -347,7 +347,7 @@ def test_injector_from_lightning_cli(monkeypatch):
                 "logger": False,
                 "callbacks": [
                     {
-                        "class_path": "lightning_pgc.stragglers.StragglerInjector",
+                        "class_path": "lightning_pgc.callbacks.stragglers.StragglerInjector",
                         "init_args": {"delay": "spikes(prob=0.01, low=10, high=30)", "seed": 1, "scale": 0.01},
                     }
                 ],
@@ -366,7 +366,7 @@ from pathlib import Path
 from lightning.pytorch import Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from lightning_pgc.stragglers import StragglerInjector
+from lightning_pgc.callbacks.stragglers import StragglerInjector
 
 
 class Recording(StragglerInjector):

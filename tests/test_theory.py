@@ -20,7 +20,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from lightning_pgc import theory as th
-from lightning_pgc.callbacks import StalenessValve, _loss_gradient, _swapped_params
+from lightning_pgc.callbacks import StalenessValve
+from lightning_pgc.callbacks.probe import loss_gradient, swapped_params
 from lightning_pgc.codes import SCHEMES, StaleCache, make_scheme
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -461,15 +462,15 @@ def test_measurements_leave_no_trace_on_params_buffers_grads_and_rng():
     buffers = [b.detach().clone() for b in model.buffers()]
     rng = torch.get_rng_state()
     other = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()]) * 0.5
-    with _swapped_params(list(model.parameters()), other):
-        g_other = _loss_gradient(model, (x, y))
-    g = _loss_gradient(model, (x, y))
+    with swapped_params(list(model.parameters()), other):
+        g_other = loss_gradient(model, (x, y))
+    g = loss_gradient(model, (x, y))
     assert not torch.equal(g, g_other)
     assert all(torch.equal(p, q) for p, q in zip(model.parameters(), params))
     assert all(torch.equal(b, q) for b, q in zip(model.buffers(), buffers))
     assert all(torch.equal(p.grad, torch.full_like(p, 0.25)) for p in model.parameters())
     assert torch.equal(torch.get_rng_state(), rng)
-    assert torch.equal(_loss_gradient(model, (x, y)), g)  # deterministic (dropout under a forked RNG)
+    assert torch.equal(loss_gradient(model, (x, y)), g)  # deterministic (dropout under a forked RNG)
 
 
 def test_valve_lowers_the_lr_and_otherwise_leaves_training_unchanged():

@@ -10,9 +10,14 @@
   at which a piecewise-linear curve first reaches the target), ``at_index``, ``crossing``, ``interpolate``,
   ``cumulative_at``;
 - :mod:`~lightning_pgc.experiments.stats`: paired confidence intervals over seeds (t and bootstrap), time to a
-  target validation loss, values at equal wall time.
+  target validation loss, values at equal wall time, throughput on several ranks (``seconds_per_step``);
+- :mod:`~lightning_pgc.experiments.runs`: a grid run read back and every column measured on it;
+- :mod:`~lightning_pgc.experiments.crossover`: the map grid's plan, run records and per-cell statistics;
+- :mod:`~lightning_pgc.experiments.report`: the one report writer of ``benchmarks/`` (JSON, markdown, plots).
 
-The demo (:mod:`lightning_pgc.demo`), ``benchmarks/`` and the tests all launch jobs through :func:`launch`.
+The demo (:mod:`lightning_pgc.demo`), ``benchmarks/`` and the tests all launch jobs through :func:`launch`; the
+data-plane benchmarks run their own minimal script through :func:`~lightning_pgc.experiments.launch.launch_script`.
+Not imported by ``import lightning_pgc``.
 Needs the ``[examples]`` extra (LightningCLI's jsonargparse, the digits data).
 """
 

@@ -21,7 +21,7 @@ import torch
 from lightning_pgc.callbacks import PGCDiagnostics, StalenessValve
 from lightning_pgc.experiments.results import CURVE_HEADER, FILES, VAL_CURVE_HEADER, rank_file, valve_file
 from lightning_pgc.strategy import PGCStrategy
-from lightning_pgc.stragglers import StragglerInjector
+from lightning_pgc.callbacks.stragglers import StragglerInjector
 
 __all__ = [
     "JobRecorder",

@@ -1,4 +1,9 @@
-"""``launch(spec) -> JobResult``: run one job on real processes through ``lightning-pgc fit`` and read it back."""
+"""``launch(spec) -> JobResult``: run one job on real processes through ``lightning-pgc fit`` and read it back.
+
+:func:`launch_script` is the same launcher for a benchmark's own minimal Lightning script (the data-plane
+measurements of ``benchmarks/step_time.py``, ``stall.py`` and ``gpu_check.py``, which must not carry the harness's
+recorder callbacks): it runs the script on real ranks and reads back what each rank wrote.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +13,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import yaml
 
 from lightning_pgc.experiments.results import FILES, JobResult, read_progress, read_result
 from lightning_pgc.experiments.spec import job_config, recipe_path, resolve_spec
 
-__all__ = ["JobFailed", "command", "launch"]
+__all__ = ["JobFailed", "command", "launch", "launch_script"]
 
 #: Files of an earlier run in the same folder that must not be mistaken for this run's.
 STALE = ("progress", "summary", "curve", "val_curve", "done", "wandb")
@@ -122,3 +127,62 @@ def launch(
     if check and not result.ok:
         raise JobFailed(result)
     return result
+
+
+def launch_script(
+    script: Path,
+    args: Sequence[str],
+    out: Path,
+    ranks: int,
+    one_process_per_rank: bool = False,
+    rank_env: Optional[Callable[[int], Mapping[str, str]]] = None,
+    threads: int = 1,
+    timeout: float = 1800,
+) -> list[dict[str, Any]]:
+    """Run ``python SCRIPT --worker --out OUT ARGS`` on ``ranks`` processes; return each rank's ``OUT/rank{r}.json``.
+
+    Args:
+        script: a script whose ``--worker`` mode runs one ``Trainer.fit`` and writes ``rank{global rank}.json``.
+        args: its other arguments.
+        out: the folder the ranks write to (created; earlier rank files in it are removed first).
+        ranks: how many ranks.
+        one_process_per_rank: start every rank here as a one-device node (``NODE_RANK``, ``WORLD_SIZE``,
+            ``MASTER_ADDR``/``MASTER_PORT`` of a free local port), e.g. one GPU each through ``rank_env``; by
+            default the script is started once and Lightning's launcher starts ranks 1..n-1 by re-running it.
+        rank_env: extra environment of rank ``r`` (with ``one_process_per_rank``), e.g. ``CUDA_VISIBLE_DEVICES``.
+        threads: ``OMP_NUM_THREADS`` of every rank.
+        timeout: seconds before the ranks are killed.
+
+    Raises:
+        RuntimeError: a rank exited with a non-zero status (with the tail of its output).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    for r in range(ranks):
+        (out / f"rank{r}.json").unlink(missing_ok=True)
+    cmd = [sys.executable, str(script), "--worker", "--out", str(out), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore"}
+    for key in INHERITED:
+        env.pop(key, None)
+    if not one_process_per_rank:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{script.name} {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    else:
+        port = _free_port()
+        procs = []
+        for r in range(ranks):
+            node = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(r), "LOCAL_RANK": "0"}
+            rank = {**env, **node, "WORLD_SIZE": str(ranks), **(rank_env(r) if rank_env else {})}
+            procs.append(subprocess.Popen(cmd, env=rank, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        logs = [p.communicate(timeout=timeout)[0] for p in procs]
+        if any(p.returncode for p in procs):
+            raise RuntimeError(f"{script.name} {' '.join(args)} failed:\n" + "\n".join(log[-3000:] for log in logs))
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -21,7 +21,7 @@ Spec keys (all optional; :data:`DEFAULTS` has the values):
   merged into ``model.init_args`` / ``data.init_args``); ``None`` keeps the recipe's value;
 - ``delay`` and ``delay_seed``: the :class:`~lightning_pgc.StragglerInjector` (replaces the recipe's callbacks);
 - ``faults``: a list of ``{"kind": "Stall" | "Freeze" | "Kill" | "Terminate" | "NaNGradient", "rank", "step",
-  ...}``, the :mod:`lightning_pgc.faults` callbacks with those arguments;
+  ...}``, the :mod:`lightning_pgc.callbacks.faults` callbacks with those arguments;
 - ``sync_loss``: :class:`LossRecorder` averages the logged loss over ranks under non-PGC strategies;
 - ``compute_s_per_eval``: :class:`SimulatedCompute` seconds per gradient evaluation (0: none);
 - ``measure``: add :class:`WorkMeter` (per-rank work, waits, FLOPs);
@@ -46,7 +46,7 @@ from typing import Any
 
 import yaml
 
-from lightning_pgc import recipes
+from lightning_pgc import recipe_files as recipes
 
 __all__ = ["DEFAULTS", "job_config", "resolve_spec", "recipe_path"]
 
@@ -180,7 +180,7 @@ def job_config(spec: dict[str, Any]) -> dict[str, Any]:
     ]
     for fault in spec["faults"]:
         args = dict(fault)
-        callbacks.append({"class_path": "lightning_pgc.faults." + args.pop("kind"), "init_args": args})
+        callbacks.append({"class_path": "lightning_pgc.callbacks.faults." + args.pop("kind"), "init_args": args})
     if spec["compute_s_per_eval"]:
         callbacks.append(
             {"class_path": cb + "SimulatedCompute", "init_args": {"seconds": float(spec["compute_s_per_eval"])}}

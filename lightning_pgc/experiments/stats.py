@@ -3,7 +3,7 @@
 Pure Python (the bootstrap uses numpy's generator); no Lightning, no processes.
 
 Why *paired*: for a given seed every scheme sees the same delays, initial weights and data split
-(:func:`lightning_pgc.stragglers.delay_for`), so the per-seed difference between two schemes cancels most of the
+(:func:`lightning_pgc.callbacks.stragglers.delay_for`), so the per-seed difference between two schemes cancels most of the
 seed-to-seed variation that an unpaired comparison of two means would count twice.
 
 Which interval: :func:`paired_t_interval` (Student t on the per-seed differences, or on the log ratios for a
@@ -32,6 +32,7 @@ __all__ = [
     "equal_wall_time",
     "paired_bootstrap_interval",
     "paired_t_interval",
+    "seconds_per_step",
     "t_cdf_two_sided",
     "t_quantile",
     "time_to_target",
@@ -216,3 +217,15 @@ def value_at_wall(walls: Sequence[float], values: Sequence[float], wall: float) 
     if len(walls) != len(values):
         raise ValueError(f"walls and values differ in length ({len(walls)} vs {len(values)})")
     return interpolate(walls, values, wall)
+
+
+def seconds_per_step(times: Sequence[Sequence[float]], skip: int) -> float:
+    """Throughput of a run on several ranks, as seconds per step: the wall time from the moment every rank finished
+    step ``skip`` to the moment every rank finished its last step, divided by the steps in between (``times[r][i]``:
+    when rank ``r`` finished step ``i + 1``). A rank that lags and catches up in bursts cannot make it look fast."""
+    last = len(times[0])
+    if not 0 < skip < last:
+        raise ValueError(f"skip must be in [1, {last - 1}] for {last} steps, got {skip}")
+    start = max(t[skip - 1] for t in times)
+    end = max(t[-1] for t in times)
+    return (end - start) / (last - skip)

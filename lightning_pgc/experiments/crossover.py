@@ -9,7 +9,9 @@ by the job's name and checked against its spec, so the grid runs incrementally a
 whatever is finished.
 :func:`summarize_cell` turns a cell's records into per-arm statistics (paired t intervals against ``dgd`` and
 ``ddp`` from :mod:`lightning_pgc.experiments.stats`) and the cell's winner with its margin, or marks the cell
-incomplete. ``benchmarks/grid.py`` runs the jobs and writes the report.
+incomplete. ``benchmarks/grid.py`` runs the jobs and writes the report; ``benchmarks/seed_experiment.py`` collects
+cluster runs with the same cell statistics. :data:`DELAYS` are the straggler models, shared with the simulated grid
+(``benchmarks/sim_grid.py``).
 """
 
 from __future__ import annotations
@@ -29,9 +31,15 @@ from lightning_pgc.experiments.stats import (
     time_to_target,
     value_at_wall,
 )
-from sim_grid import DELAYS
 
-#: short keys of the straggler models (the same models as the simulated grid, ``sim_grid.DELAYS``)
+#: name -> delay model, ``{last}`` standing for the last rank (the map grid's models: log-normal with rare
+#: stalls scaled to 1-3 s, one persistent slow rank, exponential with a mean about the step time).
+DELAYS: dict[str, str] = {
+    "lognormal + stalls": "lognormal(median=0.02, sigma=0.5) + spikes(prob=0.002, low=1.0, high=3.0)",
+    "one slow rank": "lognormal(median=0.02, sigma=0.5) + slowranks(ranks=[{last}], seconds=0.1)",
+    "exponential": "exponential(mean=0.1)",
+}
+#: short keys of the straggler models of :data:`DELAYS`
 DELAY_KEYS: dict[str, str] = {"lognormal + stalls": "stalls", "one slow rank": "slowrank", "exponential": "exp"}
 
 
@@ -161,7 +169,7 @@ def arms_for(
 
 @dataclass(frozen=True)
 class Cell:
-    """One cell of the map: a straggler model (a key of ``sim_grid.DELAYS``) and an evaluation cost."""
+    """One cell of the map: a straggler model (a key of :data:`DELAYS`) and an evaluation cost."""
 
     delay: str
     cost: str
@@ -320,7 +328,7 @@ class Store:
 
 
 def compact_record(row: Mapping[str, Any], val: Iterable[Sequence[float]], ok: bool, error: str = "") -> dict[str, Any]:
-    """What a record keeps: the per-run measurements (``grid.run_row``) and the validation curve (wall, step, loss,
+    """What a record keeps: the per-run measurements (``runs.run_row``) and the validation curve (wall, step, loss,
     acc), floats rounded to 6 significant digits so the files stay small."""
 
     def r(x: Any) -> Any:
@@ -366,7 +374,7 @@ class ArmSummary:
         return out
 
 
-#: per-run columns averaged into ArmSummary.means (row keys of ``grid.run_row`` and the error decomposition)
+#: per-run columns averaged into ArmSummary.means (row keys of ``runs.run_row`` and the error decomposition)
 MEAN_COLUMNS = (
     "grad_evals_to_target",
     "gflop_to_target",
@@ -643,7 +651,7 @@ def render_markdown(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot_map(result: Mapping[str, Any], path: Path) -> None:
+def plot_map(result: Mapping[str, Any]) -> Any:
     """The heat map: one square per cell, coloured by the winner's family (grey: incomplete or no winner),
     annotated with the winner, its margin over the runner-up and the interval."""
     import matplotlib
@@ -707,5 +715,4 @@ def plot_map(result: Mapping[str, Any], path: Path) -> None:
         fontsize=9,
     )
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig

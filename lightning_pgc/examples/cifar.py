@@ -24,7 +24,7 @@ from torchvision import transforms as T
 from torchvision.datasets import CIFAR10
 from torchvision.models import resnet18
 
-from lightning_pgc.digits import log_train_loss
+from lightning_pgc.examples.digits import log_train_loss
 
 #: Per-channel mean and standard deviation of the CIFAR-10 training images (the usual constants).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -190,7 +190,7 @@ def resnet18_cifar(num_classes: int = 10) -> nn.Module:
 class ResNet18CIFAR(pl.LightningModule):
     """ResNet-18 on CIFAR-10 with SGD (momentum, weight decay) and an optional per-step LR schedule.
 
-    ``lr`` is logged every step. ``train_loss`` is logged through :func:`lightning_pgc.digits.log_train_loss`: under PGC it is the decoded
+    ``lr`` is logged every step. ``train_loss`` is logged through :func:`lightning_pgc.examples.digits.log_train_loss`: under PGC it is the decoded
     aggregate loss (no collective that would wait for stragglers), under ``ddp`` the mean over ranks.
 
     Args:

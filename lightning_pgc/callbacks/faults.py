@@ -4,7 +4,7 @@ They work under any strategy (``ddp`` included) and from YAML, like :class:`~lig
 
     trainer:
       callbacks:
-        - class_path: lightning_pgc.faults.Stall
+        - class_path: lightning_pgc.callbacks.faults.Stall
           init_args: {rank: 2, step: 10, seconds: 20}
 
 Each fires once, at the start of training step ``step`` (``trainer.global_step``) on global rank ``rank``, and

@@ -1,0 +1,44 @@
+"""Callbacks that work with any strategy: the PGC diagnostics, the staleness valve, straggler and fault injection.
+
+- :class:`PGCDiagnostics` (diagnostics.py): what the leader saw each step, logged under ``pgc/...`` (attached by
+  :class:`~lightning_pgc.PGCStrategy` by default); its optional theory measurements are theory_metrics.py.
+- :class:`StalenessValve` (valve.py): lowers the learning rate, or the bounded window, when the measured
+  staleness term grows.
+- :class:`StragglerInjector` and the delay models (stragglers.py): sleeps on chosen ranks, identically under
+  ``ddp`` and the PGC strategies, so comparisons are fair.
+- :class:`Stall`, :class:`Freeze`, :class:`Kill`, :class:`Terminate`, :class:`NaNGradient` (faults.py): one fault at a chosen step.
+"""
+
+from lightning_pgc.callbacks.diagnostics import PGCDiagnostics
+from lightning_pgc.callbacks.faults import Freeze, Kill, NaNGradient, Stall, Terminate
+from lightning_pgc.callbacks.stragglers import (
+    Constant,
+    DelayModel,
+    Exponential,
+    LogNormal,
+    NoDelay,
+    SlowRanks,
+    Spikes,
+    StragglerInjector,
+    parse_delay,
+)
+from lightning_pgc.callbacks.valve import StalenessValve
+
+__all__ = [
+    "Constant",
+    "DelayModel",
+    "Exponential",
+    "Freeze",
+    "Kill",
+    "LogNormal",
+    "NaNGradient",
+    "NoDelay",
+    "PGCDiagnostics",
+    "SlowRanks",
+    "Spikes",
+    "Stall",
+    "StalenessValve",
+    "StragglerInjector",
+    "Terminate",
+    "parse_delay",
+]

@@ -1,0 +1,180 @@
+"""Running the user's ``training_step`` off the record, for measurements on a fixed probe batch.
+
+The diagnostics and the staleness valve evaluate the training loss and its gradient at the current (or a past)
+model version without leaving a trace in the run: gradients, buffers, torchmetrics states, RNG and logs are as
+before, and collectives are refused under PGC as in the real step. :func:`log_at` logs a measurement at the step
+it was taken.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping, Optional, Sequence
+
+import torch
+from lightning.fabric.utilities.apply_func import apply_to_collection
+from lightning.pytorch import LightningModule, Trainer
+from torch import Tensor
+from torch.utils.data import default_collate
+
+__all__ = [
+    "collate",
+    "flat_params",
+    "log_at",
+    "loss_and_gradient",
+    "loss_gradient",
+    "partition_loader",
+    "probe_loss",
+    "swapped_params",
+    "untouched",
+]
+
+
+def log_at(trainer: Trainer, metrics: dict[str, float], step: int) -> None:
+    """Log ``metrics`` once, at ``step``, to every logger of the trainer (rank 0's loggers are the live ones)."""
+    for logger in trainer.loggers:
+        logger.log_metrics(metrics, step=step)
+
+
+def flat_params(module: torch.nn.Module) -> Tensor:
+    """Every parameter, frozen ones included, so the layout survives a finetuning callback's unfreezing."""
+    return torch.cat([p.detach().reshape(-1).double().cpu() for p in module.parameters()])
+
+
+def loss_gradient(pl_module: LightningModule, batch: Any) -> Tensor:
+    """Flat float64 gradient of ``training_step(batch)``'s loss, leaving no trace (grads, buffers, RNG, logs)."""
+    return loss_and_gradient(pl_module, batch)[1]
+
+
+def loss_and_gradient(pl_module: LightningModule, batch: Any) -> tuple[float, Tensor]:
+    """``training_step(batch)``'s loss and its flat float64 gradient over every parameter (zeros for frozen ones),
+    leaving no trace (grads, buffers, metric states, RNG, logs)."""
+    params = list(pl_module.parameters())
+    trainable = [p for p in params if p.requires_grad]
+    batch = apply_to_collection(batch, Tensor, lambda t: t.to(pl_module.device))
+    with untouched(pl_module), torch.enable_grad():
+        output = pl_module.training_step(batch, 0)
+        loss = _loss_of(output)
+        grads = dict(zip(map(id, trainable), torch.autograd.grad(loss, trainable, allow_unused=True)))
+    flat = [_or_zeros(grads.get(id(p)), p) for p in params]
+    return float(loss.detach()), torch.cat([g.detach().reshape(-1).double().cpu() for g in flat])
+
+
+def _or_zeros(grad: Optional[Tensor], param: Tensor) -> Tensor:
+    return grad if grad is not None else torch.zeros_like(param)
+
+
+def _loss_of(output: Any) -> Tensor:
+    """The loss tensor of a ``training_step`` output (the tensor itself, or a mapping's ``"loss"``)."""
+    loss = output["loss"] if isinstance(output, Mapping) else output
+    if not isinstance(loss, Tensor):
+        raise TypeError(f"a probe needs training_step to return a loss tensor (or a dict with 'loss'), got {output!r}")
+    return loss
+
+
+def probe_loss(pl_module: LightningModule, batch: Any) -> float:
+    """``training_step(batch)``'s loss at the current parameters, without autograd, leaving no trace."""
+    batch = apply_to_collection(batch, Tensor, lambda t: t.to(pl_module.device))
+    with untouched(pl_module), torch.no_grad():
+        output = pl_module.training_step(batch, 0)
+        loss = _loss_of(output)
+    return float(loss.detach())
+
+
+@contextmanager
+def untouched(pl_module: LightningModule) -> Iterator[None]:
+    """Run the user's training_step off the record: RNG forked, logs muted, collectives refused (under PGC), buffers
+    and torchmetrics states restored afterwards (a probe call on rank 0 must not count in a metric or move
+    BatchNorm statistics)."""
+    buffers = [b.detach().clone() for b in pl_module.buffers()]
+    metrics = _metric_states(pl_module)
+    with torch.random.fork_rng(devices=[]), _muted(pl_module), _guarded(pl_module):
+        try:
+            yield
+        finally:
+            for b, saved in zip(pl_module.buffers(), buffers):
+                b.data.copy_(saved)
+            for metric, state in metrics:
+                for name, value in state.items():
+                    setattr(metric, name, value)
+
+
+@contextmanager
+def _guarded(pl_module: LightningModule) -> Iterator[None]:
+    """Under PGC, refuse collectives in a probe call of training_step as in the real one (it runs on one rank)."""
+    try:
+        guard = getattr(pl_module.trainer.strategy, "collective_guard", None)
+    except RuntimeError:  # not attached to a Trainer
+        guard = None
+    if guard is None:
+        yield
+    else:
+        with guard(pl_module):
+            yield
+
+
+def _metric_states(module: torch.nn.Module) -> list[tuple[Any, dict[str, Any]]]:
+    """A copy of every torchmetrics metric's state (its ``_defaults`` names and update bookkeeping)."""
+    import copy
+
+    saved = []
+    for sub in module.modules():
+        defaults = getattr(sub, "_defaults", None)
+        if isinstance(defaults, dict) and hasattr(sub, "_update_count"):
+            names = [*defaults, "_update_count", "_computed", "_forward_cache"]
+            saved.append((sub, {n: copy.deepcopy(getattr(sub, n, None)) for n in names if hasattr(sub, n)}))
+    return saved
+
+
+@contextmanager
+def swapped_params(params: Sequence[torch.nn.Parameter], flat: Tensor) -> Iterator[None]:
+    """Temporarily point every parameter's data at the values in ``flat`` (float64, from ``flat_params``).
+
+    The original tensors are put back untouched, so the run's parameters (and the optimizer's references to them)
+    are bit-for-bit unchanged afterwards.
+    """
+    saved = [p.data for p in params]
+    offset = 0
+    try:
+        for p in params:
+            size = p.numel()
+            p.data = flat[offset : offset + size].view_as(p).to(device=p.device, dtype=p.dtype).clone()
+            offset += size
+        yield
+    finally:
+        for p, data in zip(params, saved):
+            p.data = data
+
+
+def partition_loader(trainer: Trainer) -> Optional[tuple[Any, Any]]:
+    """``(DataLoader, PartitionBatchSampler)`` of the running fit, or ``None`` when the strategy is not PGC's."""
+    from lightning_pgc.data import PartitionBatchSampler
+
+    combined = getattr(trainer.fit_loop, "_combined_loader", None)
+    loaders = list(combined.flattened) if combined is not None else []
+    if not loaders and trainer.train_dataloader is not None:
+        loaders = [trainer.train_dataloader]
+    for loader in loaders:
+        sampler = getattr(loader, "batch_sampler", None)
+        if isinstance(sampler, PartitionBatchSampler):
+            return loader, sampler
+    return None
+
+
+def collate(loader: Any, indices: Sequence[int]) -> Any:
+    """The batch ``loader`` would yield for these dataset indices."""
+    dataset = loader.dataset
+    collate_fn = getattr(loader, "collate_fn", None) or default_collate
+    return collate_fn([dataset[int(i)] for i in indices])
+
+
+@contextmanager
+def _muted(module: LightningModule) -> Iterator[None]:
+    """Silence ``self.log`` inside a probe call of the user's training_step."""
+    module.log = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    module.log_dict = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        del module.log
+        del module.log_dict
