@@ -4,7 +4,7 @@
     python benchmarks/gpu_check.py --accelerator cpu --steps 6 --ranks 2   # a dry run of the script itself (gloo)
 
 Every process is one Lightning "node" that sees one GPU (``CUDA_VISIBLE_DEVICES``), so ddp all-reduces with NCCL and
-``PGCStrategy(data_plane="collective")`` builds its data group on NCCL, with codes, aggregates and ``param.grad``
+``PGCStrategy`` builds its data group on NCCL, with codes, aggregates and ``param.grad``
 on the GPU. For each configuration it reports the step time (throughput as in step_time.py: wall time from every
 rank past step ``--skip`` to every rank done, per step), whether the last aggregate has the same bits on every rank
 (and the parameters too), and the host<->device copies per step counted by the profiler over three steps (CUDA
@@ -91,7 +91,7 @@ def worker(args: argparse.Namespace) -> None:
     if args.strategy == "ddp":
         strategy: Any = DDPStrategy()
     else:
-        strategy = PGCStrategy(scheme=args.strategy, stragglers=1, diagnostics=False, data_plane="collective")
+        strategy = PGCStrategy(scheme=args.strategy, stragglers=1, diagnostics=False)
     trainer = pl.Trainer(
         accelerator=args.accelerator,
         devices=1,

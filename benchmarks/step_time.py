@@ -121,7 +121,6 @@ def run_worker(args: argparse.Namespace) -> None:
             stragglers=0 if args.strategy == "dgd" else 1,
             diagnostics=False,
             timeout=600,
-            data_plane=args.plane,
         )
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -166,7 +165,6 @@ def launch(
     slow: float,
     slow_rank: int,
     stall: tuple[int, float] = (0, 0.0),
-    plane: str = "sharded",
 ) -> dict:
     """Run one configuration; ``stall``: (step, seconds) of a :class:`~lightning_pgc.callbacks.faults.Stall` on
     ``slow_rank``."""
@@ -179,7 +177,6 @@ def launch(
         "--slow-rank": slow_rank,
         "--stall-step": stall[0],
         "--stall-seconds": stall[1],
-        "--plane": plane,
     }
     argv = [str(x) for item in args.items() for x in item]
     return {"ranks": launch_script(Path(__file__), argv, out, devices)}
@@ -216,7 +213,6 @@ def main() -> None:
     p.add_argument("--slow-rank", type=int, default=2)
     p.add_argument("--stall-step", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--stall-seconds", type=float, default=0.0, help=argparse.SUPPRESS)
-    p.add_argument("--plane", default="sharded", choices=["sharded", "collective"], help=argparse.SUPPRESS)
     p.add_argument("--planes", action="store_true", help="the collective data plane against ddp")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--skip", type=int, default=5)
@@ -290,6 +286,7 @@ def main() -> None:
     }
     rss = {k: [max(r["peak_rss_mb"] for r in j["ranks"]) for j in v] for k, v in runs.items()}
     result = {
+        "plane": "collective",
         "command": "python benchmarks/step_time.py " + " ".join(sys.argv[1:]),
         "machine": f"{os.cpu_count()} CPU cores, gloo, {args.rounds} interleaved rounds",
         "minutes": (time.time() - started) / 60,
@@ -363,7 +360,6 @@ def planes(args: argparse.Namespace) -> None:
                     k,
                     delay,
                     args.slow_rank,
-                    plane="collective",
                 )
             )
     skip = args.skip
@@ -416,13 +412,25 @@ def planes(args: argparse.Namespace) -> None:
         print(f"{k}: {v['median']:.3f} (per round {_fmt_list(v['per_round'])}), target <= {v['target_max']}")
 
 
+def _plane_sentence(res: dict) -> str:
+    """Which data plane measured a result (results without a ``plane`` key predate the collective plane)."""
+    if res.get("plane") == "collective":
+        return "These rows measure the collective data plane: one all-reduce per step on a gloo data group."
+    return (
+        "These rows were measured on the earlier data plane (point-to-point shards, one owner per shard), which "
+        "the collective data plane replaced; the collective plane against ddp: "
+        "[step_time_planes.md](step_time_planes.md). `python benchmarks/step_time.py` measures the collective "
+        "plane."
+    )
+
+
 def render_planes_markdown(res: dict) -> str:
     md = [
         "# Step time: the collective data plane against ddp",
         "",
         f"Produced by `{res['command'].strip()}` ({res['machine']}; {res['minutes']:.0f} min); every number below "
-        'is in docs/step_time_planes.json. `PGCStrategy(data_plane="collective")`: one all-reduce per step on a '
-        "gloo data group. Step time is throughput (wall time from every rank past step "
+        "is in docs/step_time_planes.json. The collective data plane: one all-reduce per step on a gloo data "
+        "group. Step time is throughput (wall time from every rank past step "
         f"{res['skip']} to every rank done, per step). The machine is shared with other jobs, so absolute times are "
         "noisy: compare the ratios, each measured within one round (the configurations run interleaved). When the "
         "rounds disagree (a ratio above its target in one round and below in another), the median of so few rounds "
@@ -492,8 +500,7 @@ def render_markdown(res: dict) -> str:
         "backward it runs. 4 ranks share 2 cores, so a sleeping rank frees a core for the others: that flatters "
         "every `*_slow` row of a straggler-tolerant strategy, and `pgc_slow / ddp (no delay)` most.",
         "",
-        "These rows measure the sharded data plane (the default). The collective data plane "
-        '(`data_plane="collective"`) against ddp: [step_time_planes.md](step_time_planes.md).',
+        _plane_sentence(res),
         "",
         f"Models: tiny 16-32-4 ({res['params']['tiny']} parameters), 10m 1024-10000-4 ({res['params']['10m']}), "
         f"1m 1024-1000-4 ({res['params']['1m']}).",
@@ -523,8 +530,13 @@ def render_markdown(res: dict) -> str:
     md += [
         "",
         "Traffic: the busiest rank's bytes sent + received per step, over a ring all-reduce's "
-        "`4 (n-1)/n` x payload (payloads below `shard_bytes`, 256 KiB, take one shard: rank 0 then carries "
-        "`2 (n-1)` payloads, which is what the tiny row shows):",
+        "`4 (n-1)/n` x payload"
+        + (
+            ":"
+            if res.get("plane") == "collective"
+            else " (payloads below 256 KiB took one shard on that plane: rank 0 then carried `2 (n-1)` payloads, "
+            "which is what the tiny row shows):"
+        ),
         "",
         "| run | ratio per round |",
         "|---|---|",
