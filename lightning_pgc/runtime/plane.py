@@ -459,7 +459,9 @@ class CollectiveRuntime(CommLoop):
     def seat_in_doubt(self) -> bool:
         """Whether this rank leads but may have been replaced: with ``failover``, once per heartbeat interval (a
         process that was stopped finds its last look older than that)."""
-        return self.failover and self.is_leader and time.monotonic() - self._last_settle > self.heartbeat_interval
+        if not self.failover or not self.is_leader or self.store is None:  # (a stopped runtime has no store)
+            return False
+        return time.monotonic() - self._last_settle > self.heartbeat_interval
 
     def settle_seat(self) -> bool:
         """Follow every newer term named in the store (stepping down if one exists); returns :attr:`is_leader`."""
