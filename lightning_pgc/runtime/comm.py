@@ -49,10 +49,10 @@ class CommLoop:
             kind = msg[0]
             if kind == "halt":
                 return
-            if kind == "tick":  # this rank's own, every heartbeat interval (queued messages came first)
+            if kind == "tick":  # this rank's own, every heartbeat interval, with the time it was sent
                 if self._stopping.is_set() and self._beats_done.is_set():
                     return
-                if not self._silence(chan):
+                if not self._silence(chan, msg[1]):
                     return
                 continue
             if 0 <= term < self.term:
@@ -93,15 +93,15 @@ class CommLoop:
                 self._fail(RuntimeError(f"the PGC leader failed: {msg[1]}"))
                 return
 
-    def _silence(self, chan: Channel) -> bool:
-        """On a tick: a leader silent too long is replaced (``failover``) or ends this rank (returns False)."""
-        now = time.monotonic()
-        if self.failover:  # (the leader's queued messages were read first: it really said nothing meanwhile)
-            silent = now - self._leader_heard
+    def _silence(self, chan: Channel, sent: float) -> bool:
+        """On a tick sent at ``sent``: a leader silent too long is replaced (``failover``) or ends this rank (returns
+        False). The silence is counted up to the tick's sending: the leader's messages sent before it were read
+        before it, and those sent after it may still wait behind it (the comm thread was inside a collective)."""
+        silent = sent - self._leader_heard
+        if self.failover:
             if self.succession.due(silent):
                 self.succession.elect(chan, silent)
             return True
-        silent = now - max(self._leader_heard, self._comm_free_at)
         if not self.is_leader and silent > 2 * self.heartbeat_window:
             self._fail(
                 PGCTimeoutError(

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from lightning_pgc.runtime.control import Channel, inbox, leader_box, term_key
-from lightning_pgc.runtime.leader import CoordinatorError, Leader, StepRecord
+from lightning_pgc.runtime.leader import CoordinatorError, Leader, NoDonorYet, StepRecord
 from lightning_pgc.runtime.messages import Header, Kind
 
 if TYPE_CHECKING:
@@ -319,8 +319,12 @@ class Coordinator:
     def _decide(self, now: float) -> None:
         rt, leader = self.rt, self.leader
         while self._rejoins:
-            rank = self._rejoins.pop(0)
-            u, donor = leader.on_rejoin(rank, rt.rank, rt._stopping.is_set())
+            rank = self._rejoins[0]
+            try:
+                u, donor = leader.on_rejoin(rank, rt.rank, rt._stopping.is_set())
+            except NoDonorYet:
+                break  # (asked again at every loop: the leader donates once its own training ended)
+            self._rejoins.pop(0)
             self._send_all(("attach", u, rank, donor))
             if rank not in self.members:  # it left the data group (frozen): every member has every version before
                 self.config += 1  # u queued before this configuration, which takes it back from u on

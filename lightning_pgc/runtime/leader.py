@@ -25,6 +25,10 @@ class CoordinatorError(RuntimeError):
     """The leader could not close a version: too many ranks missing, or a protocol violation."""
 
 
+class NoDonorYet(CoordinatorError):
+    """A rank asks to rejoin while no rank can send it the training state (see :meth:`Leader.on_rejoin`)."""
+
+
 class DivergedError(CoordinatorError):
     """The open version can never close: too many ranks' gradients for it were NaN or inf (and skipped)."""
 
@@ -232,30 +236,36 @@ class Leader:
         thread applies ``u`` or has finished), unless the leader is the one rejoining, is detached itself or rejoins
         at ``u`` too (it has the state of ``u`` only once its own donor sent it): then the attached live rank
         furthest ahead that does not rejoin at ``u``. Several ranks may rejoin at one version (two that missed a
-        dead leader's last aggregate, say)."""
+        dead leader's last aggregate, say).
+
+        Raises:
+            NoDonorYet: no rank can donate now (every other one finished or is detached while the leader still
+                trains): nothing changed; ask again later (the leader donates once it finished).
+        """
         u = self.version
-        self.detached.pop(rank, None)
+        rejoining = {r: v for r, v in self.rejoining.items() if v >= u}
+        rejoining[rank] = u
+        detached = {r: v for r, v in self.detached.items() if r != rank}
+        if leader_finished or (rank != leader_rank and leader_rank not in detached and rejoining.get(leader_rank) != u):
+            donor = leader_rank
+        else:
+            now = time.monotonic()
+            candidates = [
+                r
+                for r in range(self.world_size)
+                if r != rank
+                and r not in detached
+                and rejoining.get(r) != u
+                and r not in self.byes
+                and self.is_alive(r, now)
+            ]
+            if not candidates:
+                raise NoDonorYet(f"rank {rank} asks to rejoin at version {u} but no live rank can donate the state yet")
+            donor = max(candidates, key=lambda r: (self.progress[r], -r))
+        self.detached, self.rejoining = detached, rejoining
         self.progress[rank] = u
-        self.rejoining = {r: v for r, v in self.rejoining.items() if v >= u}
-        self.rejoining[rank] = u
         self._stats[rank].rejoined += 1
-        if leader_finished or (
-            rank != leader_rank and leader_rank not in self.detached and self.rejoining.get(leader_rank) != u
-        ):
-            return u, leader_rank
-        now = time.monotonic()
-        candidates = [
-            r
-            for r in range(self.world_size)
-            if r != rank
-            and r not in self.detached
-            and self.rejoining.get(r) != u
-            and r not in self.byes
-            and self.is_alive(r, now)
-        ]
-        if not candidates:
-            raise CoordinatorError(f"rank {rank} asks to rejoin at version {u} but no live rank can donate the state")
-        return u, max(candidates, key=lambda r: (self.progress[r], -r))
+        return u, donor
 
     def reopen(self, version: int, now: float) -> None:
         """A successor leader: ``version`` is the open one (the dead leader's last decisions are unknown here, and

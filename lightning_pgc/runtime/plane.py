@@ -519,7 +519,7 @@ class CollectiveRuntime(CommLoop):
         self._channels.append(chan)
         while not self._beats_done.wait(self.heartbeat_interval):
             try:
-                chan.push(inbox(self.rank), (-1, ("tick",)))
+                chan.push(inbox(self.rank), (-1, ("tick", time.monotonic())))
                 chan.push(self._leader_box(), ("tick",) if self.is_leader else ("beat", self.rank, self.progress))
             except Exception as exc:  # the store is gone: the comm thread reports the lost leader
                 log.debug("PGC rank %d: heartbeat failed: %r", self.rank, exc)
