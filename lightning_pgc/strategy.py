@@ -336,9 +336,8 @@ class PGCStrategy(DDPStrategy):
         super()._configure_launcher()
         # Lightning's launchers kill every rank when one dies; PGC survives up to s dead ranks.
         failover = self.failover is not False
-        launches = self._start_method != "popen" or not self.cluster_environment.creates_processes_externally
-        if launches:
-            host_store()  # this process starts the ranks: the control plane's store lives here, not in a rank
+        if self._start_method != "popen":  # the launching process is not a rank: the control plane's store lives
+            host_store()  # here (under popen rank 0 launches, and the default group's store, which it hosts, serves)
         # Lightning hands each call's model and loaders to the launcher: ``_preflight`` checks them there, before
         # any rank starts.
         wrap_launcher(

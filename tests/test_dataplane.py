@@ -292,7 +292,7 @@ def test_a_dead_leader_is_replaced_by_the_lowest_live_member_and_versions_go_on(
         got = _together(live, lambda rt: rt.collectives.broadcast(f"from {rt.rank}", src=1))
         assert set(got.values()) == {"from 1"}
     finally:
-        _stop_all(live)
+        _stop_all(rts[1:])
     assert _pgc_threads() == []
 
 

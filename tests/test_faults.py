@@ -25,13 +25,16 @@ EXIT_SPREAD_S = 2 * 1.0 + 6.0
 
 
 def test_a_long_stall_costs_nobody_and_the_stalled_rank_rejoins_by_state_transfer(tmp_path):
-    """Rank 3 (no shard owner: this payload has 2 shards) is frozen by SIGSTOP for 3 s at step 2 (about 30
-    steps of the others); rank 1's gradient is NaN at step 50; rank 2 stalls 2 s at step 70. The faults do not
-    overlap: with two ranks out at once, 2 of 4 could not close a version (s = 1), and nobody would fall behind.
+    """Rank 3 is frozen by SIGSTOP for 6 s at step 2; rank 1's gradient is NaN at step 50; rank 2 stalls 2 s at
+    step 70. The faults do not overlap: with two ranks out at once, 2 of 4 could not close a version (s = 1), and
+    nobody would fall behind.
 
-    Frozen rank 3 misses its heartbeats, is reported missing, is detached past ``max_lag`` versions (its buffers
-    stay bounded) and after SIGCONT rejoins by state transfer. Nobody waits for stalled rank 2 either: it is
-    detached, comes back and gets the leader's state (during the run or, if the others finished, at the end).
+    Frozen rank 3 misses its heartbeats and is reported missing. Its comm thread froze too, so the others wait in
+    the all-reduce it froze in for one liveness window (heartbeat window 2 s + timeout 3 s: the one cost of a frozen
+    rank, which the freeze outlasts), then go on without it; after SIGCONT it rejoins by state transfer. Nobody
+    waits for stalled rank 2 (its training thread sleeps, its comm thread is on time): it falls past ``max_lag``
+    versions, is detached (its buffers stay bounded), comes back and gets a donor's state (during the run or, if the
+    others finished, at the end).
     Rank 1's NaN is rejected (counted, not decoded). Every replica ends identical, losses stay finite.
     """
     job = run_job(
@@ -44,7 +47,7 @@ def test_a_long_stall_costs_nobody_and_the_stalled_rank_rejoins_by_state_transfe
         compute_s_per_eval=0.05,
         strategy_kwargs={"max_lag": MAX_LAG, "heartbeat_interval": 0.1, "heartbeat_misses": 20},
         faults=[
-            {"kind": "Freeze", "rank": 3, "step": 2, "seconds": 3.0},
+            {"kind": "Freeze", "rank": 3, "step": 2, "seconds": 6.0},
             {"kind": "NaNGradient", "rank": 1, "step": 50},
             {"kind": "Stall", "rank": 2, "step": 70, "seconds": 2.0},
         ],
