@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lightning_pgc.emulator.cells import LRS, Arm, Cell, Protocol  # noqa: E402
-from lightning_pgc.emulator.crossmap import plan_items, read_records, run_round  # noqa: E402
+from lightning_pgc.emulator.crossmap import item_key, plan_items, read_records, run_round  # noqa: E402
 from lightning_pgc.emulator.scoring import compare, holm, restricted_mean  # noqa: E402
 
 DOCS = ROOT / "docs"
@@ -44,15 +44,15 @@ TARGETS = {"steps_c2": 1.15, "steps_c4": 1.3, "time_c2": 0.8}
 
 
 def arms_of(cell: Cell) -> list[Arm]:
-    """dgd (the ``ddp`` arm) and pgc_fr at c = 2 and 4: uncorrected, look-ahead with the default ``k = (c-1)/2`` and
-    with ``k = c - 1``, delay compensation (``dc_lambda`` 0.04) and momentum accounting. At n = 256 (the costly
+    """dgd (the ``ddp`` arm) and pgc_fr at c = 2 and 4: uncorrected, look-ahead with ``k = (c-1)/2`` (the window's mean
+    age) and with ``k = c - 1`` (both explicit, so that a record says which it ran), delay compensation (``dc_lambda`` 0.04) and momentum accounting. At n = 256 (the costly
     cell) only the uncorrected arms and look-ahead (both ``k`` at c = 2, ``k = c - 1`` at c = 4) and delay
     compensation at c = 2."""
     arms = [Arm("ddp")]
     for c in (2, 4):
         full = [
             Arm("pgc_fr", c),
-            Arm("pgc_fr", c, "lookahead"),
+            Arm("pgc_fr", c, "lookahead", lookahead_steps=(c - 1) / 2),
             Arm("pgc_fr", c, "lookahead", lookahead_steps=float(c - 1)),
             Arm("pgc_fr", c, "delay_compensation"),
             Arm("pgc_fr", c, "momentum"),
@@ -100,6 +100,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     seeds that reached it, restricted mean time to it (misses at the budget), and paired comparisons (ratio of
     restricted means, seeded bootstrap interval, sign-flip p, Holm per cell and family) of steps and time with dgd and
     with the same ``c``'s uncorrected arm. Steps of a miss are censored at the protocol's ``max_versions``."""
+    planned = {item_key(cell, arm, PROTOCOL) for cell, arm in plan_items(CELLS, PROTOCOL, arms_of)[0]}
+    records = [r for r in records if r.get("key") in planned]
     by_cell: dict[int, list[dict[str, Any]]] = {}
     for r in records:
         by_cell.setdefault(r["cell"]["n"], []).append(r)
@@ -109,8 +111,13 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         max_versions = recs[0]["protocol"]["max_versions"]
         base = next((r for r in recs if r["arm"]["strategy"] == "ddp"), None)
         uncorrected = {r["arm"]["c"]: r for r in recs if r["arm"]["strategy"] != "ddp" and "correction" not in r["arm"]}
+        mean_age_k = {
+            r["arm"]["c"]: r
+            for r in recs
+            if r["arm"].get("correction") == "lookahead" and r["arm"]["lookahead_steps"] == (r["arm"]["c"] - 1) / 2
+        }
         arms = []
-        families: dict[str, list[tuple[dict[str, Any], str]]] = {"vs_dgd": [], "vs_none": []}
+        families: dict[str, list[tuple[dict[str, Any], str]]] = {"vs_dgd": [], "vs_none": [], "vs_mean_age_k": []}
         for r in recs:
             ev = r["eval"]
             steps = [v for v in ev["versions_late"] if v is not None]
@@ -130,7 +137,12 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                 "time_to_target_s": restricted_mean(ev["time_late"], budget),
                 "cpu_s": r["cpu_s"],
             }
-            for family, other in (("vs_dgd", base), ("vs_none", uncorrected.get(r["arm"]["c"]))):
+            longer = r["arm"].get("correction") == "lookahead" and r["arm"]["lookahead_steps"] == r["arm"]["c"] - 1
+            for family, other in (
+                ("vs_dgd", base),
+                ("vs_none", uncorrected.get(r["arm"]["c"])),
+                ("vs_mean_age_k", mean_age_k.get(r["arm"]["c"]) if longer else None),
+            ):
                 if other is None or other is r or (family == "vs_none" and r["arm"]["strategy"] == "ddp"):
                     continue
                 ev0 = other["eval"]
@@ -210,6 +222,13 @@ def render(summary: dict[str, Any]) -> str:
                 f"{a['time_to_target_s']:.2f} | {_ratio(a.get('steps_vs_dgd'))} | {_ratio(a.get('time_vs_dgd'))} | "
                 f"{_ratio(a.get('steps_vs_none'))} | {_ratio(a.get('time_vs_none'))} |"
             )
+        lines.append("")
+        for a in cell["arms"]:
+            if a.get("steps_vs_mean_age_k"):
+                lines.append(
+                    f"- {a['arm']} against k = {(a['c'] - 1) / 2:g} (the window's mean age): steps "
+                    f"{_ratio(a['steps_vs_mean_age_k'])}, time {_ratio(a['time_vs_mean_age_k'])}."
+                )
         lines.append("")
     return "\n".join(lines)
 

@@ -183,8 +183,9 @@ class PGCStrategy(DDPStrategy):
             ``g + dc_lambda * g * g * (beta_t - beta_v)`` (``c`` parameter vectors of memory plus, while
             encoding, a corrected copy of each stale entry; not for ``bounded``, whose stale entries are reused by
             the aggregator). The decode is unchanged (exact schemes stay exact for the entries they are sent).
-        lookahead_steps: ``"lookahead"`` only: the extrapolation ``k``; default the window's mean age (each
-            gradient's mean age of use becomes zero).
+        lookahead_steps: ``"lookahead"`` only: the extrapolation ``k``; default ``c - 1`` (the window's oldest age)
+            for the pipelined schemes, the window's mean age ``(n - fresh) / n`` for ``bounded``
+            (:func:`lightning_pgc.staleness.default_lookahead`).
         dc_lambda: ``"delay_compensation"`` only: ``lambda`` (default 0.04).
         process_group_timeout: timeout of Lightning's default process group (as ``DDPStrategy(timeout=...)``).
         start_method: how Lightning launches the ranks, as for ``ddp``; with any of them a dead rank does not make
