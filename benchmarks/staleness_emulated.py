@@ -45,9 +45,10 @@ TARGETS = {"steps_c2": 1.15, "steps_c4": 1.3, "time_c2": 0.8}
 
 def arms_of(cell: Cell) -> list[Arm]:
     """dgd (the ``ddp`` arm) and pgc_fr at c = 2 and 4: uncorrected, look-ahead with ``k = (c-1)/2`` (the window's mean
-    age) and with ``k = c - 1`` (both explicit, so that a record says which it ran), delay compensation (``dc_lambda`` 0.04) and momentum accounting. At n = 256 (the costly
-    cell) only the uncorrected arms and look-ahead (both ``k`` at c = 2, ``k = c - 1`` at c = 4) and delay
-    compensation at c = 2."""
+    age) and with ``k = c - 1`` (both explicit, so that a record says which it ran), delay compensation
+    (``dc_lambda`` 0.04) and momentum accounting. At n = 256 (the costly cell) only the uncorrected arm and
+    look-ahead with ``k = c - 1``: at n = 16 and 64 delay compensation and momentum accounting did not move from the
+    uncorrected arm and ``k = c - 1`` was the better look-ahead."""
     arms = [Arm("ddp")]
     for c in (2, 4):
         full = [
@@ -58,7 +59,7 @@ def arms_of(cell: Cell) -> list[Arm]:
             Arm("pgc_fr", c, "momentum"),
         ]
         if cell.n >= 256:
-            full = full[:4] if c == 2 else [full[0], full[2]]
+            full = [full[0], full[2]]
         arms.extend(full)
     return arms
 
@@ -100,8 +101,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     seeds that reached it, restricted mean time to it (misses at the budget), and paired comparisons (ratio of
     restricted means, seeded bootstrap interval, sign-flip p, Holm per cell and family) of steps and time with dgd and
     with the same ``c``'s uncorrected arm. Steps of a miss are censored at the protocol's ``max_versions``."""
-    planned = {item_key(cell, arm, PROTOCOL) for cell, arm in plan_items(CELLS, PROTOCOL, arms_of)[0]}
-    records = [r for r in records if r.get("key") in planned]
+    order = {item_key(cell, arm, PROTOCOL): i for i, (cell, arm) in enumerate(plan_items(CELLS, PROTOCOL, arms_of)[0])}
+    records = sorted((r for r in records if r.get("key") in order), key=lambda r: order[r["key"]])  # the plan's order
     by_cell: dict[int, list[dict[str, Any]]] = {}
     for r in records:
         by_cell.setdefault(r["cell"]["n"], []).append(r)

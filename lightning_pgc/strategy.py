@@ -173,8 +173,9 @@ class PGCStrategy(DDPStrategy):
         max_condition: largest worst-case condition number accepted for Tandon-coded cyclic schemes.
         staleness_correction: how the schemes that reuse stale gradients (``pgc_fr``, ``pgc_cr``, ``pgc_cr_naive``,
             ``bounded``) compensate for their age (:mod:`lightning_pgc.staleness`, ``docs/guide.md``, theory in
-            ``docs/theory.md``); refused for the schemes without stale entries. ``"none"`` (default, the one the
-            measurements in ``docs/staleness.md`` support); ``"momentum"``: at fit start every param group's
+            ``docs/theory.md``); refused for the schemes without stale entries. ``"none"`` (default: ``"lookahead"``
+            needed fewer steps wherever it was measured, but it copies the parameters to host memory at every step,
+            see ``docs/guide.md``); ``"momentum"``: at fit start every param group's
             momentum ``m`` (``momentum``, or ``betas[0]``) becomes ``max(0, m - D / (1 + D))``, ``D`` the window's
             mean age (``(c - 1) / 2``; ``bounded``: ``(n - fresh) / n``), an optimizer without either is refused;
             ``"lookahead"``: the fresh gradient is
