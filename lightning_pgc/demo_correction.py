@@ -148,9 +148,10 @@ def rows(outcomes: list[Any], reference: dict[str, dict[str, Any]]) -> list[dict
     out = []
     for o in outcomes:
         ref = reference.get(o.label, {})
-        first = o.key == "uncorrected" or base is None
-        steps = None if first else _ratio(o.steps_to_target, base.steps_to_target)
-        time = None if first else _ratio(o.time_to_target, base.time_to_target)
+        steps = time = None
+        if base is not None and o.key != "uncorrected":
+            steps = _ratio(o.steps_to_target, base.steps_to_target)
+            time = _ratio(o.time_to_target, base.time_to_target)
         out.append(
             {
                 "strategy": o.label,
