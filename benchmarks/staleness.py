@@ -90,7 +90,10 @@ def arms(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
     strategy = "bounded_staleness" if args.scheme == "bounded" else args.scheme
     base = {"staleness": args.c} if args.scheme == "bounded" else {"stragglers": args.c - 1}
     for kind in args.corrections:
-        out.append((f"{args.scheme} c={args.c} {kind}", strategy, {**base, "staleness_correction": kind}))
+        kwargs: dict[str, Any] = {**base, "staleness_correction": kind}
+        if kind == "lookahead" and args.scheme != "bounded":  # the window's mean age, named (not the default c - 1)
+            kwargs["lookahead_steps"] = (args.c - 1) / 2
+        out.append((f"{args.scheme} c={args.c} {kind}", strategy, kwargs))
     for k in args.lookahead_steps:
         out.append(
             (
@@ -421,6 +424,18 @@ def render(result: dict[str, Any]) -> str:
         f"- Bookkeeping per step and rank, measured at rendering on this machine ({result['overhead']['parameters']:.0f} "
         f"parameters, 1 thread): look-ahead {result['overhead']['lookahead_ms']:.1f} ms, delay compensation "
         f"{result['overhead']['delay_compensation_ms']:.1f} ms.",
+        "- Look-ahead's extrapolation `k`: "
+        + "; ".join(
+            f"`{a['label']}` "
+            + (
+                f"k = {a['kwargs']['lookahead_steps']:g}"
+                if "lookahead_steps" in a["kwargs"]
+                else "k = the window's mean age (`(c-1)/2` for pgc, `(n - fresh)/n` for bounded)"
+            )
+            for a in result["arms"]
+            if a["kwargs"].get("staleness_correction") == "lookahead"
+        )
+        + ".",
         "- Ratios: paired per seed against `dgd`, geometric mean with a 95 % t interval over the evaluation seeds. "
         f"Every number here is in `docs/{s['report']}.json`.",
         "",

@@ -15,7 +15,11 @@ says why; writes a loss-vs-wall-clock PNG (one panel per setting, titled with it
 ``results.json``.
 
     python -m lightning_pgc.demo [--settings wins,loses] [--only pgc,dgd] [--seed 0] [--out outputs/demo] [--wandb]
-                                 [--docs]
+                                 [--docs] [--correction on|off|only]
+
+Then (``--correction on``, the default) the staleness-correction comparison of :mod:`lightning_pgc.demo_correction`:
+``pgc_fr`` c = 2 uncorrected next to look-ahead in the one-slow-rank cell with real compute, where the shipped
+measurements (docs/staleness.json) differ most.
 
 The time to target is :func:`lightning_pgc.experiments.crossing` of the validation loss, measured on rank 0 every
 ``--val-every`` steps on the whole validation set. Not the training loss: under PGC the decoded training loss
@@ -426,7 +430,17 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
         help="log every job as an offline W&B run (in its folder under --out; `wandb sync` uploads it)",
     )
     p.add_argument("--wandb-project", default="lightning_pgc-demo")
-    p.add_argument("--docs", action="store_true", help="also write docs/demo.md, docs/demo.json, docs/demo_loss.png")
+    p.add_argument(
+        "--docs",
+        action="store_true",
+        help="also write docs/demo.md, docs/demo.json, docs/demo_loss.png (and docs/demo_correction.{md,json})",
+    )
+    p.add_argument(
+        "--correction",
+        choices=["on", "off", "only"],
+        default="on",
+        help="the staleness-correction comparison after the map's settings (two more jobs), without it, or alone",
+    )
     p.set_defaults(target_quantity="validation loss")  # saved with the settings: what the target is a value of
     return p.parse_args(argv)
 
@@ -452,13 +466,22 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     args = parse_args(argv)
     console = Console()
-    runs = selected(args)
-    cells = ", ".join(f"{s.key} ({s.map_cell})" for s in SETTINGS.values() if any(r[0] is s for r in runs))
-    console.print(
-        f"[bold]lightning_pgc demo[/]: {len(runs)} jobs x {args.steps} steps on 4 CPU processes, in the "
-        f"map grid's settings {cells}"
-    )
-    outcomes = run_all(args)
+    command = ("python -m lightning_pgc.demo " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    if args.correction != "off":
+        from lightning_pgc import demo_correction as dc
+    runs = [] if args.correction == "only" else selected(args)
+    if runs:
+        cells = ", ".join(f"{s.key} ({s.map_cell})" for s in SETTINGS.values() if any(r[0] is s for r in runs))
+        console.print(
+            f"[bold]lightning_pgc demo[/]: {len(runs)} jobs x {args.steps} steps on 4 CPU processes, in the "
+            f"map grid's settings {cells}"
+            + (
+                ""
+                if args.correction == "off"
+                else f"; then {len(dc.ARMS)} jobs x {dc.STEPS} steps: pgc_fr c=2 uncorrected next to look-ahead"
+            )
+        )
+    outcomes = run_all(args) if runs else []
 
     for setting in shown_settings(outcomes):
         table = Table(title=f"pgc {setting.key}: {setting.title} (time to validation loss {args.target_loss})")
@@ -494,15 +517,33 @@ def main(argv: Optional[list[str]] = None) -> None:
         console.print(f"[bold]{setting.headline}.[/] {verdict(setting, outcomes)} Why: {setting.why}")
 
     root = Path(args.out).resolve()
+    docs = ROOT / "docs"
+    written: list[Path] = []
+    if args.correction != "off":
+        if not runs:
+            console.print(f"[bold]lightning_pgc demo[/]: {len(dc.ARMS)} jobs x {dc.STEPS} steps on 4 CPU processes")
+        fixed = dc.run(args)
+        reference = dc.measured()
+        dc.print_results(console, fixed, reference)
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "correction.md").write_text(dc.page(fixed, reference, command))
+        written.append(root / "correction.md")
+        if args.docs:
+            saved = {"command": command, "seed": args.seed, "results": dc.saved(fixed)}
+            (docs / "demo_correction.json").write_text(json.dumps(saved, indent=1) + "\n")
+            (docs / "demo_correction.md").write_text(dc.page(fixed, reference, command))
+            written += [docs / "demo_correction.md", docs / "demo_correction.json"]
+    if not runs:
+        for path in written:
+            console.print(f"wrote {path}")
+        return
     png = root / "loss_vs_wall_clock.png"
     plot(outcomes, args, png)
     (root / "results.md").write_text(markdown_table(outcomes, args) + "\n")
     (root / "results.json").write_text(json.dumps([_row(o, outcomes) for o in outcomes], indent=1))
-    written = [png, root / "results.md", root / "results.json"]
+    written += [png, root / "results.md", root / "results.json"]
     if args.docs:
-        docs = ROOT / "docs"
         plot(outcomes, args, docs / "demo_loss.png")
-        command = ("python -m lightning_pgc.demo " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
         (docs / "demo.json").write_text(
             json.dumps(
                 {"command": command, "settings": vars(args), "results": [_row(o, outcomes) for o in outcomes]}, indent=1

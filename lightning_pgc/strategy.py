@@ -162,8 +162,9 @@ class PGCStrategy(DDPStrategy):
         max_condition: largest worst-case condition number accepted for Tandon-coded cyclic schemes.
         staleness_correction: how the schemes that reuse stale gradients (``pgc_fr``, ``pgc_cr``, ``pgc_cr_naive``,
             ``bounded``) compensate for their age (:mod:`lightning_pgc.staleness`, ``docs/guide.md``, theory in
-            ``docs/theory.md``); refused for the schemes without stale entries. ``"none"`` (default, the one the
-            measurements in ``docs/staleness.md`` support); ``"momentum"``: at fit start every param group's
+            ``docs/theory.md``); refused for the schemes without stale entries. ``"none"`` (default: ``"lookahead"``
+            needed fewer steps wherever it was measured, but it copies the parameters to host memory at every step,
+            see ``docs/guide.md``); ``"momentum"``: at fit start every param group's
             momentum ``m`` (``momentum``, or ``betas[0]``) becomes ``max(0, m - D / (1 + D))``, ``D`` the window's
             mean age (``(c - 1) / 2``; ``bounded``: ``(n - fresh) / n``), an optimizer without either is refused;
             ``"lookahead"``: the fresh gradient is
@@ -172,8 +173,9 @@ class PGCStrategy(DDPStrategy):
             ``g + dc_lambda * g * g * (beta_t - beta_v)`` (``c`` parameter vectors of memory plus, while
             encoding, a corrected copy of each stale entry; not for ``bounded``, whose stale entries are reused by
             the aggregator). The decode is unchanged (exact schemes stay exact for the entries they are sent).
-        lookahead_steps: ``"lookahead"`` only: the extrapolation ``k``; default the window's mean age (each
-            gradient's mean age of use becomes zero).
+        lookahead_steps: ``"lookahead"`` only: the extrapolation ``k``; default ``c - 1`` (the window's oldest age)
+            for the pipelined schemes, the window's mean age ``(n - fresh) / n`` for ``bounded``
+            (:func:`lightning_pgc.staleness.default_lookahead`).
         dc_lambda: ``"delay_compensation"`` only: ``lambda`` (default 0.04).
         process_group_timeout: timeout of Lightning's default process group (as ``DDPStrategy(timeout=...)``).
         start_method: how Lightning launches the ranks, as for ``ddp``; with any of them a dead rank does not make

@@ -1,6 +1,7 @@
 """A short digits job on 4 real ranks through the pgc strategy that records its schedule for the emulator.
 
-Usage: ``python tests/emulator_job.py OUT SCHEME STEPS`` (run as a script: Lightning forks the ranks from it).
+Usage: ``python tests/emulator_job.py OUT SCHEME STEPS [CORRECTION [DC_LAMBDA]]`` (run as a script: Lightning forks
+the ranks from it; CORRECTION is a ``staleness_correction``, default ``none``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ LR, MOMENTUM = 0.05, 0.9
 
 if __name__ == "__main__":
     out, scheme, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    correction = sys.argv[4] if len(sys.argv) > 4 else "none"
+    dc_lambda = float(sys.argv[5]) if len(sys.argv) > 5 else None
     pl.seed_everything(0)
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -32,7 +35,14 @@ if __name__ == "__main__":
         enable_checkpointing=False,
         num_sanity_val_steps=0,
         limit_val_batches=0,
-        strategy=PGCStrategy(scheme=scheme, stragglers=1, start_method="fork", diagnostics=False),
+        strategy=PGCStrategy(
+            scheme=scheme,
+            stragglers=1,
+            start_method="fork",
+            diagnostics=False,
+            staleness_correction=correction,
+            dc_lambda=dc_lambda,
+        ),
         callbacks=[ScheduleRecorder(out), StragglerInjector(DELAY, seed=0)],
     )
     trainer.fit(DigitsCNN(lr=LR, momentum=MOMENTUM, sync_train_loss=False), DigitsDataModule(batch_size=BATCH))

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from lightning_pgc import demo
+from lightning_pgc import demo_correction as dc
 from lightning_pgc.experiments import JobResult
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -156,7 +157,10 @@ def test_the_verdict_says_what_this_run_shows_the_split_and_why_and_flags_disagr
 
 def test_demo_runs_end_to_end(tmp_path, capsys):
     out = tmp_path / "demo"
-    demo.main(["--steps", "25", "--settings", "wins", "--only", "pgc", "--out", str(out), "--target-loss", "5.0"])
+    demo.main(
+        ["--steps", "25", "--settings", "wins", "--only", "pgc", "--out", str(out), "--target-loss", "5.0"]
+        + ["--correction", "off"]
+    )
     printed = capsys.readouterr().out
     assert "pgc" in printed and "wrote" in printed and "Why:" in printed
     results = json.loads((out / "results.json").read_text())
@@ -167,3 +171,81 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     assert sum(pgc["skipped"]) > 0  # the slow rank caught up by skipping (it is 0.1 s slower per step)
     assert (out / "loss_vs_wall_clock.png").stat().st_size > 10_000
     assert "| pgc wins: one slow rank | pgc c=2 |" in (out / "results.md").read_text()
+
+
+def _staleness_benchmark():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import staleness
+
+    saved = json.loads(dc.STALENESS.read_text())
+    args = staleness.parse_args(["--lookahead-steps", *map(str, saved["settings"]["lookahead_steps"])])
+    return staleness, args, saved
+
+
+def test_every_correction_job_is_the_staleness_benchmarks_job_for_its_arm_and_seed():
+    """The comparison follows the benchmark: each job has the spec benchmarks/staleness.py gives the same arm, chosen
+    setting and seed (delays, model, steps, validation), apart from where it writes and W&B."""
+    staleness, args, _ = _staleness_benchmark()
+    kwargs = {label: kw for label, _, kw in staleness.arms(args)}
+    for arm in dc.ARMS:
+        theirs = staleness.spec_of(args, "pgc_fr", kwargs[arm.label], arm.lr, arm.momentum, 3, args.steps, "x")
+        mine = dc.job_spec(arm, 3, Path("x"))
+        assert mine["wandb"] is None
+        drop = ("out", "wandb")
+        assert {k: v for k, v in mine.items() if k not in drop} == {k: v for k, v in theirs.items() if k not in drop}
+
+
+def test_the_correction_comparison_is_where_the_shipped_measurements_differ_most():
+    """Both arms are at the setting the benchmark's tuning chose, in the benchmark's cell, and the corrected arm is
+    the correction whose steps to target moved furthest from the uncorrected arm's, separated from 1. If new
+    measurements change this, the demo must change with them."""
+    _, args, saved = _staleness_benchmark()
+    assert (saved["settings"]["steps"], saved["settings"]["val_every"], saved["settings"]["target"]) == (
+        dc.STEPS,
+        dc.VAL_EVERY,
+        dc.TARGET,
+    )
+    assert saved["delay_model"] == dc.DELAY and saved["settings"]["scheme"] == "pgc_fr" and saved["settings"]["c"] == 2
+    arms = {a["label"]: a for a in saved["arms"]}
+    for arm in dc.ARMS:
+        assert (arms[arm.label]["chosen"]["lr"], arms[arm.label]["chosen"]["momentum"]) == (arm.lr, arm.momentum)
+    corrected = [a for a in saved["arms"] if a.get("steps_vs_none")]
+    largest = min(corrected, key=lambda a: a["steps_vs_none"]["mean"])
+    assert largest["label"] == dc.ARMS[1].label and largest["steps_vs_none"]["high"] < 1
+    assert dc.ARMS[0].label == "pgc_fr c=2 none" and dc.ARMS[0].strategy_kwargs["staleness_correction"] == "none"
+
+
+def test_the_correction_verdict_gives_this_runs_ratios_next_to_the_measured_ones():
+    ref = {
+        "pgc_fr c=2 lookahead k=1": {
+            "steps_vs_none": {"mean": 0.59, "low": 0.39, "high": 0.88, "seeds": 5},
+            "time_vs_none": {"mean": 0.68, "low": 0.55, "high": 0.84, "seeds": 5},
+            "steps_ratio": {"mean": 1.28, "low": 0.99, "high": 1.65, "seeds": 5},
+            "time_ratio": None,
+        }
+    }
+    runs = [_outcome("correction", "uncorrected", 20.0, 80), _outcome("correction", "lookahead", 15.0, 50)]
+    runs[1].label = "pgc_fr c=2 lookahead k=1"
+    text = dc.verdict(runs, ref)
+    assert "look-ahead needed 0.62x the uncorrected arm's steps and 0.75x its time" in text
+    assert "over 5 seeds (docs/staleness.json): 0.59x [0.39, 0.88] the steps, 0.68x [0.55, 0.84] the time" in text
+    assert "outside" not in text
+    runs[1].steps_to_target = 90
+    assert "outside that interval" in dc.verdict(runs, ref)
+    runs[1].time_to_target = runs[1].steps_to_target = None
+    assert dc.verdict(runs, ref).startswith("This run: only uncorrected reached the target.")
+    table = dc.markdown(runs[:1], ref)
+    assert "| uncorrected | 0.1, 0.9 | 20.0 | 80 | 0.250 | - | - | - | - | yes |" in table
+
+
+def test_the_correction_comparison_runs_end_to_end(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(dc, "STEPS", 6)
+    monkeypatch.setattr(dc, "TARGET", 5.0)  # reached at once
+    out = tmp_path / "demo"
+    demo.main(["--correction", "only", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "Staleness correction." in printed and "Why:" in printed and "wrote" in printed
+    page = (out / "correction.md").read_text()
+    assert "This run: " in page and "Measured over 5 seeds" in page
+    assert "| pgc_fr c=2 none | 0.1, 0.9 |" in page and "| pgc_fr c=2 lookahead k=1 | 0.1, 0.9 |" in page
+    assert page.count("| yes |") == 2  # identical replicas under both

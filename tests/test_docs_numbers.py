@@ -46,6 +46,8 @@ GENERATED: dict[str, set[str]] = {
     "docs/bounded_staleness.md": {"bounded", "bounded-choice"},  # below
     "docs/simulation.md": {"sim", "simgrid"},  # below
     "docs/demo.md": {"*"},  # below
+    "docs/demo_correction.md": {"*"},  # below
+    "docs/staleness_emulated.md": {"*"},  # below
     "docs/step_time.md": {"*"},  # below
     "docs/step_time_planes.md": {"*"},  # below
     "docs/stall.md": {"*"},  # below
@@ -339,6 +341,23 @@ def test_demo_page_is_what_the_demo_renders_from_demo_json() -> None:
     args.__dict__.update(saved["settings"])
     outcomes = demo.read_outcomes(saved["results"])
     assert demo.page(outcomes, args, saved["command"]) == (DOCS / "demo.md").read_text()
+
+
+def test_demo_correction_page_is_what_the_demo_renders_from_its_json() -> None:
+    from lightning_pgc import demo_correction as dc
+
+    saved = json.loads((DOCS / "demo_correction.json").read_text())
+    page = dc.page(dc.read_saved(saved["results"]), dc.measured(), saved["command"])
+    assert page == (DOCS / "demo_correction.md").read_text()
+
+
+def test_staleness_emulated_page_is_what_its_script_renders_from_its_json() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import staleness_emulated as se
+
+    summary = json.loads((DOCS / "staleness_emulated.json").read_text())
+    assert se.render(summary) == (DOCS / "staleness_emulated.md").read_text()
+    assert se.summarize(se.read_records(se.RECORDS)) == summary  # the summary is the records'
 
 
 def test_math_conditioning_table_is_tandon_conditions_json() -> None:

@@ -104,6 +104,46 @@ def test_grid_of_settings_matches_one_setting_runs(name, s):
     assert grid[0].val_loss[-1] != pytest.approx(grid[1].val_loss[-1])
 
 
+@pytest.mark.parametrize(
+    "scheme_name, correction, k",
+    [
+        ("pgc_cr", "lookahead", None),
+        ("pgc_fr", "lookahead", 1.0),
+        ("pgc_cr", "delay_compensation", None),
+        ("pgc_fr", "momentum", None),
+    ],
+)
+def test_corrected_grid_matches_one_setting_runs_and_differs_from_uncorrected(scheme_name, correction, k):
+    n = 6
+    scheme = make_scheme(scheme_name, n, 1)
+    res = simulate(scheme, 12, "lognormal(median=0.02, sigma=1.0)", Costs(compute_s=0.05), delay_seed=3)
+    schedule = from_records(res.records, res.applied[0])
+    settings = [(0.1, 0.5), (0.3, 0.9)]
+    task, labels = _task()
+    start = [p.detach().clone() for p in task.model.parameters()]
+    streams = partition_streams(labels.numpy(), n, 0, DataCondition("iid"))
+    kwargs = {"correction": correction, "lookahead_steps": k, "dc_lambda": 5.0}
+    grid = emulate_grid(scheme, schedule, task, streams, settings, **kwargs)
+    plain = emulate_grid(scheme, schedule, task, streams, settings)
+    for setting, run, uncorrected in zip(settings, grid, plain):
+        with torch.no_grad():
+            for p, p0 in zip(task.model.parameters(), start):
+                p.copy_(p0)
+        single = emulate(scheme, schedule, task, streams, *setting, **kwargs)
+        torch.testing.assert_close(run.params, single.params, rtol=1e-5, atol=1e-6)
+        assert run.train_loss == pytest.approx(single.train_loss, rel=1e-5)
+        assert not torch.allclose(run.params, uncorrected.params, atol=1e-4)  # the correction changed training
+
+
+def test_a_correction_for_a_scheme_without_stale_entries_is_refused():
+    task, labels = _task()
+    scheme = make_scheme("gc_fr", 4, 1)
+    res = simulate(scheme, 3, "lognormal(median=0.02, sigma=1.0)", Costs(compute_s=0.05))
+    streams = partition_streams(labels.numpy(), 4, 0, DataCondition("iid"))
+    with pytest.raises(ValueError, match="fresh gradients only"):
+        emulate_grid(scheme, from_records(res.records), task, streams, [(0.1, 0.0)], correction="lookahead")
+
+
 def test_stale_and_dropped_gradients_change_training_exact_codes_do_not():
     n = 4
     task, labels = _task()

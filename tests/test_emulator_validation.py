@@ -27,11 +27,11 @@ STEPS = 30
 TOLERANCE = 1e-5
 
 
-def _record(tmp_path: Path, scheme: str) -> Path:
+def _record(tmp_path: Path, scheme: str, *correction: str) -> Path:
     out = tmp_path / scheme
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "emulator_job.py"), str(out), scheme, str(STEPS)],
+        [sys.executable, str(ROOT / "tests" / "emulator_job.py"), str(out), scheme, str(STEPS), *correction],
         check=True,
         env=env,
         cwd=tmp_path,
@@ -41,13 +41,15 @@ def _record(tmp_path: Path, scheme: str) -> Path:
     return out
 
 
-def _replay(scheme_name: str, schedule, initial: torch.Tensor) -> torch.Tensor:
+def _replay(scheme_name: str, schedule, initial: torch.Tensor, **correction) -> torch.Tensor:
     train, val = load_digits_tensors()
     model = DigitsCNN().net
     vector_to_parameters(initial.clone(), model.parameters())
     task = Task(model, *train.tensors, *val.tensors, batch_size=emulator_job.BATCH)
     streams = partition_streams(train.tensors[1].numpy(), 4, 0, DataCondition("iid"))
-    run = emulate(make_scheme(scheme_name, 4, 1), schedule, task, streams, emulator_job.LR, emulator_job.MOMENTUM)
+    run = emulate(
+        make_scheme(scheme_name, 4, 1), schedule, task, streams, emulator_job.LR, emulator_job.MOMENTUM, **correction
+    )
     return run.params
 
 
@@ -87,3 +89,24 @@ def test_emulator_reproduces_a_real_run_from_its_admitted_sets_and_ages(tmp_path
         assert error <= TOLERANCE * moved
     else:  # pgc_cr's aggregate depends on who was admitted
         assert error > 100 * TOLERANCE * moved
+
+
+#: delay compensation's lambda in the job: large enough that the correction moves the run by more than 100 times the
+#: tolerance (at the default 0.04 it moves this 30-step run by about 6 times the tolerance)
+DC_LAMBDA = 1.0
+
+
+@pytest.mark.parametrize("correction", ["lookahead", "delay_compensation"])
+def test_emulator_reproduces_a_real_run_with_a_staleness_correction(tmp_path, correction):
+    extra = [str(DC_LAMBDA)] if correction == "delay_compensation" else []
+    schedule, initial, final = load(_record(tmp_path, "pgc_cr", correction, *extra))
+    assert any(a > 0 for v in schedule for ages in v.ages.values() for a in ages)  # stale entries were used
+    moved = float((final - initial).abs().max())
+    assert moved > 1e-2
+    kwargs = {"correction": correction, "dc_lambda": DC_LAMBDA}
+    replayed = _replay("pgc_cr", schedule, initial, **kwargs)
+    assert float((replayed - final).abs().max()) <= TOLERANCE * moved
+
+    # The check can fail: the same schedule replayed without the correction ends elsewhere.
+    uncorrected = _replay("pgc_cr", schedule, initial)
+    assert float((uncorrected - final).abs().max()) > 100 * TOLERANCE * moved

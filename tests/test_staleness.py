@@ -14,6 +14,7 @@ from lightning_pgc.experiments import read_result
 from lightning_pgc.staleness import (
     StalenessCorrection,
     accounted_momentum,
+    default_lookahead,
     delay_compensate,
     nominal_mean_age,
     set_momentum,
@@ -108,6 +109,19 @@ def test_other_corrections_do_not_shift():
 
 
 # ============================================================================================ momentum accounting
+def test_lookahead_extrapolates_by_the_windows_oldest_age_by_default_and_bounded_by_its_mean_age():
+    for c in (2, 3, 4):
+        scheme = make_scheme("pgc_fr", 12, c - 1)
+        assert default_lookahead(scheme) == c - 1
+        assert StalenessCorrection.for_fit("lookahead", scheme, []).lookahead == c - 1
+        assert StalenessCorrection.for_fit("lookahead", scheme, [], lookahead=0.5).lookahead == 0.5  # given: kept
+    assert default_lookahead(make_scheme("pgc_cr", 4, 1)) == 1.0
+    assert default_lookahead(BoundedScheme(4, 2, 2)) == nominal_mean_age(BoundedScheme(4, 2, 2)) == 0.25
+    assert StalenessCorrection.for_fit("lookahead", BoundedScheme(4, 2, 2), []).lookahead == 0.25
+    with pytest.raises(ValueError, match="fresh gradients only"):
+        default_lookahead(make_scheme("gc_fr", 4, 1))
+
+
 def test_nominal_mean_ages():
     assert nominal_mean_age(make_scheme("pgc_cr", 4, 1)) == 0.5
     assert nominal_mean_age(make_scheme("pgc_fr", 4, 3)) == 1.5

@@ -90,8 +90,14 @@ class Cell:
 
 @dataclass(frozen=True)
 class Arm:
+    """A strategy with its ``c``, and the staleness correction it runs with (``PGCStrategy``'s
+    ``staleness_correction``, ``lookahead_steps`` and ``dc_lambda``; pipelined schemes only)."""
+
     strategy: str
     c: int = 1
+    correction: str = "none"
+    lookahead_steps: Optional[float] = None
+    dc_lambda: float = 0.04
 
     @property
     def s(self) -> int:
@@ -99,7 +105,24 @@ class Arm:
 
     @property
     def label(self) -> str:
-        return self.strategy if self.strategy == "ddp" else f"{self.strategy} c={self.c}"
+        base = self.strategy if self.strategy == "ddp" else f"{self.strategy} c={self.c}"
+        if self.correction == "none":
+            return base
+        if self.correction == "lookahead" and self.lookahead_steps is not None:
+            return f"{base} lookahead k={self.lookahead_steps:g}"
+        if self.correction == "delay_compensation" and self.dc_lambda != 0.04:
+            return f"{base} delay_compensation lambda={self.dc_lambda:g}"
+        return f"{base} {self.correction}"
+
+    def correction_fields(self) -> dict[str, Any]:
+        """The correction's settings (empty without one: records of uncorrected arms keep their old form)."""
+        if self.correction == "none":
+            return {}
+        return {"correction": self.correction, "lookahead_steps": self.lookahead_steps, "dc_lambda": self.dc_lambda}
+
+    def correction_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of :func:`~lightning_pgc.emulator.train.emulate_grid` for the correction."""
+        return {"correction": self.correction, "lookahead_steps": self.lookahead_steps, "dc_lambda": self.dc_lambda}
 
     def scheme(self, n: int) -> Any:
         return _scheme(STRATEGIES[self.strategy], n, self.s)
@@ -184,7 +207,13 @@ def _runs(
     if not schedule:  # not one version within the budget
         return [None] * len(settings)
     return emulate_grid(
-        scheme, schedule, Task(model, x, y, xv, yv, batch), streams, settings, stop_below=min(protocol.targets)
+        scheme,
+        schedule,
+        Task(model, x, y, xv, yv, batch),
+        streams,
+        settings,
+        stop_below=min(protocol.targets),
+        **arm.correction_kwargs(),
     )
 
 
@@ -218,7 +247,7 @@ def run_arm(cell: Cell, arm: Arm, protocol: Protocol = Protocol()) -> dict[str, 
         evaluation["diverged"].append(bool(run is not None and run.diverged))
     return {
         "cell": asdict(cell),
-        "arm": {"strategy": arm.strategy, "c": arm.c, "s": arm.s, "label": arm.label},
+        "arm": {"strategy": arm.strategy, "c": arm.c, "s": arm.s, "label": arm.label, **arm.correction_fields()},
         "protocol": {**asdict(protocol)},
         "budget_s": budget,
         "tuning": {

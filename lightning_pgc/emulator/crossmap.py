@@ -12,7 +12,7 @@ import multiprocessing
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from lightning_pgc.emulator.cells import Arm, Cell, Protocol, arms_for, run_arm
 
@@ -21,8 +21,11 @@ __all__ = ["done_keys", "item_key", "plan_items", "read_records", "run_round"]
 
 def item_key(cell: Cell, arm: Arm, protocol: Protocol) -> str:
     """What identifies a work item (a record with the same key is not run again)."""
+    fields = arm.correction_fields()  # empty for an uncorrected arm: its key is as before corrections existed
     return json.dumps(
-        {"cell": asdict(cell), "arm": [arm.strategy, arm.c], "protocol": asdict(protocol)}, sort_keys=True, default=list
+        {"cell": asdict(cell), "arm": [arm.strategy, arm.c, *fields.values()], "protocol": asdict(protocol)},
+        sort_keys=True,
+        default=list,
     )
 
 
@@ -44,11 +47,17 @@ def done_keys(records: Iterable[dict[str, Any]]) -> set[str]:
     return {r["key"] for r in records if "key" in r}
 
 
-def plan_items(cells: Iterable[Cell], protocol: Protocol) -> tuple[list[tuple[Cell, Arm]], list[str]]:
-    """Every (cell, arm) of the round and the arms left out (with why)."""
+def plan_items(
+    cells: Iterable[Cell], protocol: Protocol, arms_of: Optional[Callable[[Cell], list[Arm]]] = None
+) -> tuple[list[tuple[Cell, Arm]], list[str]]:
+    """Every (cell, arm) of the round and the arms left out (with why); ``arms_of`` replaces the map's arms
+    (:func:`~lightning_pgc.emulator.cells.arms_for`) with a round's own."""
     items: list[tuple[Cell, Arm]] = []
     skipped: list[str] = []
     for cell in cells:
+        if arms_of is not None:
+            items.extend((cell, arm) for arm in arms_of(cell))
+            continue
         arms, why = arms_for(cell.n, None if cell.cs is None else list(cell.cs))
         items.extend((cell, arm) for arm in arms)
         skipped.extend(f"n={cell.n}: {w}" for w in why)
@@ -72,12 +81,14 @@ def run_round(
     workers: int = 1,
     progress: bool = True,
     limit: Optional[int] = None,
+    arms_of: Optional[Callable[[Cell], list[Arm]]] = None,
 ) -> int:
-    """Run every missing (cell, arm) of the round into ``path``; returns how many ran (``limit``: at most that)."""
+    """Run every missing (cell, arm) of the round into ``path``; returns how many ran (``limit``: at most that;
+    ``arms_of``: the round's own arms per cell, see :func:`plan_items`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     done = done_keys(read_records(path))
-    items, _ = plan_items(cells, protocol)
+    items, _ = plan_items(cells, protocol, arms_of)
     todo = [(c, a, protocol) for c, a in items if item_key(c, a, protocol) not in done]
     if limit is not None:
         todo = todo[:limit]

@@ -24,8 +24,9 @@ from lightning_pgc.codes import Scheme
 from lightning_pgc.data import PartitionStreams
 from lightning_pgc.emulator.aggregate import AggregatePlan
 from lightning_pgc.emulator.schedule import Version
+from lightning_pgc.staleness import StalenessCorrection, accounted_momentum, delay_compensate, nominal_mean_age
 
-__all__ = ["EmulatedRun", "Task", "emulate"]
+__all__ = ["EmulatedRun", "Task", "emulate", "emulate_grid"]
 
 
 @dataclass
@@ -73,6 +74,28 @@ def _flat(tensors: Sequence[Tensor], batch_dims: int = 0) -> Tensor:
     return torch.cat([t.reshape(*t.shape[:batch_dims], -1) for t in tensors], dim=-1)
 
 
+def _compensated(
+    corr: StalenessCorrection, terms: Sequence[tuple[int, int, float]], t: int, gradients: dict[int, Tensor], numel: int
+) -> dict[int, Tensor]:
+    """Under delay compensation: ``gradients`` with each stale entry the aggregate of ``t`` uses replaced by what a
+    rank encodes for ``t`` (:meth:`StalenessCorrection.compensate`: it depends only on the partition, the entry's
+    version and ``t``, not on which rank holds it). Otherwise ``gradients`` itself."""
+    if corr.kind != "delay_compensation":
+        return gradients
+    out = dict(gradients)
+    stale: dict[int, set[int]] = {}
+    for v, j, _ in terms:
+        if v < t:
+            stale.setdefault(v, set()).add(j)
+    for v, parts in stale.items():
+        fixed = corr.compensate({j: gradients[v][j] for j in parts}, {j: v for j in parts}, t, numel)
+        rows = gradients[v].clone()
+        for j in parts:
+            rows[j] = fixed[j]
+        out[v] = rows
+    return out
+
+
 def emulate(
     scheme: Scheme,
     schedule: Sequence[Version],
@@ -84,6 +107,9 @@ def emulate(
     stop_below: Optional[float] = None,
     start: int = 0,
     optimizer: Optional[Callable[[list[nn.Parameter]], torch.optim.Optimizer]] = None,
+    correction: str = "none",
+    lookahead_steps: Optional[float] = None,
+    dc_lambda: float = 0.04,
 ) -> EmulatedRun:
     """Train ``task.model`` in place on ``schedule`` (one entry per version, in order) with ``scheme``.
 
@@ -92,9 +118,14 @@ def emulate(
         lr, momentum: of ``torch.optim.SGD`` (unless ``optimizer`` builds another from the parameters).
         val_every: versions between validation losses (1: after every version; also before the first).
         stop_below: stop once the validation loss is at or below this (time to target is known then).
+        correction, lookahead_steps, dc_lambda: the staleness correction, as ``PGCStrategy`` takes it; applied with
+            the strategy's own :class:`~lightning_pgc.staleness.StalenessCorrection` (``"momentum"`` lowers the
+            optimizer's momentum at the start, ``"lookahead"`` evaluates every fresh gradient at the extrapolated
+            point, ``"delay_compensation"`` corrects each stale entry by its age before it is encoded).
 
     Raises:
-        ValueError: ``streams`` for another ``n``, or a schedule that does not fit the scheme.
+        ValueError: ``streams`` for another ``n``, a schedule that does not fit the scheme, or a correction for a
+            scheme without stale entries.
     """
     if streams.n != scheme.n:
         raise ValueError(f"streams split the data into {streams.n} partitions, the scheme has n={scheme.n}")
@@ -104,9 +135,11 @@ def emulate(
     names = [name for name, p in model.named_parameters()]
     params = [p for p in model.parameters()]
     opt = optimizer(params) if optimizer is not None else torch.optim.SGD(params, lr=lr, momentum=momentum)
+    corr = StalenessCorrection.for_fit(correction, scheme, [opt], lookahead=lookahead_steps, dc_lambda=dc_lambda)
     plan = AggregatePlan(scheme, start)
     keep = scheme.c + 1  # entries are younger than c
     n, b = scheme.n, task.batch_size
+    numel = sum(p.numel() for p in params)
     buffers = {name: t for name, t in model.named_buffers()}
 
     def loss_fn(weights: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
@@ -131,11 +164,14 @@ def emulate(
                 f"schedule entry {i} is version {t}, expected {start + i} (versions in order, none missing)"
             )
         index = torch.tensor([streams.batch(j, t, b) for j in range(n)])  # [n, b]
-        weights = {name: p.detach() for name, p in zip(names, params)}
-        grads, losses = per_partition(weights, task.x_train[index], task.y_train[index])
+        corr.begin_step(t, params)
+        with corr.shifted(t, params):  # look-ahead: every fresh gradient at the extrapolated point
+            weights = {name: p.detach() for name, p in zip(names, params)}
+            grads, losses = per_partition(weights, task.x_train[index], task.y_train[index])
         gradients[t] = torch.cat([_flat([grads[name] for name in names], 1), losses.reshape(n, 1)], dim=1)
         gradients.pop(t - keep, None)
-        aggregate = plan.combine(plan.terms(t, entry.admitted, entry.ages), gradients)
+        terms = plan.terms(t, entry.admitted, entry.ages)
+        aggregate = plan.combine(terms, _compensated(corr, terms, t, gradients, numel))
         loss = float(aggregate[-1])
         offset = 0
         for p in params:
@@ -166,6 +202,9 @@ def emulate_grid(
     configs: Sequence[tuple[float, float]],
     stop_below: Optional[float] = None,
     start: int = 0,
+    correction: str = "none",
+    lookahead_steps: Optional[float] = None,
+    dc_lambda: float = 0.04,
 ) -> list[EmulatedRun]:
     """:func:`emulate` for several ``(lr, momentum)`` configurations of SGD at once, on the same schedule.
 
@@ -175,6 +214,13 @@ def emulate_grid(
     ``buf = g``; ``theta -= lr buf``). The validation loss is taken after every version. A configuration whose loss
     becomes non-finite is marked ``diverged``; the batch stops once every configuration is at or below
     ``stop_below`` or diverged.
+
+    ``correction`` (with ``lookahead_steps``, ``dc_lambda``) is applied as in :func:`emulate`, batched over the
+    configurations: ``"momentum"`` runs each configuration at :func:`~lightning_pgc.staleness.accounted_momentum` of
+    its momentum (the configurations stay labelled by the momentum the user chose), ``"lookahead"`` shifts all
+    configurations' parameters with one :class:`~lightning_pgc.staleness.StalenessCorrection`, and
+    ``"delay_compensation"`` corrects every configuration's stale entries with
+    :func:`~lightning_pgc.staleness.delay_compensate`.
     """
     if streams.n != scheme.n:
         raise ValueError(f"streams split the data into {streams.n} partitions, the scheme has n={scheme.n}")
@@ -187,6 +233,9 @@ def emulate_grid(
     m = len(configs)
     theta = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).repeat(m, 1)  # [m, P]
     lr = torch.tensor([float(c[0]) for c in configs]).reshape(m, 1)
+    corr = StalenessCorrection.for_fit(correction, scheme, [], lookahead=lookahead_steps, dc_lambda=dc_lambda)
+    if correction == "momentum":  # what StalenessCorrection.for_fit does to an optimizer, per configuration
+        configs = [(lr_, accounted_momentum(m_, nominal_mean_age(scheme))) for lr_, m_ in configs]
     mom = torch.tensor([float(c[1]) for c in configs]).reshape(m, 1)
     buf: Optional[Tensor] = None
     buffers = {name: t for name, t in model.named_buffers()}
@@ -230,14 +279,26 @@ def emulate_grid(
                 f"schedule entry {i} is version {t}, expected {start + i} (versions in order, none missing)"
             )
         index = torch.tensor([streams.batch(j, t, b) for j in range(n)])
-        grads, losses = grads_fn(theta, task.x_train[index], task.y_train[index])  # [m, n, P], [m, n]
+        corr.begin_step(t, [theta])
+        with corr.shifted(t, [theta]):  # look-ahead: in place, restored bit for bit after
+            grads, losses = grads_fn(theta, task.x_train[index], task.y_train[index])  # [m, n, P], [m, n]
         gradients[t] = torch.cat([grads, losses.unsqueeze(-1)], dim=-1).transpose(0, 1).reshape(n, -1)  # [n, m(P+1)]
         gradients.pop(t - keep, None)
         terms = plan.terms(t, entry.admitted, entry.ages)
-        aggregate = plan.combine(terms, gradients, dtype=torch.float32).reshape(m, -1)
+        used = gradients
+        if corr.kind == "delay_compensation":
+            used = dict(gradients)
+            for v in {v for v, _, _ in terms if v < t}:
+                d = corr.displacement(t, v)
+                if d is None:
+                    continue
+                rows = gradients[v].reshape(n, m, -1).clone()
+                rows[..., :-1] = delay_compensate(rows[..., :-1], d.reshape(m, -1), corr.dc_lambda)
+                used[v] = rows.reshape(n, -1)
+        aggregate = plan.combine(terms, used, dtype=torch.float32).reshape(m, -1)
         g = aggregate[:, :-1].to(theta.dtype)
         buf = g.clone() if buf is None else buf.mul_(mom).add_(g)
-        theta = theta - lr * buf
+        theta.sub_(lr * buf)
         for k, run in enumerate(runs):
             if not done[k]:
                 run.times.append(entry.time_s)
