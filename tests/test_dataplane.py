@@ -153,6 +153,17 @@ def _eventually(pred, timeout=10.0):
     return pred()
 
 
+def _assert_decodes(aggregate, scheme, record):
+    """``aggregate`` is the decode of the codes ``record`` admitted (each rank's ``_code``), within float rounding."""
+    v = record.version
+    codes = {(k, v): _code(k, v, scheme.payload_dtype) for k in range(scheme.n)}
+    plan = [(k, k, v) for k in record.admitted]
+    tol = 1e-6 if scheme.payload_dtype == torch.float32 else 1e-7
+    torch.testing.assert_close(
+        aggregate, reference_decode(scheme, plan, codes, CODED, torch.float32), rtol=tol, atol=tol
+    )
+
+
 def _kill(rt):
     """Rank ``rt`` dies: its threads stop, its connections close, it says nothing."""
     rt._stopped = True
@@ -192,12 +203,7 @@ def test_every_rank_gets_the_same_bits_equal_to_the_decode_and_a_straggler_is_no
             assert all(torch.equal(a, aggs[0]) for a in aggs.values())
             record = rts[0].record(v)
             assert slow not in record.admitted
-            codes = {(k, v): _code(k, v, scheme.payload_dtype) for k in range(4)}
-            plan = [(k, k, v) for k in record.admitted]
-            tol = 1e-6 if scheme.payload_dtype == torch.float32 else 1e-7
-            torch.testing.assert_close(
-                aggs[0], reference_decode(scheme, plan, codes, CODED, torch.float32), rtol=tol, atol=tol
-            )
+            _assert_decodes(aggs[0], scheme, record)
             for rt in rts:
                 rt.release(aggs[rt.rank])
     finally:
@@ -279,12 +285,7 @@ def test_a_dead_leader_is_replaced_by_the_lowest_live_member_and_versions_go_on(
             assert all(torch.equal(a, aggs[1]) for a in aggs.values()), aggs
             record = rts[1].record(v)
             assert 0 not in record.admitted
-            codes = {(k, v): _code(k, v, scheme.payload_dtype) for k in range(4)}
-            plan = [(k, k, v) for k in record.admitted]
-            tol = 1e-6 if scheme.payload_dtype == torch.float32 else 1e-7
-            torch.testing.assert_close(
-                aggs[1], reference_decode(scheme, plan, codes, CODED, torch.float32), rtol=tol, atol=tol
-            )
+            _assert_decodes(aggs[1], scheme, record)
             for rt in live:
                 rt.release(aggs[rt.rank])
         assert rts[1].is_leader and {rt.leader_rank for rt in live} == {1} and {rt.term for rt in live} == {1}
