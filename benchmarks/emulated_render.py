@@ -215,8 +215,7 @@ COST_BEGIN, COST_END = (
 def cost(summary: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
     """Measured CPU seconds per (cell, arm) item by n and task, and the full round's estimate: measured means where
     the round measured that n, else a least-squares line ``a + b n`` through the measured MLP means."""
-    from benchmarks.emulated_map import rounds, tiny_protocol  # noqa: F401
-    from lightning_pgc.emulator.cells import Protocol
+    from benchmarks.emulated_map import protocol_for, rounds
     from lightning_pgc.emulator.crossmap import plan_items
 
     per: dict[tuple[int, str], list[float]] = {}
@@ -231,7 +230,7 @@ def cost(summary: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, An
         a = my - b * mx
     else:
         a, b = 0.0, float("nan")
-    items, _ = plan_items(rounds()["full"], Protocol())
+    items, _ = plan_items(rounds()["full"], protocol_for("full"))
     total, measured_items = 0.0, 0
     for cell, _arm in items:
         key = (cell.n, cell.task)
