@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -138,6 +139,7 @@ def main(argv: list[str] | None = None) -> None:
             "items_planned": len(items),
             "skipped_arms": skipped,
             "command": f"python benchmarks/emulated_map.py --round {args.round}",
+            "protocol": asdict(protocol),
         }
     )
     out = path.with_suffix(".json")
