@@ -266,10 +266,10 @@ def _intro(table: dict[str, Any]) -> str:
         )
     return (
         "From the **emulated** crossover map ([docs/benchmarks.md](docs/benchmarks.md#emulated-crossover-map): the "
-        "real leaders and schemes on a simulated clock, real training of a small proxy model, 4 to 256 workers, 10 "
-        "evaluation seeds per arm, every arm tuned on separate seeds). A row names the scheme that beat `ddp` in its "
-        "cell at the largest number of workers the map has for it (time to the target loss, Holm-corrected over the "
-        "cell's comparisons), else `ddp`; rows that agree over the bound or the data condition are merged into "
+        "real leaders and schemes on a simulated clock, real training of a small proxy model, 10 evaluation seeds per "
+        "arm, every arm tuned on separate seeds). A row names the scheme that beat `ddp` in its cell at the largest "
+        "number of workers the map has for it (the table its evidence link leads to; time to the target loss, "
+        "Holm-corrected over the cell's comparisons), else `ddp`; rows that agree over the bound or the data condition are merged into "
         "*any*. *compute*: a gradient's compute is 4 times the step's communication; *comm*: half of it; *skewed*: "
         "label-skewed partitions (Dirichlet). Where `ddp` is kept, the setting is `ddp`'s own tuned one."
     )
