@@ -355,7 +355,7 @@ def render_cost(c: dict[str, Any], source: str) -> str:
         f"Measured in the `{c['round']}` round ([{Path(source).name}]({Path(source).name}), `cost` field): "
         f"{c['items']} (cell, arm) items, **{c['cpu_s_total'] / 3600:.2f} CPU hours** in all (the sum of every "
         f"item's process time; one torch thread; each item is {settings} tuning settings x 2 tuning seeds + 10 "
-        f"evaluation seeds). The largest item took {c['largest_item_cpu_s']:.0f} CPU seconds. CPU seconds per item:",
+        f"evaluation seeds, the mirror cells' items only the 10 evaluation seeds). The largest item took {c['largest_item_cpu_s']:.0f} CPU seconds. CPU seconds per item:",
         "",
         "| n, task | items | CPU s per item |",
         "|---|---|---|",
@@ -364,9 +364,9 @@ def render_cost(c: dict[str, Any], source: str) -> str:
     ]
     if c["round"] == "full":
         tail = [
-            f"On {CORES} cores with `--workers {CORES}` that is {c['cpu_s_total'] / 3600 / CORES:.2f} hours when "
-            f"nothing else runs (the map's budget: {BUDGET_HOURS} hours on {CORES} cores). The map above is this "
-            "round's.",
+            f"On {CORES} cores with `--workers {CORES}` that is at least {c['cpu_s_total'] / 3600 / CORES:.2f} "
+            f"hours of wall time (both cores busy throughout; the map's budget: {BUDGET_HOURS} hours on {CORES} "
+            "cores). docs/benchmarks.md shows this round's map.",
         ]
     else:
         tail = [
