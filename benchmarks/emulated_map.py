@@ -1,7 +1,7 @@
 """The emulated crossover map: which strategy wins, with which s, by n, straggler pattern, compute or
 communication bound, and data condition (emulated: real leaders and schemes on the simulated clock, real training).
 
-    python benchmarks/emulated_map.py --round reduced   # about 30-40 min of one core: the shipped round
+    python benchmarks/emulated_map.py --round reduced   # about 30-40 min of one core (lr up to 0.8)
     python benchmarks/emulated_map.py --round full      # the whole map (its cost: docs/emulator.md)
     python benchmarks/emulated_map.py --round reduced --summarize-only
 
