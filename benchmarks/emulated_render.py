@@ -146,7 +146,9 @@ def scheme_lines(summary: dict[str, Any], rows: list[dict[str, Any]]) -> list[st
             continue
         in_cells = {c["label"] for c, _ in ran}
         wins = [c for c in cells if c["winner"] and c["winner"]["strategy"] == strategy]
-        faster = [(c, a) for c, a in ran if a["vs_ddp_late"]["ratio"] < 1 and a["vs_ddp_late"]["p_holm"] < summary["alpha"]]
+        faster = [
+            (c, a) for c, a in ran if a["vs_ddp_late"]["ratio"] < 1 and a["vs_ddp_late"]["p_holm"] < summary["alpha"]
+        ]
         slower = sorted(
             ((a["vs_ddp_late"]["ratio"], c, a) for c, a in ran if a["arm"] in c["slower_than_ddp"]),
             key=lambda t: -t[0],
