@@ -1,6 +1,8 @@
 """Render a summary of the emulated map into docs/benchmarks.md (between markers), with the real 4-rank cells as the
-check. Every number comes from the summary JSON it reads (and docs/grid_map.json for the real cells).
+check, and its measured cost into docs/emulator.md. Every number comes from the summary JSON it reads (and
+docs/grid_map.json for the real cells). A round that is not finished is refused (resume it first).
 
+    python benchmarks/emulated_render.py                  # the shipped round: full once complete, else reduced
     python benchmarks/emulated_render.py --summary docs/emulated_map_reduced.json
 """
 
@@ -27,6 +29,19 @@ REAL_ARMS = {
     "pgc_fr c=2": "pgc_fr_c2",
     "pgc_cr c=2": "pgc_cr_c2",
 }
+
+
+def is_complete(summary: dict[str, Any]) -> bool:
+    """Whether every planned (cell, arm) item of the summary's round has a record."""
+    return summary.get("items_planned") is not None and summary["items_done"] >= summary["items_planned"]
+
+
+def shipped_summary() -> Path:
+    """The round the docs show: the full round once it is complete, else the reduced one."""
+    full = ROOT / "docs" / "emulated_map_full.json"
+    if full.exists() and is_complete(json.loads(full.read_text())):
+        return full
+    return ROOT / "docs" / "emulated_map_reduced.json"
 
 
 def _verdict(low: float, high: float) -> str:
@@ -96,6 +111,87 @@ def _fmt_ratio(d: dict[str, Any] | None) -> str:
     return "-" if d is None else f"{d['ratio']:.2f} [{d['low']:.2f}, {d['high']:.2f}]"
 
 
+#: headings of the rendered block (README's guide links to them: keep them in step with which_strategy.py)
+CHECK_HEADING = "### Emulated map: the check against the real 4-rank cells"
+SCHEMES_HEADING = "### Emulated map: where each scheme wins and loses"
+
+
+def n_heading(n: int) -> str:
+    return f"### Emulated map, {n} workers"
+
+
+def slug(heading: str) -> str:
+    """The anchor a heading gets (lower case, punctuation but ``-`` dropped, spaces to ``-``)."""
+    return re.sub(r"[^\w\- ]", "", heading.lstrip("#").strip().lower()).replace(" ", "-")
+
+
+def _tag(cell: dict[str, Any]) -> str:
+    c = cell["cell"]
+    data = "iid" if c["data"] == "iid" else f"dirichlet({c['alpha']:g})"
+    return f"n={c['n']} {c['pattern']}/{c['bound']}/{data}"
+
+
+def _times(x: float) -> str:
+    return f"{x:.2f}x"
+
+
+def scheme_lines(summary: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """Plain words per scheme: the cells it wins (ratio and interval against ddp), where it is separably slower and by
+    how much, where neither, and how its verdicts in the mirror cells agree with the real runs."""
+    cells = [c for c in summary["cells"] if c["cell"]["pattern"] not in REAL_CELLS and c["complete"]]
+    out = []
+    for strategy in ("ignore_stragglers", "gc_fr", "gc_cr", "pgc_fr", "pgc_cr"):
+        ran = [(c, a) for c in cells for a in c["arms"] if a["strategy"] == strategy]
+        if not ran:
+            continue
+        in_cells = {c["label"] for c, _ in ran}
+        wins = [c for c in cells if c["winner"] and c["winner"]["strategy"] == strategy]
+        faster = [
+            (c, a) for c, a in ran if a["vs_ddp_late"]["ratio"] < 1 and a["vs_ddp_late"]["p_holm"] < summary["alpha"]
+        ]
+        slower = sorted(
+            ((a["vs_ddp_late"]["ratio"], c, a) for c, a in ran if a["arm"] in c["slower_than_ddp"]),
+            key=lambda t: -t[0],
+        )
+        win_text = "; ".join(
+            f"{_tag(c)} ({c['winner']['arm']}: {c['winner']['ratio']:.2f} [{c['winner']['low']:.2f}, "
+            f"{c['winner']['high']:.2f}])"
+            for c in sorted(wins, key=lambda c: c["winner"]["ratio"])
+        )
+        line = f"- **`{strategy}`** ran in {len(in_cells)} cells ({len(ran)} arm-cells with its `c` values)"
+        if strategy == "gc_cr":
+            from lightning_pgc.emulator.cells import GC_CR_MAX_N
+
+            line += f"; it runs only up to n = {GC_CR_MAX_N}"
+        line += ". " + (f"It wins {len(wins)} cell(s): {win_text}." if wins else "It wins no cell.")
+        if len(faster) > len(wins):
+            line += (
+                f" Separably faster than ddp, but not the cell's winner, in {len(faster) - len(wins)} more arm-cell(s)."
+            )
+        if slower:
+            ratios = sorted(r for r, _, _ in slower)
+            median = ratios[len(ratios) // 2]
+            worst = ", ".join(f"{_tag(c)} ({a['arm']}, {_times(r)})" for r, c, a in slower[:3])
+            span = _times(ratios[0]) if ratios[0] == ratios[-1] else f"{_times(ratios[0])} to {_times(ratios[-1])}"
+            line += (
+                f" Separably slower than ddp in {len(slower)} arm-cell(s), taking {span} of ddp's time "
+                f"(median {_times(median)}); worst: {worst}."
+            )
+        else:
+            line += " Never separably slower than ddp."
+        tied = len(ran) - len(faster) - len(slower)
+        if tied:
+            line += f" Not separated from ddp in {tied} arm-cell(s)."
+        mine = [r for r in rows if r["arm"].split(" ")[0] == strategy and "agree" in r]
+        if mine:
+            line += (
+                f" The check: in the real 4-rank cells its emulated verdict agrees with the real one in "
+                f"{sum(r['agree'] for r in mine)} of {len(mine)}."
+            )
+        out.append(line)
+    return out
+
+
 def render(summary: dict[str, Any], source: str, grid: dict[str, Any]) -> str:
     out = [BEGIN, ""]
     cells = summary["cells"]
@@ -109,6 +205,14 @@ def render(summary: dict[str, Any], source: str, grid: dict[str, Any]) -> str:
         f"95 % bootstrap intervals; a winner needs p < {summary['alpha']} after {summary['correction']}."
     )
     rows = agreement(summary, grid)
+    out += ["", SCHEMES_HEADING, ""]
+    out.append(
+        "Each scheme against ddp over the cells below (mirror cells left out), at the late target: a *win* is the "
+        "cell's winner; *separably* slower or faster means the Holm-corrected p is below "
+        f"{summary['alpha']}. The real 4-rank cells are the check (next section)."
+    )
+    out.append("")
+    out += scheme_lines(summary, rows)
     if rows:
         agree = sum(r.get("agree", False) for r in rows)
         judged = sum("agree" in r for r in rows)
@@ -119,9 +223,9 @@ def render(summary: dict[str, Any], source: str, grid: dict[str, Any]) -> str:
         )
         out += [
             "",
-            '<a id="emulated-crossover-map-check"></a>',
+            CHECK_HEADING,
             "",
-            "**The check: the three real 4-rank sleep-cost cells** (docs/grid_map.json; same delays, model, batch, "
+            "The three real 4-rank sleep-cost cells (docs/grid_map.json; same delays, model, batch, "
             "and each arm's lr and momentum as chosen there; the clock's costs fitted to real runs in "
             "docs/sim_validation.json). Real: time to target against dgd, 5 seeds, validation every 20 steps. "
             f"Emulated: against ddp, 10 seeds, validation every step. The verdicts (faster / slower / unclear from "
@@ -146,9 +250,7 @@ def render(summary: dict[str, Any], source: str, grid: dict[str, Any]) -> str:
     for n in sorted(by_n):
         out += [
             "",
-            f'<a id="emulated-crossover-map-n{n}"></a>',
-            "",
-            f"**n = {n}** (emulated)",
+            n_heading(n),
             "",
             "| pattern | bound | data | winner vs ddp: ratio [95 %], Holm p | fastest (restricted mean) | "
             "separably slower than ddp (ratio) | ddp lr, momentum |",
@@ -170,38 +272,15 @@ def render(summary: dict[str, Any], source: str, grid: dict[str, Any]) -> str:
                 f"{ddp['lr']:g}, {ddp['momentum']:g} |"
             )
     tuned = [a for c in cells if c["cell"]["pattern"] not in REAL_CELLS for a in c["arms"]]
-    edge = [a for a in tuned if a["lr_at_grid_edge"] and a["lr"] == max(a2["lr"] for a2 in tuned)]
     if tuned:
+        largest = max(summary["protocol"]["lrs"]) if "protocol" in summary else max(a["lr"] for a in tuned)
+        edge = [a for a in tuned if a["lr"] == largest]
         out += [
             "",
             f"Tuning edge: {len(edge)} of {len(tuned)} tuned arms chose the largest learning rate of the grid "
-            f"({max(a['lr'] for a in tuned):g}), ddp among them in {sum(a['strategy'] == 'ddp' for a in edge)} of "
+            f"({largest:g}), ddp among them in {sum(a['strategy'] == 'ddp' for a in edge)} of "
             f"{sum(a['strategy'] == 'ddp' for a in tuned)} cells: there the grid, not the arm, may cap the speed.",
         ]
-    out += [
-        "",
-        '<a id="emulated-crossover-map-schemes"></a>',
-        "",
-        "**Where each scheme wins and loses** (emulated; cells of the table above, mirror cells left out):",
-        "",
-    ]
-    for strategy in ("ignore_stragglers", "gc_fr", "gc_cr", "pgc_fr", "pgc_cr"):
-        wins, losses = [], []
-        for c in cells:
-            if c["cell"]["pattern"] in REAL_CELLS:
-                continue
-            tag = f"n={c['cell']['n']} {c['cell']['pattern']}/{c['cell']['bound']}/{c['cell']['data']}"
-            if c["winner"] and c["winner"]["strategy"] == strategy:
-                wins.append(f"{tag} ({c['winner']['arm']}, {c['winner']['ratio']:.2f})")
-            for a in c["arms"]:
-                if a["strategy"] == strategy and a["arm"] in c["slower_than_ddp"]:
-                    losses.append((a["vs_ddp_late"]["ratio"], f"{tag} ({a['arm']}, {a['vs_ddp_late']['ratio']:.2f})"))
-        losses.sort(reverse=True)
-        worst = "; worst: " + ", ".join(x for _, x in losses[:3]) if losses else ""
-        out.append(
-            f"- `{strategy}` wins {len(wins)} cell(s){': ' + '; '.join(wins) if wins else ''}. "
-            f"Separably slower than ddp in {len(losses)} arm-cell(s){worst}."
-        )
     out += ["", END]
     return "\n".join(out)
 
@@ -210,19 +289,34 @@ COST_BEGIN, COST_END = (
     "<!-- emulated-cost:begin (generated by benchmarks/emulated_render.py) -->",
     "<!-- emulated-cost:end -->",
 )
+#: the budget the whole map must fit in: hours on this machine's 2 cores
+BUDGET_HOURS, CORES = 4, 2
 
 
 def cost(summary: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Measured CPU seconds per (cell, arm) item by n and task, and the full round's estimate: measured means where
-    the round measured that n, else a least-squares line ``a + b n`` through the measured MLP means."""
-    from benchmarks.emulated_map import rounds, tiny_protocol  # noqa: F401
-    from lightning_pgc.emulator.cells import Protocol
+    """The round's measured CPU seconds (each item's process time, summed; per item by n and task) and, for a round
+    other than the full one, an estimate of the full round: measured means where the round measured that n, else a
+    least-squares line ``a + b n`` through the measured MLP means."""
+    from benchmarks.emulated_map import protocol_for, rounds
     from lightning_pgc.emulator.crossmap import plan_items
 
     per: dict[tuple[int, str], list[float]] = {}
     for r in records:
         per.setdefault((r["cell"]["n"], r["cell"]["task"]), []).append(r["cpu_s"])
     means = {k: sum(v) / len(v) for k, v in per.items()}
+    settings = {len(r["protocol"]["lrs"]) * len(r["protocol"]["momenta"]) for r in records}
+    out: dict[str, Any] = {
+        "round": summary.get("round"),
+        "items": len(records),
+        "tuning_settings": sorted(settings),
+        "cpu_s_total": sum(r["cpu_s"] for r in records),
+        "largest_item_cpu_s": max((r["cpu_s"] for r in records), default=0.0),
+        "per_item_cpu_s": {
+            f"n={n} {task}": {"mean": m, "items": len(per[(n, task)])} for (n, task), m in sorted(means.items())
+        },
+    }
+    if summary.get("round") == "full":
+        return out
     pts = [(n, m) for (n, task), m in means.items() if task == "mlp"]
     if len(pts) >= 2:
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
@@ -231,7 +325,7 @@ def cost(summary: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, An
         a = my - b * mx
     else:
         a, b = 0.0, float("nan")
-    items, _ = plan_items(rounds()["full"], Protocol())
+    items, _ = plan_items(rounds()["full"], protocol_for("full"))
     total, measured_items = 0.0, 0
     for cell, _arm in items:
         key = (cell.n, cell.task)
@@ -240,42 +334,55 @@ def cost(summary: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, An
             measured_items += 1
         else:
             total += a + b * cell.n
-    return {
-        "per_item_cpu_s": {
-            f"n={n} {task}": {"mean": m, "items": len(per[(n, task)])} for (n, task), m in sorted(means.items())
-        },
-        "line_a_s": a,
-        "line_b_s_per_worker": b,
-        "full_items": len(items),
-        "full_items_at_measured_n": measured_items,
-        "full_cpu_s_estimate": total,
-    }
+    full = protocol_for("full")
+    out.update(
+        {
+            "line_a_s": a,
+            "line_b_s_per_worker": b,
+            "full_items": len(items),
+            "full_items_at_measured_n": measured_items,
+            "full_tuning_settings": len(full.lrs) * len(full.momenta),
+            "full_cpu_s_estimate": total,
+        }
+    )
+    return out
 
 
 def render_cost(c: dict[str, Any], source: str) -> str:
     rows = "\n".join(f"| {k} | {v['items']} | {v['mean']:.1f} |" for k, v in c["per_item_cpu_s"].items())
-    return "\n".join(
-        [
-            COST_BEGIN,
-            "",
-            f"Measured in the shipped round ([{Path(source).name}]({Path(source).name}), "
-            "`cost` field), CPU seconds per (cell, arm) item (25 tuning settings x 2 tuning seeds + 10 "
-            "evaluation seeds, one torch thread):",
-            "",
-            "| n, task | items | CPU s per item |",
-            "|---|---|---|",
-            rows,
-            "",
-            f"The full round (`python benchmarks/emulated_map.py --round full --workers 2`) has "
-            f"{c['full_items']} items, {c['full_items_at_measured_n']} of them at an n this round measured; "
-            f"the others are priced by the line {c['line_a_s']:.1f} s + {c['line_b_s_per_worker']:.2f} s x n "
-            f"through the measured MLP means (an extrapolation). Estimate: {c['full_cpu_s_estimate'] / 3600:.1f} "
-            f"CPU hours, i.e. {c['full_cpu_s_estimate'] / 7200:.1f} hours on 2 cores with `--workers 2` "
-            "when nothing else runs.",
-            "",
-            COST_END,
+    settings = " or ".join(str(k) for k in c["tuning_settings"])
+    head = [
+        COST_BEGIN,
+        "",
+        f"Measured in the `{c['round']}` round ([{Path(source).name}]({Path(source).name}), `cost` field): "
+        f"{c['items']} (cell, arm) items, **{c['cpu_s_total'] / 3600:.2f} CPU hours** in all (the sum of every "
+        f"item's process time; one torch thread; each item is {settings} tuning settings x 2 tuning seeds + 10 "
+        f"evaluation seeds, the mirror cells' items only the 10 evaluation seeds). The largest item took {c['largest_item_cpu_s']:.0f} CPU seconds. CPU seconds per item:",
+        "",
+        "| n, task | items | CPU s per item |",
+        "|---|---|---|",
+        rows,
+        "",
+    ]
+    if c["round"] == "full":
+        tail = [
+            f"On {CORES} cores with `--workers {CORES}` that is at least {c['cpu_s_total'] / 3600 / CORES:.2f} "
+            f"hours of wall time (both cores busy throughout; the map's budget: {BUDGET_HOURS} hours on {CORES} "
+            "cores). docs/benchmarks.md shows this round's map.",
         ]
-    )
+    else:
+        tail = [
+            f"The map shown is the `{c['round']}` round's; the full round (`python benchmarks/emulated_map.py "
+            f"--round full --workers {CORES}`, resumable) has {c['full_items']} items, {c['full_items_at_measured_n']} "
+            f"of them at an n this round measured; the others are priced by the line {c['line_a_s']:.1f} s + "
+            f"{c['line_b_s_per_worker']:.2f} s x n through the measured MLP means (an extrapolation). Estimate: "
+            f"{c['full_cpu_s_estimate'] / 3600:.1f} CPU hours, {c['full_cpu_s_estimate'] / 3600 / CORES:.1f} hours "
+            f"on {CORES} cores when nothing else runs. It is too low: the full round tunes "
+            f"{c['full_tuning_settings']} settings per arm, and its arms with `c = n / 8` (n >= 32), which this "
+            "round did not run, cost more per item than its `c = 2` arms (each version combines gradients of up to "
+            "`c + 1` model versions).",
+        ]
+    return "\n".join(head + tail + ["", COST_END])
 
 
 def _targets(cells: list[dict[str, Any]]) -> str:
@@ -284,10 +391,17 @@ def _targets(cells: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--summary", type=Path, default=ROOT / "docs" / "emulated_map_reduced.json")
+    parser.add_argument("--summary", type=Path, default=None, help="a round's summary (default: the shipped round)")
     parser.add_argument("--doc", type=Path, default=ROOT / "docs" / "benchmarks.md")
     args = parser.parse_args(argv)
+    if args.summary is None:
+        args.summary = shipped_summary()
     summary = json.loads(args.summary.read_text())
+    if not is_complete(summary):
+        raise SystemExit(
+            f"{args.summary}: round {summary.get('round')!r} has {summary['items_done']} of "
+            f"{summary.get('items_planned')} items; resume it (`{summary.get('command', '')}`) before rendering it"
+        )
     grid = json.loads((ROOT / "docs" / "grid_map.json").read_text())
     text = render(summary, str(args.summary), grid)
     doc = args.doc.read_text()

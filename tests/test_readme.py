@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -59,6 +60,53 @@ def test_the_which_strategy_table_is_rendered_from_its_file():
             if line.startswith("#")
         }
         assert anchor in slugs, row["evidence"]
+
+
+def _heading_slugs(path: str) -> set[str]:
+    return {
+        re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        for line in (ROOT / path).read_text().splitlines()
+        if line.startswith("#")
+    }
+
+
+def test_a_guide_built_from_the_shipped_emulated_round_links_every_row_to_a_heading_of_the_rendered_map():
+    """Switching README to the emulated map is one command: the rows built from the round the docs show link to
+    headings that the renderer wrote (its per-n tables and its per-scheme section), and the block renders."""
+    import emulated_render
+
+    shipped = emulated_render.shipped_summary()
+    summary = json.loads(shipped.read_text())
+    table = which_strategy.build(summary, shipped.relative_to(ROOT).as_posix())
+    from lightning_pgc.strategy import REGISTERED
+
+    which_strategy.check(table, set(REGISTERED))
+    ns = {c["cell"]["n"] for c in summary["cells"]}
+    assert {row["evidence"] for row in table["rows"]} <= {
+        f"docs/benchmarks.md#{emulated_render.slug(emulated_render.n_heading(n))}" for n in ns
+    }
+    for row in [*table["rows"], table["default"]]:
+        path, anchor = row["evidence"].split("#")
+        assert anchor in _heading_slugs(path), row["evidence"]
+    block = which_strategy.render(table)
+    assert "**emulated**" in block and block.count("](docs/benchmarks.md#") == len(table["rows"]) + 2
+
+
+def test_a_round_that_is_not_finished_is_neither_rendered_nor_turned_into_the_guide(tmp_path):
+    import emulated_render
+
+    summary = json.loads((ROOT / "docs" / "emulated_map_reduced.json").read_text())
+    assert emulated_render.is_complete(summary)
+    partial = dict(summary, items_planned=summary["items_done"] + 1, round="full")
+    path = tmp_path / "emulated_map_full.json"
+    path.write_text(json.dumps(partial))
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("untouched\n")
+    with pytest.raises(SystemExit, match="resume it"):
+        emulated_render.main(["--summary", str(path), "--doc", str(doc)])
+    with pytest.raises(SystemExit, match="resume it"):
+        which_strategy.main(["--summary", str(path)])
+    assert doc.read_text() == "untouched\n"
 
 
 def test_the_which_strategy_file_follows_the_map_it_was_derived_from():
