@@ -387,7 +387,7 @@ def surviving_launcher(
 
 
 # --------------------------------------------------------------------------------------- the rank-zero seat
-# When the PGC leader (rank 0) dies and another rank takes over (``lightning_pgc.leadership``), Lightning's
+# When the PGC leader (rank 0) dies and another rank takes over (``lightning_pgc.strategy.leadership``), Lightning's
 # rank-zero work moves with it: ``rank_zero_only`` (2.6.6: a module-level ``rank_zero_only.rank`` that strategies
 # set to the global rank at setup, read at every call) and the loggers' runs.
 _LAUNCHING_RANK = "LIGHTNING_PGC_RANK0_LAUNCHES"  # set by rank 0 before it starts the others (inherited)

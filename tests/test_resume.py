@@ -16,7 +16,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 
 from lightning_pgc import PGCStrategy
 from lightning_pgc.codes import StaleCache
-from lightning_pgc.pipeline_state import PipelineState, sidecar_dir, sidecar_path, sidecar_paths
+from lightning_pgc.strategy.pipeline_checkpoint import PipelineState, sidecar_dir, sidecar_path, sidecar_paths
 from tests.jobs import run_job
 
 K, C = 4, 2  # interrupted after K steps, then C = s + 1 more

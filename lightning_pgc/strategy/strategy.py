@@ -1,8 +1,9 @@
 """PGCStrategy: the Lightning glue of pipelined gradient coding. The math is in :mod:`lightning_pgc.codes`, the
 messaging in :mod:`lightning_pgc.runtime`; this module only connects them to Lightning's training loop. Its
-helpers, one per concept: :mod:`~lightning_pgc.checkpointing` (pipeline files), :mod:`~lightning_pgc.live`
-(collectives among the live ranks), :mod:`~lightning_pgc.state_transfer` (rejoin), :mod:`~lightning_pgc.choice`
-(bounded choice) and :mod:`~lightning_pgc.options` (constructor checks).
+parts, one per concept, are the other modules of :mod:`lightning_pgc.strategy`: ``pipeline_checkpoint``
+(pipeline files), ``live_routing`` (collectives among the live ranks), ``rejoin`` (state transfer),
+``leadership`` (the rank-zero seat), ``bounded_choice`` (bounded choice), ``sampling`` (partition batches),
+``preflight`` (refused setups) and ``options`` (constructor checks).
 
 Per optimizer step ``t`` (= the model version, Invariant 1) every rank:
 
@@ -19,7 +20,8 @@ receives the training state at the open version ``u`` from a donor (state transf
 before ``u`` without computing or applying anything, loads the state at ``u`` and goes on with an empty cache.
 
 A checkpoint saved during fit carries every rank's stale cache in ``<checkpoint>.pgc/rank{k}.pt``
-(:mod:`lightning_pgc.pipeline_state`); a fit resuming from it reloads the cache and continues the pipeline.
+(:mod:`~lightning_pgc.strategy.pipeline_checkpoint`); a fit resuming from it reloads the cache and continues the
+pipeline.
 """
 
 from __future__ import annotations
@@ -55,10 +57,10 @@ from lightning_pgc._lightning import (
     sync_module_states,
     wrap_launcher,
 )
-from lightning_pgc.checkpointing import PipelineCheckpoints
-from lightning_pgc.choice import ChoiceBook
+from lightning_pgc.strategy.pipeline_checkpoint import PipelineCheckpoints
+from lightning_pgc.strategy.bounded_choice import ChoiceBook
 from lightning_pgc.codes import BoundedScheme, Scheme, StaleCache, make_scheme
-from lightning_pgc.compat import (
+from lightning_pgc.strategy.preflight import (
     CollectiveGuard,
     PGCUnsupportedError,
     SingleUseClosure,
@@ -66,18 +68,18 @@ from lightning_pgc.compat import (
     check_train_loader,
     check_trainer,
 )
-from lightning_pgc.data import PartitionBatchSampler, select_partition, split_batch
-from lightning_pgc.leadership import Leadership
-from lightning_pgc.live import ALONE, LiveRouting
-from lightning_pgc.options import STRATEGY_SCHEMES, check_options  # noqa: F401 (re-exported)
+from lightning_pgc.strategy.sampling import PartitionBatchSampler, select_partition, split_batch
+from lightning_pgc.strategy.leadership import Leadership
+from lightning_pgc.strategy.live_routing import ALONE, LiveRouting
+from lightning_pgc.strategy.options import STRATEGY_SCHEMES, check_options  # noqa: F401 (re-exported)
 from lightning_pgc.runtime.bounded import BoundedLeader
 from lightning_pgc.runtime.control import host_store, open_store, run_prefix
 from lightning_pgc.runtime.aggregates import payload_dtype_for
 from lightning_pgc.runtime.plane import CollectiveRuntime, PGCDetached
 from lightning_pgc.staleness import StalenessCorrection
-from lightning_pgc.state_transfer import StateTransfer
+from lightning_pgc.strategy.rejoin import StateTransfer
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lightning_pgc.strategy")  # the name users filter on
 
 #: Registered names -> (scheme, tolerated stragglers); ``None`` keeps the constructor's ``stragglers``.
 REGISTERED: dict[str, tuple[str, Optional[int], str]] = {
@@ -357,7 +359,7 @@ class PGCStrategy(DDPStrategy):
             )
 
     def _preflight(self, trainer: "pl.Trainer", args: tuple[Any, ...]) -> None:
-        """Refuse, in the launching process, every setup PGC cannot run (see :mod:`lightning_pgc.compat`)."""
+        """Refuse, in the launching process, every setup PGC cannot run (see :mod:`~lightning_pgc.strategy.preflight`)."""
         if trainer.state.fn != TrainerFn.FITTING:
             return
         module = args[0] if args else None

@@ -15,7 +15,7 @@ from torch import Tensor
 from lightning_pgc._lightning import set_closure_loss
 
 if TYPE_CHECKING:
-    from lightning_pgc.strategy import PGCStrategy
+    from lightning_pgc.strategy.strategy import PGCStrategy
 
 
 STALLED_IDLE = 8  # idle steps without gaining on the open version after which a detached rank rejoins at once
