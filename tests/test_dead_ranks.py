@@ -25,7 +25,7 @@ def test_the_launchers_kill_nobody_while_the_job_runs_and_reap_every_rank_after_
     from lightning.pytorch import Trainer
 
     from lightning_pgc import PGCStrategy
-    from lightning_pgc._lightning import SurvivingMultiprocessingLauncher, SurvivingSubprocessLauncher, _reap
+    from lightning_pgc._lightning.launchers import SurvivingMultiprocessingLauncher, SurvivingSubprocessLauncher, _reap
 
     for start_method, kind in (("popen", SurvivingSubprocessLauncher), ("fork", SurvivingMultiprocessingLauncher)):
         trainer = Trainer(strategy=PGCStrategy(start_method=start_method), devices=2, accelerator="cpu", logger=False)
