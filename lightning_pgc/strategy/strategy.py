@@ -565,9 +565,9 @@ class PGCStrategy(DDPStrategy):
     @override
     def is_global_zero(self) -> bool:
         """Whether this rank does Lightning's rank-zero work (checkpoints, loggers, results): rank 0, or the rank that
-        took over when it died or froze (``failover``). Read before any rank-zero write, so it follows the seat
-        first (a leader that resumes from a freeze learns here whether it was replaced)."""
-        self._leadership.follow()
+        took over when it died or froze (``failover``). A plain read: the seat is followed where it may have moved
+        (after each exchange, before every collective, checkpoint write and logger write, and when fit ends), so a
+        leader that resumes from a freeze learns there, before it writes anything, whether it was replaced."""
         return self.global_rank == self._leadership.rank
 
     # ------------------------------------------------------------------------------------------ checkpoints
@@ -589,6 +589,7 @@ class PGCStrategy(DDPStrategy):
     def remove_checkpoint(self, filepath: Any) -> None:
         """Remove the checkpoint (rank 0) and this rank's pipeline file next to it (every rank; the folder goes
         with the last one). Called on every rank, e.g. by ``ModelCheckpoint`` dropping an old checkpoint."""
+        self._leadership.follow()  # who removes it
         super().remove_checkpoint(filepath)
         self._checkpoints.remove(filepath)
 
@@ -637,6 +638,7 @@ class PGCStrategy(DDPStrategy):
     @override
     def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
         self.collective_guard.refuse("`all_gather`")
+        self._leadership.follow()
         live = self._live.target()
         if live is None or group is not None:
             return super().all_gather(tensor, group=group, sync_grads=sync_grads)
