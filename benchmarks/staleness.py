@@ -288,7 +288,7 @@ def correction_overhead_ms(width: int = 256, steps: int = 20) -> dict[str, float
     job's model size: snapshot, shift and restore; snapshot and one corrected stale entry (c = 2)."""
     import torch
 
-    from lightning_pgc.digits import DigitsCNN
+    from lightning_pgc.examples.digits import DigitsCNN
     from lightning_pgc.staleness import StalenessCorrection
 
     threads = torch.get_num_threads()

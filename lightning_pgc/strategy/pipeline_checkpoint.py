@@ -191,10 +191,10 @@ class PipelineCheckpoints:
             scheme=scheme.name,
             partitions=cache.partitions,
             seed=st.seed,
-            grad_numel=st._gradients.grad_numel,
-            dtype=dtype_name(st._gradients.dtype),
+            grad_numel=st.gradients.grad_numel,
+            dtype=dtype_name(st.gradients.dtype),
             global_step=st.lightning_module.trainer.global_step,
-            warm_start=st._warm_start_step(),
+            warm_start=st.warm_start_step(),
             entries=cache.entries(),
         )
 
@@ -246,8 +246,8 @@ class PipelineCheckpoints:
             scheme=st.scheme.name,
             partitions=st.cache.partitions,
             seed=st.seed,
-            grad_numel=st._gradients.grad_numel,
-            dtype=dtype_name(st._gradients.dtype),
+            grad_numel=st.gradients.grad_numel,
+            dtype=dtype_name(st.gradients.dtype),
             global_step=step,
             warm_start=step,
         )
@@ -296,8 +296,8 @@ class PipelineCheckpoints:
         """Copy the saved entries into this rank's cache slots (after the layout and the slots are reset)."""
         st = self.strategy
         assert st.cache is not None
-        used = st._gradients.grad_numel + 1
+        used = st.gradients.grad_numel + 1
         for partition, (version, flat) in state.entries.items():
-            slot = st._gradients.slot(partition)
+            slot = st.gradients.slot(partition)
             slot[:used].copy_(flat[:used])
             st.cache.put(partition, slot, version, copy=False)

@@ -291,7 +291,7 @@ class PGCStrategy(DDPStrategy):
         self.skipped_steps = 0
         self.buffer_stats: dict[str, int] = {}
         self._rank_stats: list[dict[str, float]] = []
-        self._gradients = Gradients([], [], torch.device("cpu"))  # the payload layout and slots (per fit)
+        self.gradients = Gradients([], [], torch.device("cpu"))  # the payload layout and slots (per fit)
         self._held: Optional[Tensor] = None  # the aggregate param.grad currently views
         self._warm_start: Optional[int] = None
         self._version = 0
@@ -365,7 +365,7 @@ class PGCStrategy(DDPStrategy):
         super().setup_environment()
         self.scheme = self._make_scheme(self.world_size)
 
-    def _warm_start_step(self) -> int:
+    def warm_start_step(self) -> int:
         """The step at which this fit's caches were empty (fit start, or the step a checkpoint resumed at)."""
         if self._warm_start is None:
             self._warm_start = self.lightning_module.trainer.global_step
@@ -419,7 +419,7 @@ class PGCStrategy(DDPStrategy):
             batch_size=dataloader.batch_size,
             seed=self.seed,
             base_step=lambda: trainer.global_step,
-            warmup_step=self._warm_start_step,
+            warmup_step=self.warm_start_step,
         )
         return DataLoader(
             dataset,
@@ -453,7 +453,7 @@ class PGCStrategy(DDPStrategy):
         """Build and start the runtime for this fit (at its sanity check, or at the start of training)."""
         # Every parameter, frozen ones included, and the buffers (BatchNorm statistics, averaged over the received
         # ranks so that the replicas stay identical buffers included; DDP broadcasts rank 0's buffers instead).
-        gradients = self._gradients = Gradients.of(self.lightning_module, self.root_device)
+        gradients = self.gradients = Gradients.of(self.lightning_module, self.root_device)
         scheme = self.scheme
         assert scheme is not None
         self.cache = StaleCache(scheme.partitions(self.global_rank), max_age=scheme.cache_max_age)
@@ -540,7 +540,7 @@ class PGCStrategy(DDPStrategy):
                 self.buffer_stats["cache_bytes"] = self.cache.nbytes
             self.runtime = None
         self.cache = None
-        self._gradients.clear()
+        self.gradients.clear()
         self._held = None
 
     @override
@@ -614,13 +614,13 @@ class PGCStrategy(DDPStrategy):
                 return super().training_step(*args, **kwargs)
             size = None if self._partition_batch_size is None else self._partition_batch_size * len(evals)
             chunks = split_batch(args[0], len(evals), size=size)
-            self._gradients.zero_grad()  # Lightning zeroes grads only after training_step
+            self.gradients.zero_grad()  # Lightning zeroes grads only after training_step
             for partition, chunk in zip(evals[:-1], chunks[:-1]):
                 output = super().training_step(chunk, *args[1:], **kwargs)
                 loss = _loss_of(output)
                 self.backward(loss, None)
-                self._gradients.store(partition, loss)
-                self._gradients.zero_grad()
+                self.gradients.store(partition, loss)
+                self.gradients.zero_grad()
             return super().training_step(chunks[-1], *args[1:], **kwargs)
 
     # Collectives are refused inside training_step (a rank that fell behind skips it). During fit (the runtime
@@ -684,7 +684,7 @@ class PGCStrategy(DDPStrategy):
             return super().optimizer_step(optimizer, closure, model, **kwargs)
         assert self.scheme is not None
         version = self._version = self.lightning_module.trainer.global_step
-        start = self._warm_start_step()
+        start = self.warm_start_step()
         self._evaluations = self.scheme.evaluations(self.global_rank, version, start=start)
         self._sampled = self._evaluations
         if isinstance(self.scheme, BoundedScheme):  # under "oldest": from the table as of the close of version - 1
@@ -722,7 +722,7 @@ class PGCStrategy(DDPStrategy):
         else:
             self.skipped_steps += 1
             runtime.skipped = self.skipped_steps
-            self._staleness.begin_step(version, self._gradients.params)  # the parameters are beta_version here too
+            self._staleness.begin_step(version, self.gradients.params)  # the parameters are beta_version here too
             aggregate = runtime.wait(version, donate=transfer.state_bytes)
         recipients = runtime.donation(version)
         self._choices.record(version, runtime.table(version))
@@ -730,13 +730,13 @@ class PGCStrategy(DDPStrategy):
             state = transfer.state_bytes()
             for recipient in recipients:
                 runtime.send_state(recipient, version, state)
-        n_grad = self._gradients.grad_numel
+        n_grad = self.gradients.grad_numel
         gradient, loss_value, buffers = aggregate[:n_grad], aggregate[n_grad], aggregate[n_grad + 1 :]
-        self._gradients.apply(gradient)
+        self.gradients.apply(gradient)
         if self._held is not None:
             runtime.release(self._held)  # nothing views the previous aggregate any more
         self._held = aggregate
-        self._gradients.load_buffers(buffers)
+        self.gradients.load_buffers(buffers)
         loss_t = loss_value.to(torch.float32).clone()
         set_closure_loss(closure, loss_t, skipped)
         self.last_step = StepInfo(
@@ -749,7 +749,7 @@ class PGCStrategy(DDPStrategy):
         when the code left (monotonic seconds)."""
         runtime, cache, scheme = self.runtime, self.cache, self.scheme
         assert runtime is not None and cache is not None and scheme is not None
-        gradients = self._gradients
+        gradients = self.gradients
         gradients.begin_step()  # param.grad may view the previous aggregate: never accumulate into it
         self._staleness.begin_step(version, gradients.params)  # beta_version (not recorded while catching up)
         with self._staleness.shifted(version, gradients.params):  # look-ahead: computed at an extrapolated point
