@@ -72,7 +72,7 @@ def strategy_of(fragment: str, seed: int) -> tuple[str, dict[str, Any]]:
 
 def seeds_delay(scale: float) -> str:
     """The delay model of ``stragglers/seeds.yaml`` times ``scale`` (times the fragment's own ``scale``)."""
-    from lightning_pgc.callbacks.stragglers import parse_delay
+    from lightning_pgc.delays import parse_delay
 
     injector = yaml.safe_load(recipe_path(STRAGGLERS).read_text())["trainer"]["callbacks"][0]["init_args"]
     return str(parse_delay(injector["delay"]).scaled(scale * float(injector.get("scale", 1.0))))

@@ -29,12 +29,10 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import grid as single  # noqa: E402
-from sim_grid import DELAYS  # noqa: E402
-
-from lightning_pgc.experiments.stats import paired_t_interval  # noqa: E402
+from lightning_pgc.experiments.crossover import DELAYS
+from lightning_pgc.experiments.report import write_json, write_report
+from lightning_pgc.experiments.runs import Config, read_run, run_row
+from lightning_pgc.experiments.stats import paired_t_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 CORRECTIONS = ("none", "momentum", "lookahead", "delay_compensation")
@@ -161,9 +159,9 @@ def run_or_load(args: argparse.Namespace, name: str, spec: dict[str, Any], budge
     result = launch(spec, check=False, timeout=args.timeout)
     kw = spec["strategy_kwargs"]
     c = kw.get("staleness", kw.get("stragglers", 0) + 1)
-    cfg = single.Config(spec["strategy"], c - 1, c)
-    run = single.read_run(cfg, spec["seed"], result)
-    row = single.run_row(run, args.target, None)
+    cfg = Config(spec["strategy"], c - 1, c)
+    run = read_run(cfg, spec["seed"], result)
+    row = run_row(run, args.target, None)
     keep = (
         "status",
         "reached",
@@ -186,8 +184,7 @@ def run_or_load(args: argparse.Namespace, name: str, spec: dict[str, Any], budge
         "val": [[round(w, 3), s, round(l, 5)] for w, s, l, _ in run.val],
         "ran_s": time.monotonic() - started,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, default=str))
+    write_json(path, record)
     JOB_SECONDS.append(record["ran_s"])
     r = record["row"]
     print(
@@ -217,7 +214,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     args = parse_args(argv)
     if args.render:
         saved = json.loads((Path(args.docs) / f"{args.report}.json").read_text())
-        (Path(args.docs) / f"{args.report}.md").write_text(render(saved))
+        write_report(Path(args.docs), args.report, saved, page=render(saved))  # the JSON as it was read
         return saved
     budget = [args.max_jobs]
     started = time.monotonic()
@@ -281,9 +278,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     result["jobs_wall_s_sum"] = sum(JOB_SECONDS)
     result["rendered"] = time.strftime("%Y-%m-%d %H:%M")
     result["overhead"] = correction_overhead_ms()
-    docs = Path(args.docs)
-    (docs / f"{args.report}.json").write_text(json.dumps(result, indent=1, default=str))
-    (docs / f"{args.report}.md").write_text(render(result))
+    write_report(Path(args.docs), args.report, result, page=render(result))
     print(render(result))
     return result
 
@@ -293,7 +288,7 @@ def correction_overhead_ms(width: int = 256, steps: int = 20) -> dict[str, float
     job's model size: snapshot, shift and restore; snapshot and one corrected stale entry (c = 2)."""
     import torch
 
-    from lightning_pgc.digits import DigitsCNN
+    from lightning_pgc.examples.digits import DigitsCNN
     from lightning_pgc.staleness import StalenessCorrection
 
     threads = torch.get_num_threads()

@@ -16,23 +16,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from lightning_pgc.emulator.cells import LRS, Arm, Cell, Protocol
+from lightning_pgc.emulator.crossmap import item_key, plan_items, read_records, run_round
+from lightning_pgc.emulator.rounds import cost
+from lightning_pgc.emulator.scoring import compare, holm, restricted_mean
+from lightning_pgc.experiments.report import write_report
 
-from lightning_pgc.emulator.cells import LRS, Arm, Cell, Protocol  # noqa: E402
-from lightning_pgc.emulator.crossmap import item_key, plan_items, read_records, run_round  # noqa: E402
-from lightning_pgc.emulator.scoring import compare, holm, restricted_mean  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 DOCS = ROOT / "docs"
-RECORDS = DOCS / "staleness_emulated.jsonl"
-SUMMARY = DOCS / "staleness_emulated.json"
-PAGE = DOCS / "staleness_emulated.md"
+NAME = "staleness_emulated"
+RECORDS = DOCS / f"{NAME}.jsonl"
+SUMMARY = DOCS / f"{NAME}.json"
+PAGE = DOCS / f"{NAME}.md"
 COMMAND = "nice -n 15 env OMP_NUM_THREADS=1 python benchmarks/staleness_emulated.py"
 
 #: log-normal jitter (every worker, every step), compute-bound: where pgc_fr already matched ddp's time in the emulated
@@ -68,11 +69,8 @@ def price(protocol: Protocol = PROTOCOL) -> dict[str, Any]:
     """The round's CPU cost, estimated with the emulated map's cost model (docs/emulated_map_reduced.json: measured
     CPU s per item by n, a line ``a + b n`` through them elsewhere), scaled from that round's protocol (25 settings x
     2 tuning seeds, 10 evaluation seeds; tuning was about 60 % of an item) to this one's."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from emulated_render import cost
-
     reduced = json.loads((DOCS / "emulated_map_reduced.json").read_text())
-    c = cost(reduced, read_records(DOCS / "emulated_map_reduced.jsonl"))
+    c = cost(reduced, read_records(DOCS / "emulated_map_reduced.jsonl"), DOCS)
     measured = {k: v["mean"] for k, v in c["per_item_cpu_s"].items()}
     settings = len(protocol.lrs) * len(protocol.momenta) * len(protocol.tuning_seeds)
     scale = 0.6 * settings / 50 + 0.4 * len(protocol.eval_seeds) / 10
@@ -246,8 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.render_only:
         run_round(RECORDS, CELLS, PROTOCOL, workers=1, limit=args.limit, arms_of=arms_of)
     summary = summarize(read_records(RECORDS))
-    SUMMARY.write_text(json.dumps(summary, indent=1) + "\n")
-    PAGE.write_text(render(summary))
+    write_report(DOCS, NAME, summary, page=render(summary), newline=True)
     print(f"{summary['items_done']} of {summary['items_planned']} items; {SUMMARY} and {PAGE}")
 
 

@@ -11,7 +11,7 @@ import math
 import time
 from pathlib import Path
 
-from lightning_pgc import theory_corrections as tc
+from lightning_pgc.theory import corrections as tc
 from lightning_pgc.experiments.report import write_json
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from lightning_pgc import theory as th
+from lightning_pgc.theory import quadratic as th
 from lightning_pgc.experiments import launch
 from lightning_pgc.experiments.report import save_figure, write_json, write_report
 

@@ -21,7 +21,7 @@ from lightning_pgc.callbacks import (
     parse_delay,
 )
 from lightning_pgc.codes import SCHEMES, Scheme, make_scheme
-from lightning_pgc.compat import PGCUnsupportedError
+from lightning_pgc.strategy.preflight import PGCUnsupportedError
 from lightning_pgc.strategy import PGCStrategy
 
 __version__ = "0.1.0"

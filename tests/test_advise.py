@@ -90,9 +90,9 @@ def test_cli_advise_prints_a_recommendation(tmp_path, capsys):
 def test_step_trace_callback_records_own_times(tmp_path):
     import lightning.pytorch as pl
 
-    from lightning_pgc.digits import DigitsCNN, DigitsDataModule
+    from lightning_pgc.examples.digits import DigitsCNN, DigitsDataModule
     from lightning_pgc.step_trace import StepTimeTrace
-    from lightning_pgc.stragglers import StragglerInjector
+    from lightning_pgc.callbacks import StragglerInjector
 
     path = tmp_path / "trace.json"
     trainer = pl.Trainer(

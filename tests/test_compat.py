@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset, Weighte
 
 import lightning_pgc  # noqa: F401
 from lightning_pgc import PGCStrategy
-from lightning_pgc.compat import CollectiveGuard, PGCUnsupportedError, SingleUseClosure, check_train_loader
+from lightning_pgc.strategy.preflight import CollectiveGuard, PGCUnsupportedError, SingleUseClosure, check_train_loader
 from tests import compat_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -265,7 +265,7 @@ def test_an_optimizer_that_calls_the_closure_twice_is_refused():
 
 def test_ordinary_modules_pass_the_checks():
     """No false refusal: sync_dist=False in training_step, sync_dist=True in validation, a plain loader."""
-    from lightning_pgc.compat import check_module, scan_training_step
+    from lightning_pgc.strategy.preflight import check_module, scan_training_step
 
     found = scan_training_step(Plain)
     assert found.certain == [] and found.possible == []
@@ -301,7 +301,7 @@ def test_the_source_scan_refuses_only_collectives_that_run_at_every_call():
     calls) is certain to run: refused before launch. One under a condition, with a computed ``sync_dist``, after
     a branch that may return, or in a helper called conditionally, may never run: a warning, and the run-time
     guard refuses it at its first actual call."""
-    from lightning_pgc.compat import check_module, scan_training_step
+    from lightning_pgc.strategy.preflight import check_module, scan_training_step
 
     found = scan_training_step(ConditionalSync)
     assert found.certain == []

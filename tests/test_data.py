@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from lightning_pgc.codes import BoundedScheme
-from lightning_pgc.data import (
+from lightning_pgc.strategy.sampling import (
     PartitionBatchSampler,
     PartitionStreams,
     select_partition,

@@ -398,13 +398,13 @@ def test_nccl_group_gives_identical_bits_on_the_device():
 def test_gradients_keep_the_parameters_channels_last_layout():
     """A channels_last parameter's gradient is stored in its memory order and given back as a view with its
     strides: no copy, and the optimizer sees the layout autograd would have produced."""
-    from lightning_pgc.strategy import _flat, _grad_view
+    from lightning_pgc.strategy.gradients import flat_like, grad_view
 
     p = torch.nn.Parameter(torch.randn(4, 3, 5, 5).to(memory_format=torch.channels_last))
     g = torch.randn(4, 3, 5, 5).to(memory_format=torch.channels_last)
-    flat = _flat(g, p)
+    flat = flat_like(g, p)
     assert flat.data_ptr() == g.data_ptr()  # a view: memory order is flat order
-    view = _grad_view(flat.clone(), p)
+    view = grad_view(flat.clone(), p)
     assert view.stride() == p.stride() and torch.equal(view, g)
     q = torch.nn.Parameter(torch.randn(6, 7))
-    assert _grad_view(_flat(torch.ones(6, 7), q), q).is_contiguous()
+    assert grad_view(flat_like(torch.ones(6, 7), q), q).is_contiguous()

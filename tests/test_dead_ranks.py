@@ -25,7 +25,7 @@ def test_the_launchers_kill_nobody_while_the_job_runs_and_reap_every_rank_after_
     from lightning.pytorch import Trainer
 
     from lightning_pgc import PGCStrategy
-    from lightning_pgc._lightning import SurvivingMultiprocessingLauncher, SurvivingSubprocessLauncher, _reap
+    from lightning_pgc._lightning.launchers import SurvivingMultiprocessingLauncher, SurvivingSubprocessLauncher, _reap
 
     for start_method, kind in (("popen", SurvivingSubprocessLauncher), ("fork", SurvivingMultiprocessingLauncher)):
         trainer = Trainer(strategy=PGCStrategy(start_method=start_method), devices=2, accelerator="cpu", logger=False)
@@ -50,7 +50,7 @@ def test_a_detached_rank_idles_up_to_the_open_version_before_it_asks_to_rejoin()
     """``StateTransfer.ahead``: a detached rank idles while it gains on the open version and asks to rejoin within
     one version of it; if it stops gaining (its idle steps are no faster than the others' steps) it asks after
     ``STALLED_IDLE`` idle steps; a single wider gap (the frontier moves in heartbeat-sized jumps) is not enough."""
-    from lightning_pgc.state_transfer import STALLED_IDLE, StateTransfer
+    from lightning_pgc.strategy.rejoin import STALLED_IDLE, StateTransfer
 
     transfer = StateTransfer(strategy=None)  # ``ahead`` reads no strategy state
     assert [transfer.ahead(v, 30) for v in (10, 15, 20, 25, 28)] == [True] * 5

@@ -396,10 +396,12 @@ def test_emulated_map_blocks_are_what_the_renderer_makes_from_their_json() -> No
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import emulated_render as er
 
-    shipped = er.shipped_summary()  # the full round once it is complete, else the reduced one
+    from lightning_pgc.emulator.rounds import is_complete, shipped_summary
+
+    shipped = shipped_summary()  # the full round once it is complete, else the reduced one
     source = shipped.relative_to(ROOT).as_posix()
     summary = json.loads(shipped.read_text())
-    assert er.is_complete(summary), source
+    assert is_complete(summary), source
     grid = json.loads((DOCS / "grid_map.json").read_text())
     assert _block((DOCS / "benchmarks.md").read_text(), er.BEGIN, er.END) == er.render(summary, source, grid)
     cost = _block((DOCS / "emulator.md").read_text(), er.COST_BEGIN, er.COST_END)

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from benchmarks import which_strategy
-from benchmarks.emulated_map import tiny_protocol
 from lightning_pgc.emulator.cells import Cell
 from lightning_pgc.emulator.crossmap import plan_items, read_records, run_round
+from lightning_pgc.emulator.rounds import tiny_protocol
 from lightning_pgc.emulator.summary import summarize
 
 STRATEGIES = {"ddp", "ignore_stragglers", "gc_fr", "gc_cr", "pgc_fr", "pgc_cr"}

@@ -16,8 +16,8 @@ from lightning_pgc.emulator.cluster import PATTERNS, NodeStalls, Pareto, costs_f
 from lightning_pgc.emulator.data import DataCondition, dirichlet_partitions, label_skew, partition_streams
 from lightning_pgc.emulator.schedule import Version, from_json, from_records, to_json
 from lightning_pgc.emulator.train import Task, emulate, emulate_grid
-from lightning_pgc.simulate import Costs, simulate
-from lightning_pgc.stragglers import delay_for
+from lightning_pgc.emulator.clock import Costs, simulate
+from lightning_pgc.delays import delay_for
 
 SCHEMES = [("dgd", 0), ("ignore", 1), ("gc_fr", 1), ("gc_cr", 1), ("pgc_fr", 1), ("pgc_cr", 1), ("pgc_cr", 2)]
 
@@ -193,7 +193,7 @@ def test_data_condition_refuses_bad_settings():
 
 
 def test_iid_streams_are_the_runtimes_streams():
-    from lightning_pgc.data import PartitionStreams
+    from lightning_pgc.strategy.sampling import PartitionStreams
 
     labels = np.arange(100) % 10
     ours, theirs = partition_streams(labels, 4, 7, DataCondition("iid")), PartitionStreams(100, 4, 7)

@@ -13,7 +13,7 @@ import torch
 from torch.nn.utils import vector_to_parameters
 
 from lightning_pgc.codes import make_scheme
-from lightning_pgc.digits import DigitsCNN, load_digits_tensors
+from lightning_pgc.examples.digits import DigitsCNN, load_digits_tensors
 from lightning_pgc.emulator.aggregate import AggregatePlan
 from lightning_pgc.emulator.data import DataCondition, partition_streams
 from lightning_pgc.emulator.record import load

@@ -12,8 +12,6 @@ import pytest
 #: research code and tools that ``import lightning_pgc`` (and the CLI) must not load
 RESEARCH = (
     "lightning_pgc.theory",
-    "lightning_pgc.theory_corrections",
-    "lightning_pgc.simulate",
     "lightning_pgc.emulator",
     "lightning_pgc.experiments",
     "lightning_pgc.demo",

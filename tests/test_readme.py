@@ -73,18 +73,17 @@ def _heading_slugs(path: str) -> set[str]:
 def test_a_guide_built_from_the_shipped_emulated_round_links_every_row_to_a_heading_of_the_rendered_map():
     """Switching README to the emulated map is one command: the rows built from the round the docs show link to
     headings that the renderer wrote (its per-n tables and its per-scheme section), and the block renders."""
-    import emulated_render
+    from lightning_pgc.emulator.rounds import shipped_summary
+    from lightning_pgc.emulator.summary import n_heading, slug
 
-    shipped = emulated_render.shipped_summary()
+    shipped = shipped_summary()
     summary = json.loads(shipped.read_text())
     table = which_strategy.build(summary, shipped.relative_to(ROOT).as_posix())
     from lightning_pgc.strategy import REGISTERED
 
     which_strategy.check(table, set(REGISTERED))
     ns = {c["cell"]["n"] for c in summary["cells"]}
-    assert {row["evidence"] for row in table["rows"]} <= {
-        f"docs/benchmarks.md#{emulated_render.slug(emulated_render.n_heading(n))}" for n in ns
-    }
+    assert {row["evidence"] for row in table["rows"]} <= {f"docs/benchmarks.md#{slug(n_heading(n))}" for n in ns}
     for row in [*table["rows"], table["default"]]:
         path, anchor = row["evidence"].split("#")
         assert anchor in _heading_slugs(path), row["evidence"]
@@ -95,8 +94,10 @@ def test_a_guide_built_from_the_shipped_emulated_round_links_every_row_to_a_head
 def test_a_round_that_is_not_finished_is_neither_rendered_nor_turned_into_the_guide(tmp_path):
     import emulated_render
 
+    from lightning_pgc.emulator.rounds import is_complete
+
     summary = json.loads((ROOT / "docs" / "emulated_map_reduced.json").read_text())
-    assert emulated_render.is_complete(summary)
+    assert is_complete(summary)
     partial = dict(summary, items_planned=summary["items_done"] + 1, round="full")
     path = tmp_path / "emulated_map_full.json"
     path.write_text(json.dumps(partial))

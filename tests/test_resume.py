@@ -16,7 +16,8 @@ from lightning.fabric.plugins import TorchCheckpointIO
 
 from lightning_pgc import PGCStrategy
 from lightning_pgc.codes import StaleCache
-from lightning_pgc.pipeline_state import PipelineState, sidecar_dir, sidecar_path, sidecar_paths
+from lightning_pgc.strategy.gradients import Gradients
+from lightning_pgc.strategy.pipeline_checkpoint import PipelineState, sidecar_dir, sidecar_path, sidecar_paths
 from tests.jobs import run_job
 
 K, C = 4, 2  # interrupted after K steps, then C = s + 1 more
@@ -71,8 +72,8 @@ def _strategy(rank: int = 1, world_size: int = 4, step: int = 7, **kwargs) -> PG
     )
     strategy.scheme = strategy._make_scheme(world_size)
     strategy.cache = StaleCache(strategy.scheme.partitions(rank), max_age=strategy.scheme.cache_max_age)
-    strategy._grad_numel = GRAD_NUMEL
-    strategy._numel = GRAD_NUMEL + 3
+    # the payload: GRAD_NUMEL gradient elements, the loss, a buffer of 2
+    strategy.gradients = Gradients([torch.nn.Parameter(torch.zeros(GRAD_NUMEL))], [torch.zeros(2)], torch.device("cpu"))
     strategy._lightning_module = SimpleNamespace(trainer=SimpleNamespace(global_step=step))
     strategy._warm_start = 0
     return strategy
@@ -80,7 +81,7 @@ def _strategy(rank: int = 1, world_size: int = 4, step: int = 7, **kwargs) -> PG
 
 def _fill(strategy: PGCStrategy, entries: dict[int, int]) -> None:
     for partition, version in entries.items():
-        slot = strategy._slot(partition)
+        slot = strategy.gradients.slot(partition)
         slot.copy_(torch.randn(slot.numel()))
         strategy.cache.put(partition, slot, version, copy=False)
 
@@ -111,8 +112,8 @@ def test_every_rank_saves_its_cache_next_to_the_checkpoint_and_a_resume_reloads_
     resumed._checkpoints.fill(state)
     assert resumed.cache.versions() == {1: 6, 2: 5}  # expired entries too: as they were
     for p, (_, flat) in resumed.cache.entries().items():  # in this rank's slots; gradient and loss slot bit for bit
-        assert flat.data_ptr() == resumed._slots[p].data_ptr()
-        assert torch.equal(flat[: GRAD_NUMEL + 1], saver._slots[p][: GRAD_NUMEL + 1])
+        assert flat.data_ptr() == resumed.gradients.slots[p].data_ptr()
+        assert torch.equal(flat[: GRAD_NUMEL + 1], saver.gradients.slots[p][: GRAD_NUMEL + 1])
     assert resumed._checkpoints.resume_from is None  # used once
 
     # ModelCheckpoint dropping the checkpoint: every rank removes its own file, the last one the folder

@@ -7,8 +7,8 @@ import itertools
 import pytest
 
 from lightning_pgc.codes import BoundedScheme, make_scheme
-from lightning_pgc.simulate import Costs, simulate
-from lightning_pgc.callbacks.stragglers import delay_for, parse_delay
+from lightning_pgc.emulator.clock import Costs, simulate
+from lightning_pgc.delays import delay_for, parse_delay
 
 SLOW2 = "slowranks(ranks=[2], seconds=2.4)"  # rank 2 takes 2.4 s more on every step it computes
 UNIT = Costs(compute_s=1.0)  # one partition gradient = 1 s, free messages and steps

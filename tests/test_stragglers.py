@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
-from lightning_pgc.callbacks.stragglers import (
+from lightning_pgc.delays import (
     Constant,
     DelayModel,
     Exponential,
@@ -19,11 +19,11 @@ from lightning_pgc.callbacks.stragglers import (
     NoDelay,
     SlowRanks,
     Spikes,
-    StragglerInjector,
     SumDelay,
     delay_for,
     parse_delay,
 )
+from lightning_pgc.callbacks import StragglerInjector
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -311,7 +311,7 @@ def test_injector_from_jsonargparse_config():
         {
             "injector": {
                 "delay": {
-                    "class_path": "lightning_pgc.callbacks.stragglers.SlowRanks",
+                    "class_path": "lightning_pgc.delays.SlowRanks",
                     "init_args": {"ranks": [1], "seconds": 0.5},
                 }
             }

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from lightning_pgc import theory as th
+from lightning_pgc.theory import quadratic as th
 from lightning_pgc.callbacks import StalenessValve
 from lightning_pgc.callbacks.probe import loss_gradient, swapped_params
 from lightning_pgc.codes import SCHEMES, StaleCache, make_scheme

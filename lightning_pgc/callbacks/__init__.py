@@ -4,25 +4,17 @@
   :class:`~lightning_pgc.PGCStrategy` by default); its optional theory measurements are theory_metrics.py.
 - :class:`StalenessValve` (valve.py): lowers the learning rate, or the bounded window, when the measured
   staleness term grows.
-- :class:`StragglerInjector` and the delay models (stragglers.py): sleeps on chosen ranks, identically under
-  ``ddp`` and the PGC strategies, so comparisons are fair.
+- :class:`StragglerInjector` (stragglers.py): sleeps on chosen ranks, identically under ``ddp`` and the PGC
+  strategies, so comparisons are fair; the delay models it sleeps are :mod:`lightning_pgc.delays` (re-exported
+  here, as they configure it).
 - :class:`Stall`, :class:`Freeze`, :class:`Kill`, :class:`Terminate`, :class:`NaNGradient` (faults.py): one fault at a chosen step.
 """
 
 from lightning_pgc.callbacks.diagnostics import PGCDiagnostics
 from lightning_pgc.callbacks.faults import Freeze, Kill, NaNGradient, Stall, Terminate
-from lightning_pgc.callbacks.stragglers import (
-    Constant,
-    DelayModel,
-    Exponential,
-    LogNormal,
-    NoDelay,
-    SlowRanks,
-    Spikes,
-    StragglerInjector,
-    parse_delay,
-)
+from lightning_pgc.callbacks.stragglers import StragglerInjector
 from lightning_pgc.callbacks.valve import StalenessValve
+from lightning_pgc.delays import Constant, DelayModel, Exponential, LogNormal, NoDelay, SlowRanks, Spikes, parse_delay
 
 __all__ = [
     "Constant",

@@ -148,7 +148,7 @@ def swapped_params(params: Sequence[torch.nn.Parameter], flat: Tensor) -> Iterat
 
 def partition_loader(trainer: Trainer) -> Optional[tuple[Any, Any]]:
     """``(DataLoader, PartitionBatchSampler)`` of the running fit, or ``None`` when the strategy is not PGC's."""
-    from lightning_pgc.data import PartitionBatchSampler
+    from lightning_pgc.strategy.sampling import PartitionBatchSampler
 
     combined = getattr(trainer.fit_loop, "_combined_loader", None)
     loaders = list(combined.flattened) if combined is not None else []

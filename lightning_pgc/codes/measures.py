@@ -18,7 +18,7 @@ partition ``j`` at version ``v_kj``; ``W[k, j]`` is the weight of that copy in t
   terms between copies of one partition).
 
 The research lab built on them (an exact simulator on a quadratic, delayed-gradient stability) is
-:mod:`lightning_pgc.theory`, outside ``import lightning_pgc``.
+:mod:`lightning_pgc.theory.quadratic`, outside ``import lightning_pgc``.
 """
 
 from __future__ import annotations

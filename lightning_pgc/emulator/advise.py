@@ -27,9 +27,9 @@ from lightning_pgc.emulator.data import DataCondition, partition_streams
 from lightning_pgc.emulator.schedule import from_records
 from lightning_pgc.emulator.scoring import censor, compare, holm, tuning_score
 from lightning_pgc.emulator.train import Task, emulate_grid
-from lightning_pgc.simulate import simulate
+from lightning_pgc.emulator.clock import simulate
 from lightning_pgc.step_trace import TRACE_FORMAT
-from lightning_pgc.stragglers import DelayModel
+from lightning_pgc.delays import DelayModel
 
 __all__ = ["Advice", "ResampledDelays", "advise", "load_trace", "render"]
 

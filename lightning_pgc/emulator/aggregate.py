@@ -1,7 +1,7 @@
 """The exact aggregate of one version: each admitted code rebuilt from the partition gradients it really held.
 
 Rank ``k``'s code at version ``t`` is ``scheme.encode(k, entries)`` over the cached entries the leader's record
-lists (their ages, in held order; :func:`lightning_pgc.theory.versions_from_ages` maps them back to partitions and
+lists (their ages, in held order; :func:`lightning_pgc.theory.quadratic.versions_from_ages` maps them back to partitions and
 model versions), and the aggregate is ``scheme.decode`` of the admitted codes in arrival order. Both maps are
 linear, so the emulator asks the scheme's own ``encode`` for the coefficients of a code (by encoding unit vectors,
 once per pattern of present entries) and its own ``decoding_weights`` for the weights, and applies them to the
@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 import torch
 
 from lightning_pgc.codes import Scheme
-from lightning_pgc.theory import versions_from_ages
+from lightning_pgc.theory.quadratic import versions_from_ages
 
 __all__ = ["AggregatePlan"]
 

@@ -25,13 +25,13 @@ import torch
 from torch import nn
 
 from lightning_pgc.codes import make_scheme
-from lightning_pgc.digits import DigitsCNN, load_digits_tensors
+from lightning_pgc.examples.digits import DigitsCNN, load_digits_tensors
 from lightning_pgc.emulator.cluster import Cluster
 from lightning_pgc.emulator.data import DataCondition, partition_streams
 from lightning_pgc.emulator.schedule import from_records
 from lightning_pgc.emulator.scoring import tuning_score
 from lightning_pgc.emulator.train import Task, emulate_grid
-from lightning_pgc.simulate import Costs, simulate
+from lightning_pgc.emulator.clock import Costs, simulate
 
 __all__ = ["Arm", "Cell", "LRS", "MOMENTA", "Protocol", "arms_for", "run_arm"]
 

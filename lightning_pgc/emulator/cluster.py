@@ -8,7 +8,7 @@ mini-batch). A cluster is ``(pattern, ratio)``:
   :data:`RATIOS`: ``compute`` = 4 (a large model's step dominated by compute), ``comm`` = 0.5 (gradients of a
   communication-bound model: moving them takes twice a gradient's compute).
 - ``pattern`` is one of :data:`PATTERNS`, built for ``n`` workers by :func:`delay_model`; every pattern but
-  ``none`` carries log-normal jitter, and each is a :class:`~lightning_pgc.stragglers.DelayModel`, so the
+  ``none`` carries log-normal jitter, and each is a :class:`~lightning_pgc.delays.DelayModel`, so the
   simulated clock draws it exactly as :class:`~lightning_pgc.StragglerInjector` would sleep it.
 
 Pure: numpy only (no Lightning at run time, no torch.distributed).
@@ -22,8 +22,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from lightning_pgc.simulate import Costs
-from lightning_pgc.stragglers import DelayModel, LogNormal, NoDelay, SlowRanks, Spikes, SumDelay
+from lightning_pgc.emulator.clock import Costs
+from lightning_pgc.delays import DelayModel, LogNormal, NoDelay, SlowRanks, Spikes, SumDelay
 
 __all__ = [
     "COMPUTE_S",
@@ -169,7 +169,7 @@ class Cluster:
 
     def delay_model(self, seed: int) -> DelayModel:
         if self.delay is not None:
-            from lightning_pgc.stragglers import parse_delay
+            from lightning_pgc.delays import parse_delay
 
             return parse_delay(self.delay.replace("{last}", str(self.n - 1)))
         return delay_model(self.pattern, self.n, seed)

@@ -10,12 +10,13 @@ cell is every (arm, target) comparison with ddp; Holm-adjusted p-values are repo
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Any, Sequence
 
 from lightning_pgc.emulator.scoring import compare, holm, median_censored, restricted_mean
 
-__all__ = ["ALPHA", "cell_label", "summarize"]
+__all__ = ["ALPHA", "CHECK_HEADING", "SCHEMES_HEADING", "cell_label", "n_heading", "slug", "summarize"]
 
 ALPHA = 0.05
 
@@ -119,3 +120,19 @@ def summarize(records: Sequence[dict[str, Any]], source: str, alpha: float = ALP
         "cpu_s_total": sum(r.get("cpu_s", 0.0) for r in records),
         "cells": cells,
     }
+
+
+#: headings of the summary's block in docs/benchmarks.md (``benchmarks/emulated_render.py`` writes them; README's guide,
+#: ``benchmarks/which_strategy.py``, links to their anchors)
+CHECK_HEADING = "### Emulated map: the check against the real 4-rank cells"
+SCHEMES_HEADING = "### Emulated map: where each scheme wins and loses"
+
+
+def n_heading(n: int) -> str:
+    """The heading of the table of the cells with ``n`` workers."""
+    return f"### Emulated map, {n} workers"
+
+
+def slug(heading: str) -> str:
+    """The anchor a heading gets (lower case, punctuation but ``-`` dropped, spaces to ``-``)."""
+    return re.sub(r"[^\w\- ]", "", heading.lstrip("#").strip().lower()).replace(" ", "-")

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from lightning_pgc.codes import Scheme
-from lightning_pgc.data import PartitionStreams
+from lightning_pgc.strategy.sampling import PartitionStreams
 from lightning_pgc.emulator.aggregate import AggregatePlan
 from lightning_pgc.emulator.schedule import Version
 from lightning_pgc.staleness import StalenessCorrection, accounted_momentum, delay_compensate, nominal_mean_age

@@ -18,10 +18,11 @@ __all__ = ["Block", "replace_block", "save_figure", "update_block", "write_json"
 Block = tuple[str, str, str]
 
 
-def write_json(path: Path, payload: Any) -> Path:
-    """``payload`` as indented JSON (numbers that are not JSON types, e.g. numpy floats, as floats; paths as text)."""
+def write_json(path: Path, payload: Any, newline: bool = False) -> Path:
+    """``payload`` as indented JSON (numbers that are not JSON types, e.g. numpy floats, as floats; paths as text),
+    ending with a newline if ``newline``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1, default=_plain))
+    path.write_text(json.dumps(payload, indent=1, default=_plain) + ("\n" if newline else ""))
     return path
 
 
@@ -70,6 +71,7 @@ def write_report(
     title: str = "",
     heading: str = "",
     figures: Optional[Mapping[str, Any]] = None,
+    newline: bool = False,
 ) -> list[Path]:
     """Write one benchmark's report into ``docs`` and return the paths written.
 
@@ -82,10 +84,11 @@ def write_report(
         title: the first line of a page that does not exist yet (with ``block``).
         heading: put above the block when the page has none yet.
         figures: file name in ``docs`` -> matplotlib figure (saved, then closed).
+        newline: end the results file with a newline.
     """
     if page is not None and block is not None:
         raise ValueError("write_report takes either a whole page or a block of one, not both")
-    written = [write_json(docs / f"{name}.json", result)]
+    written = [write_json(docs / f"{name}.json", result, newline=newline)]
     md = docs / f"{markdown_name or name}.md"
     if page is not None:
         md.write_text(page)

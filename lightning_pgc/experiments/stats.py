@@ -3,7 +3,7 @@
 Pure Python (the bootstrap uses numpy's generator); no Lightning, no processes.
 
 Why *paired*: for a given seed every scheme sees the same delays, initial weights and data split
-(:func:`lightning_pgc.callbacks.stragglers.delay_for`), so the per-seed difference between two schemes cancels most of the
+(:func:`lightning_pgc.delays.delay_for`), so the per-seed difference between two schemes cancels most of the
 seed-to-seed variation that an unpaired comparison of two means would count twice.
 
 Which interval: :func:`paired_t_interval` (Student t on the per-seed differences, or on the log ratios for a

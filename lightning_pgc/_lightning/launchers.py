@@ -1,13 +1,13 @@
-"""Every private Lightning API lightning_pgc uses, in one place, each with the version it was checked against.
+"""Lightning's launchers, made to survive dead ranks: the ``popen`` and ``fork``/``spawn`` launchers as subclasses
+that kill nobody while the job runs, with the strategy's preflight run before any rank starts.
 
-When Lightning changes one of these, this module is the only one to fix. Checked against lightning 2.6.6
-(see the ``lightning`` pin in pyproject.toml); each helper raises a clear error if the attribute moved.
+Checked against lightning 2.6.6 (see the ``lightning`` pin in pyproject.toml); each private attribute used is
+named with that version where it is used.
 """
 
 from __future__ import annotations
 
 import atexit
-import csv
 import functools
 import logging
 import os
@@ -16,24 +16,16 @@ import sys
 import tempfile
 import time
 import traceback
-import warnings
 from typing import Any, Callable, Optional
 
-import torch
 import torch.multiprocessing as mp
 from typing_extensions import override
 from lightning.fabric.strategies.launchers.multiprocessing import (  # 2.6.6: the launcher's start checks
     _check_bad_cuda_fork,
     _check_missing_main_guard,
 )
-from lightning.fabric.loggers.csv_logs import CSVLogger as _FabricCSVLogger  # 2.6.6: CSVLogger's base
 from lightning.fabric.utilities import move_data_to_device
 from lightning.fabric.utilities.distributed import _set_num_threads_if_needed  # 2.6.6: OMP threads per rank
-from lightning.fabric.utilities.rank_zero import rank_zero_only
-from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout  # 2.6.6: module constant
-from lightning.pytorch.loops.optimization.automatic import ClosureResult  # 2.6.6: automatic optimization output
-from lightning.pytorch.overrides.distributed import _sync_module_states  # 2.6.6: broadcast rank 0's weights
-from lightning.pytorch.strategies.launchers.launcher import _Launcher as Launcher  # 2.6.6: every launcher's base
 from lightning.pytorch.strategies.launchers.multiprocessing import (  # 2.6.6: fork/spawn launcher
     _GlobalStateSnapshot,
     _MultiProcessingLauncher,
@@ -46,77 +38,19 @@ from lightning.pytorch.trainer.states import TrainerFn, TrainerStatus
 import lightning.pytorch as pl
 
 __all__ = [
-    "default_pg_timeout",
-    "sync_module_states",
-    "closure_loss",
-    "set_closure_loss",
-    "replace_sigterm_broadcast",
-    "has_layer_sync",
-    "Launcher",
-    "wrap_launcher",
-    "surviving_launcher",
-    "SurvivingSubprocessLauncher",
+    "Preflight",
     "SurvivingMultiprocessingLauncher",
-    "replace_sigterm_notifier",
-    "mark_sigterm",
-    "mark_launching_rank",
+    "SurvivingSubprocessLauncher",
     "launches_in_rank_zero",
-    "make_rank_zero",
-    "logger_ids",
-    "pin_loggers",
-    "continue_loggers",
+    "mark_launching_rank",
+    "surviving_launcher",
+    "wrap_launcher",
 ]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lightning_pgc._lightning")
 
 #: ``preflight(trainer, launch_args)``: checks run in the launching process before any rank starts.
 Preflight = Callable[["pl.Trainer", tuple[Any, ...]], None]
-
-
-def sync_module_states(module: torch.nn.Module) -> None:
-    """Broadcast rank 0's parameters and buffers (``lightning.pytorch.overrides.distributed._sync_module_states``,
-    2.6.6), as DDP does at wrap time."""
-    _sync_module_states(module)
-
-
-def set_closure_loss(closure: Callable[[], Any], loss: torch.Tensor, skipped: bool) -> None:
-    """Make the automatic-optimization closure report ``loss`` (2.6.6: ``Closure._result`` is a ``ClosureResult``
-    that the loop reads after ``optimizer.step``); a rank that skipped the training step gets a fresh result."""
-    if not hasattr(closure, "_result"):
-        return
-    if skipped or closure._result is None:
-        closure._result = ClosureResult(None)
-    closure._result.loss = loss
-
-
-def closure_loss(closure: Callable[[], Any]) -> Optional[torch.Tensor]:
-    """The loss the training step returned through the closure (2.6.6: ``Closure._result.loss``)."""
-    result = getattr(closure, "_result", None)
-    return None if result is None else result.loss
-
-
-def replace_sigterm_broadcast(trainer: "pl.Trainer", check: Callable[[], None]) -> None:
-    """Replace the per-batch SIGTERM broadcast of the training epoch loop with ``check``.
-
-    Lightning 2.6.6 calls ``fit_loop.epoch_loop._broadcast_sigterm_tensor()`` before every training batch; it is
-    a collective on the default group that makes each rank wait for the slowest one.
-
-    Raises:
-        RuntimeError: the attribute is gone (a Lightning version this module was not checked against).
-    """
-    epoch_loop = trainer.fit_loop.epoch_loop
-    if not hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
-        raise RuntimeError(
-            "lightning_pgc: this Lightning version has no `_broadcast_sigterm_tensor` on the training epoch loop "
-            "(checked against 2.6.6); update lightning_pgc/_lightning.py"
-        )
-    epoch_loop._broadcast_sigterm_tensor = check  # type: ignore[method-assign]
-
-
-def has_layer_sync(strategy: Any) -> bool:
-    """Whether ``Trainer(sync_batchnorm=True)`` asked the strategy to convert BatchNorm to SyncBatchNorm (2.6.6:
-    ``ParallelStrategy._layer_sync``, set by the accelerator connector before launch, applied in ``DDPStrategy.setup``)."""
-    return getattr(strategy, "_layer_sync", None) is not None
 
 
 def wrap_launcher(strategy: Any, wrap: Callable[[Any], Any]) -> None:
@@ -386,10 +320,8 @@ def surviving_launcher(
     return launcher
 
 
-# --------------------------------------------------------------------------------------- the rank-zero seat
-# When the PGC leader (rank 0) dies and another rank takes over (``lightning_pgc.leadership``), Lightning's
-# rank-zero work moves with it: ``rank_zero_only`` (2.6.6: a module-level ``rank_zero_only.rank`` that strategies
-# set to the global rank at setup, read at every call) and the loggers' runs.
+# --------------------------------------------------------------------------------------- the launching rank
+# Whether rank 0 is the launching process decides whether the PGC leader's death can be survived (failover).
 _LAUNCHING_RANK = "LIGHTNING_PGC_RANK0_LAUNCHES"  # set by rank 0 before it starts the others (inherited)
 
 
@@ -409,114 +341,3 @@ def mark_launching_rank(launcher: Any) -> None:
 def launches_in_rank_zero(strategy: Any) -> bool:
     """Whether rank 0 of this job is the process that launched it (then its death is the job's end)."""
     return os.environ.get(_LAUNCHING_RANK) == "1" and getattr(strategy, "_start_method", None) == "popen"
-
-
-def make_rank_zero(zero: bool = True, world_size: int = 1) -> None:
-    """This process does the rank-zero work from now on (``zero``): ``rank_zero_only`` functions (loggers,
-    rank-zero messages) run here; or no longer (a leader that was replaced): it then counts as a rank above all
-    others (2.6.6: loggers' experiments are dummies on ranks above 0)."""
-    rank_zero_only.rank = 0 if zero else world_size
-
-
-def logger_ids(loggers: list[Any]) -> list[Optional[str]]:
-    """Rank 0: what names each logger's run (2.6.6: ``version``, the W&B run id for ``WandbLogger``)."""
-    out: list[Optional[str]] = []
-    for lg in loggers:
-        try:
-            version = lg.version
-        except Exception:  # a logger whose version needs its experiment, not reachable here
-            version = None
-        out.append(None if version is None else str(version))
-    return out
-
-
-def pin_loggers(loggers: list[Any], ids: list[Optional[str]]) -> None:
-    """Every other rank: use rank 0's runs, so that a successor writes into them (2.6.6: ``CSVLogger`` and
-    ``TensorBoardLogger`` keep their version in ``_version``; ``WandbLogger`` passes ``_wandb_init`` to
-    ``wandb.init`` when its experiment is created)."""
-    from lightning.pytorch.loggers import WandbLogger
-
-    for lg, ident in zip(loggers, ids):
-        if ident is None:
-            continue
-        if isinstance(lg, WandbLogger):
-            if not isinstance(getattr(lg, "_wandb_init", None), dict):
-                raise RuntimeError(
-                    "WandbLogger._wandb_init is gone (lightning_pgc was checked against Lightning "
-                    "2.6.6); update lightning_pgc/_lightning.py, or pass PGCStrategy(failover=False)"
-                )
-            lg._id = ident
-            lg._wandb_init.update(id=ident, resume="allow")
-        elif hasattr(lg, "_version"):
-            lg._version = int(ident) if ident.isdigit() else ident
-
-
-_LOGGER_WRITES = ("log_metrics", "log_hyperparams", "log_graph", "save", "finalize", "after_save_checkpoint")
-
-
-def guard_loggers(loggers: list[Any], before: Callable[[], None]) -> None:
-    """Call ``before`` ahead of every write of these loggers (2.6.6: ``Logger`` writes through these methods, each
-    ``rank_zero_only``, which reads ``rank_zero_only.rank`` at call time; the guard is an instance attribute, so
-    it runs first). Idempotent."""
-    for lg in loggers:
-        for name in _LOGGER_WRITES:
-            method = getattr(lg, name, None)
-            if method is None or getattr(method, "_pgc_guarded", False):
-                continue
-
-            def guarded(*args: Any, _method: Callable = method, **kwargs: Any) -> Any:
-                before()
-                return _method(*args, **kwargs)
-
-            guarded._pgc_guarded = True  # type: ignore[attr-defined]
-            setattr(lg, name, guarded)
-
-
-def unguard_loggers(loggers: list[Any]) -> None:
-    """Undo :func:`guard_loggers` (the guards hold the strategy; a logger outlives the fit)."""
-    for lg in loggers:
-        for name in _LOGGER_WRITES:
-            if getattr(vars(lg).get(name), "_pgc_guarded", False):
-                delattr(lg, name)
-
-
-def continue_loggers(loggers: list[Any]) -> None:
-    """A successor, now rank zero: open rank 0's runs and append to them (2.6.6: creating the CSV writer deletes
-    an existing ``metrics.csv``, so it is kept aside meanwhile and its columns are carried over)."""
-    for lg in loggers:
-        if not isinstance(lg, _FabricCSVLogger):
-            continue
-        path = os.path.join(lg.log_dir, "metrics.csv")
-        kept = path + ".pgc" if os.path.isfile(path) else None
-        if kept is not None:
-            os.replace(path, kept)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "logs directory exists and is not empty": it is rank 0's, continued
-            writer = lg.experiment
-        if kept is not None:
-            os.replace(kept, path)
-            with open(path, newline="") as fh:
-                writer.metrics_keys = sorted(next(csv.reader(fh), []))
-
-
-def replace_sigterm_notifier(trainer: "pl.Trainer", notifier: Callable[[Any, Any], None]) -> None:
-    """Replace Lightning's SIGTERM notifier, which broadcasts on the default group from inside the signal handler
-    (2.6.6: ``trainer._signal_connector._sigterm_notifier_fn``, read when ``register_signal_handlers`` runs in
-    ``Trainer._run``, after ``strategy.setup``). A SIGTERM on one rank would otherwise block that rank in a
-    broadcast nobody else joins.
-
-    Raises:
-        RuntimeError: the attribute is gone (a Lightning version this module was not checked against).
-    """
-    connector = getattr(trainer, "_signal_connector", None)
-    if connector is None or not hasattr(connector, "_sigterm_notifier_fn"):
-        raise RuntimeError(
-            "lightning_pgc: this Lightning version has no `_signal_connector._sigterm_notifier_fn` "
-            "(checked against 2.6.6); update lightning_pgc/_lightning.py"
-        )
-    connector._sigterm_notifier_fn = notifier
-
-
-def mark_sigterm(trainer: "pl.Trainer") -> None:
-    """Set ``trainer.received_sigterm`` (2.6.6: a read-only property over ``_signal_connector.received_sigterm``)."""
-    trainer._signal_connector.received_sigterm = True

@@ -1,8 +1,9 @@
 """PGCStrategy: the Lightning glue of pipelined gradient coding. The math is in :mod:`lightning_pgc.codes`, the
 messaging in :mod:`lightning_pgc.runtime`; this module only connects them to Lightning's training loop. Its
-helpers, one per concept: :mod:`~lightning_pgc.checkpointing` (pipeline files), :mod:`~lightning_pgc.live`
-(collectives among the live ranks), :mod:`~lightning_pgc.state_transfer` (rejoin), :mod:`~lightning_pgc.choice`
-(bounded choice) and :mod:`~lightning_pgc.options` (constructor checks).
+parts, one per concept, are the other modules of :mod:`lightning_pgc.strategy`: ``pipeline_checkpoint``
+(pipeline files), ``live_routing`` (collectives among the live ranks), ``rejoin`` (state transfer),
+``leadership`` (the rank-zero seat), ``bounded_choice`` (bounded choice), ``sampling`` (partition batches),
+``preflight`` (refused setups) and ``options`` (constructor checks).
 
 Per optimizer step ``t`` (= the model version, Invariant 1) every rank:
 
@@ -19,7 +20,8 @@ receives the training state at the open version ``u`` from a donor (state transf
 before ``u`` without computing or applying anything, loads the state at ``u`` and goes on with an empty cache.
 
 A checkpoint saved during fit carries every rank's stale cache in ``<checkpoint>.pgc/rank{k}.pt``
-(:mod:`lightning_pgc.pipeline_state`); a fit resuming from it reloads the cache and continues the pipeline.
+(:mod:`~lightning_pgc.strategy.pipeline_checkpoint`); a fit resuming from it reloads the cache and continues the
+pipeline.
 """
 
 from __future__ import annotations
@@ -55,10 +57,11 @@ from lightning_pgc._lightning import (
     sync_module_states,
     wrap_launcher,
 )
-from lightning_pgc.checkpointing import PipelineCheckpoints
-from lightning_pgc.choice import ChoiceBook
+from lightning_pgc.strategy.pipeline_checkpoint import PipelineCheckpoints
+from lightning_pgc.strategy.bounded_choice import ChoiceBook
+from lightning_pgc.strategy.gradients import Gradients
 from lightning_pgc.codes import BoundedScheme, Scheme, StaleCache, make_scheme
-from lightning_pgc.compat import (
+from lightning_pgc.strategy.preflight import (
     CollectiveGuard,
     PGCUnsupportedError,
     SingleUseClosure,
@@ -66,18 +69,17 @@ from lightning_pgc.compat import (
     check_train_loader,
     check_trainer,
 )
-from lightning_pgc.data import PartitionBatchSampler, select_partition, split_batch
-from lightning_pgc.leadership import Leadership
-from lightning_pgc.live import ALONE, LiveRouting
-from lightning_pgc.options import STRATEGY_SCHEMES, check_options  # noqa: F401 (re-exported)
+from lightning_pgc.strategy.sampling import PartitionBatchSampler, select_partition, split_batch
+from lightning_pgc.strategy.leadership import Leadership
+from lightning_pgc.strategy.live_routing import ALONE, LiveRouting
+from lightning_pgc.strategy.options import STRATEGY_SCHEMES, check_options  # noqa: F401 (re-exported)
 from lightning_pgc.runtime.bounded import BoundedLeader
 from lightning_pgc.runtime.control import host_store, open_store, run_prefix
-from lightning_pgc.runtime.aggregates import payload_dtype_for
 from lightning_pgc.runtime.plane import CollectiveRuntime, PGCDetached
 from lightning_pgc.staleness import StalenessCorrection
-from lightning_pgc.state_transfer import StateTransfer
+from lightning_pgc.strategy.rejoin import StateTransfer
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("lightning_pgc.strategy")  # the name users filter on
 
 #: Registered names -> (scheme, tolerated stragglers); ``None`` keeps the constructor's ``stragglers``.
 REGISTERED: dict[str, tuple[str, Optional[int], str]] = {
@@ -289,18 +291,12 @@ class PGCStrategy(DDPStrategy):
         self.skipped_steps = 0
         self.buffer_stats: dict[str, int] = {}
         self._rank_stats: list[dict[str, float]] = []
-        self._params: list[torch.nn.Parameter] = []
-        self._buffers: list[Tensor] = []
-        self._grad_numel = 0
-        self._payload_dtype = torch.float32
-        self._numel = 0
-        self._slots: dict[int, Tensor] = {}  # partition -> preallocated flat gradient (the stale cache's storage)
+        self.gradients = Gradients([], [], torch.device("cpu"))  # the payload layout and slots (per fit)
         self._held: Optional[Tensor] = None  # the aggregate param.grad currently views
         self._warm_start: Optional[int] = None
         self._version = 0
         self._evaluations: tuple[int, ...] = ()
         self._sampled: tuple[int, ...] = ()  # partitions whose mini-batches the step's batch holds (in that order)
-        self._fresh: set[int] = set()
         self.collective_guard = CollectiveGuard()  # active while the user's training_step runs (also in probes)
         self._partition_batch_size: Optional[int] = None  # samples per partition evaluation (the loader's batch_size)
         self._checkpoints = PipelineCheckpoints(self)  # per-rank pipeline files next to Lightning's checkpoints
@@ -357,7 +353,7 @@ class PGCStrategy(DDPStrategy):
             )
 
     def _preflight(self, trainer: "pl.Trainer", args: tuple[Any, ...]) -> None:
-        """Refuse, in the launching process, every setup PGC cannot run (see :mod:`lightning_pgc.compat`)."""
+        """Refuse, in the launching process, every setup PGC cannot run (see :mod:`~lightning_pgc.strategy.preflight`)."""
         if trainer.state.fn != TrainerFn.FITTING:
             return
         module = args[0] if args else None
@@ -369,7 +365,7 @@ class PGCStrategy(DDPStrategy):
         super().setup_environment()
         self.scheme = self._make_scheme(self.world_size)
 
-    def _warm_start_step(self) -> int:
+    def warm_start_step(self) -> int:
         """The step at which this fit's caches were empty (fit start, or the step a checkpoint resumed at)."""
         if self._warm_start is None:
             self._warm_start = self.lightning_module.trainer.global_step
@@ -423,7 +419,7 @@ class PGCStrategy(DDPStrategy):
             batch_size=dataloader.batch_size,
             seed=self.seed,
             base_step=lambda: trainer.global_step,
-            warmup_step=self._warm_start_step,
+            warmup_step=self.warm_start_step,
         )
         return DataLoader(
             dataset,
@@ -455,17 +451,9 @@ class PGCStrategy(DDPStrategy):
 
     def _start_runtime(self, trainer: "pl.Trainer") -> None:
         """Build and start the runtime for this fit (at its sanity check, or at the start of training)."""
-        # Every parameter, frozen ones included: finetuning callbacks flip `requires_grad` mid-fit, and a layout fixed
-        # at the start keeps the payload (and the stale cache) valid on every rank. A frozen parameter sends zeros
-        # and gets no gradient (`_apply`).
-        self._params = list(self.lightning_module.parameters())
-        # Buffers (BatchNorm statistics) travel as a plain tail, averaged over the received ranks, so that the
-        # replicas stay identical buffers included (DDP broadcasts rank 0's buffers instead).
-        self._buffers = [b for b in self.lightning_module.buffers() if b.numel() > 0]
-        self._grad_numel = sum(p.numel() for p in self._params)
-        buffer_numel = sum(b.numel() for b in self._buffers)
-        numel = self._grad_numel + 1 + buffer_numel  # gradient, loss slot, buffers
-        dtype = self._payload_dtype = payload_dtype_for(self._params[0].dtype if self._params else torch.float32)
+        # Every parameter, frozen ones included, and the buffers (BatchNorm statistics, averaged over the received
+        # ranks so that the replicas stay identical buffers included; DDP broadcasts rank 0's buffers instead).
+        gradients = self.gradients = Gradients.of(self.lightning_module, self.root_device)
         scheme = self.scheme
         assert scheme is not None
         self.cache = StaleCache(scheme.partitions(self.global_rank), max_age=scheme.cache_max_age)
@@ -479,15 +467,13 @@ class PGCStrategy(DDPStrategy):
                 f"PGC: training starts with the pipeline warmed up at step {warm_start}, data was laid "
                 f"out for step {self._warm_start}"
             )
-        self._numel = numel
-        message_bytes = numel * torch.empty((), dtype=dtype).element_size()
+        message_bytes = gradients.nbytes
         make_leader = None
         window = scheme.c
         if isinstance(scheme, BoundedScheme):
             window = self.max_staleness or 2 * scheme.window
             make_leader = partial(BoundedLeader, widen_after=self.widen_after, max_window=window)
         max_lag = self.max_lag or int(min(1024, max(max(scheme.c, window) + 1, (512 << 20) // message_bytes)))
-        self._slots = {}
         self._held = None
         if resumed is not None:
             self._checkpoints.fill(resumed)
@@ -497,10 +483,10 @@ class PGCStrategy(DDPStrategy):
             store,
             rank=self.global_rank,
             world_size=self.world_size,
-            numel=numel,
-            coded_numel=self._grad_numel + 1,
-            agg_numel=numel,
-            down_dtype=dtype,
+            numel=gradients.numel,
+            coded_numel=gradients.grad_numel + 1,
+            agg_numel=gradients.numel,
+            down_dtype=gradients.dtype,
             start_version=trainer.global_step,
             timeout=self.liveness_timeout,
             max_lag=max_lag,
@@ -554,7 +540,7 @@ class PGCStrategy(DDPStrategy):
                 self.buffer_stats["cache_bytes"] = self.cache.nbytes
             self.runtime = None
         self.cache = None
-        self._slots = {}
+        self.gradients.clear()
         self._held = None
 
     @override
@@ -579,9 +565,9 @@ class PGCStrategy(DDPStrategy):
     @override
     def is_global_zero(self) -> bool:
         """Whether this rank does Lightning's rank-zero work (checkpoints, loggers, results): rank 0, or the rank that
-        took over when it died or froze (``failover``). Read before any rank-zero write, so it follows the seat
-        first (a leader that resumes from a freeze learns here whether it was replaced)."""
-        self._leadership.follow()
+        took over when it died or froze (``failover``). A plain read: the seat is followed where it may have moved
+        (after each exchange, before every collective, checkpoint write and logger write, and when fit ends), so a
+        leader that resumes from a freeze learns there, before it writes anything, whether it was replaced."""
         return self.global_rank == self._leadership.rank
 
     # ------------------------------------------------------------------------------------------ checkpoints
@@ -603,6 +589,7 @@ class PGCStrategy(DDPStrategy):
     def remove_checkpoint(self, filepath: Any) -> None:
         """Remove the checkpoint (rank 0) and this rank's pipeline file next to it (every rank; the folder goes
         with the last one). Called on every rank, e.g. by ``ModelCheckpoint`` dropping an old checkpoint."""
+        self._leadership.follow()  # who removes it
         super().remove_checkpoint(filepath)
         self._checkpoints.remove(filepath)
 
@@ -627,13 +614,13 @@ class PGCStrategy(DDPStrategy):
                 return super().training_step(*args, **kwargs)
             size = None if self._partition_batch_size is None else self._partition_batch_size * len(evals)
             chunks = split_batch(args[0], len(evals), size=size)
-            self._zero_grad()  # Lightning zeroes grads only after training_step
+            self.gradients.zero_grad()  # Lightning zeroes grads only after training_step
             for partition, chunk in zip(evals[:-1], chunks[:-1]):
                 output = super().training_step(chunk, *args[1:], **kwargs)
                 loss = _loss_of(output)
                 self.backward(loss, None)
-                self._store_gradient(partition, loss)
-                self._zero_grad()
+                self.gradients.store(partition, loss)
+                self.gradients.zero_grad()
             return super().training_step(chunks[-1], *args[1:], **kwargs)
 
     # Collectives are refused inside training_step (a rank that fell behind skips it). During fit (the runtime
@@ -651,6 +638,7 @@ class PGCStrategy(DDPStrategy):
     @override
     def all_gather(self, tensor: Tensor, group: Optional[Any] = None, sync_grads: bool = False) -> Tensor:
         self.collective_guard.refuse("`all_gather`")
+        self._leadership.follow()
         live = self._live.target()
         if live is None or group is not None:
             return super().all_gather(tensor, group=group, sync_grads=sync_grads)
@@ -696,7 +684,7 @@ class PGCStrategy(DDPStrategy):
             return super().optimizer_step(optimizer, closure, model, **kwargs)
         assert self.scheme is not None
         version = self._version = self.lightning_module.trainer.global_step
-        start = self._warm_start_step()
+        start = self.warm_start_step()
         self._evaluations = self.scheme.evaluations(self.global_rank, version, start=start)
         self._sampled = self._evaluations
         if isinstance(self.scheme, BoundedScheme):  # under "oldest": from the table as of the close of version - 1
@@ -734,7 +722,7 @@ class PGCStrategy(DDPStrategy):
         else:
             self.skipped_steps += 1
             runtime.skipped = self.skipped_steps
-            self._staleness.begin_step(version, self._params)  # the parameters are beta_version here too
+            self._staleness.begin_step(version, self.gradients.params)  # the parameters are beta_version here too
             aggregate = runtime.wait(version, donate=transfer.state_bytes)
         recipients = runtime.donation(version)
         self._choices.record(version, runtime.table(version))
@@ -742,13 +730,13 @@ class PGCStrategy(DDPStrategy):
             state = transfer.state_bytes()
             for recipient in recipients:
                 runtime.send_state(recipient, version, state)
-        n_grad = self._grad_numel
+        n_grad = self.gradients.grad_numel
         gradient, loss_value, buffers = aggregate[:n_grad], aggregate[n_grad], aggregate[n_grad + 1 :]
-        self._apply(gradient)
+        self.gradients.apply(gradient)
         if self._held is not None:
             runtime.release(self._held)  # nothing views the previous aggregate any more
         self._held = aggregate
-        self._load_buffers(buffers)
+        self.gradients.load_buffers(buffers)
         loss_t = loss_value.to(torch.float32).clone()
         set_closure_loss(closure, loss_t, skipped)
         self.last_step = StepInfo(
@@ -761,16 +749,16 @@ class PGCStrategy(DDPStrategy):
         when the code left (monotonic seconds)."""
         runtime, cache, scheme = self.runtime, self.cache, self.scheme
         assert runtime is not None and cache is not None and scheme is not None
-        self._fresh = set()
-        self._zero_grad()  # param.grad may view the previous aggregate: never accumulate into it
-        self._staleness.begin_step(version, self._params)  # beta_version (not recorded while catching up)
-        with self._staleness.shifted(version, self._params):  # look-ahead: computed at an extrapolated point
+        gradients = self.gradients
+        gradients.begin_step()  # param.grad may view the previous aggregate: never accumulate into it
+        self._staleness.begin_step(version, gradients.params)  # beta_version (not recorded while catching up)
+        with self._staleness.shifted(version, gradients.params):  # look-ahead: computed at an extrapolated point
             closure()
         loss = closure_loss(closure)
         if hasattr(closure, "_result") and loss is None:
             raise RuntimeError("PGCStrategy needs a loss from every training_step; it returned None")
-        self._store_gradient(self._evaluations[-1], loss)
-        bad = sorted(p for p in self._fresh if not bool(torch.isfinite(self._slots[p].sum())))  # one read pass
+        gradients.store(self._evaluations[-1], loss)
+        bad = gradients.nonfinite()
         if bad:
             if self.nonfinite == "raise":
                 raise FloatingPointError(
@@ -786,8 +774,8 @@ class PGCStrategy(DDPStrategy):
             )
             for p in bad:
                 cache.discard(p)  # its slot is the cache entry: the old value is overwritten anyway
-        for partition in self._fresh.difference(bad):
-            cache.put(partition, self._slots[partition], version, copy=False)  # the slot itself, no copy
+        for partition in gradients.fresh.difference(bad):
+            cache.put(partition, gradients.slots[partition], version, copy=False)  # the slot itself, no copy
         if bad:
             runtime.reject(version)  # a straggler for this version: no code
             return time.monotonic()
@@ -797,71 +785,15 @@ class PGCStrategy(DDPStrategy):
         # step evaluated plus the valid cache entries.
         if scheme.cache_max_age is None and len(valid) < len(cache.partitions):
             return time.monotonic()
-        valid = self._staleness.compensate(valid, cache.versions(), version, self._grad_numel)
+        valid = self._staleness.compensate(valid, cache.versions(), version, gradients.grad_numel)
         code = runtime.new_code(version)
         scheme.encode(self.global_rank, valid, out=code.rows)
-        if self._buffers:
-            code.write(self._grad_numel + 1, self._flat_buffers(code.rows.dtype))
+        if gradients.buffers:
+            code.write(gradients.grad_numel + 1, gradients.flat_buffers(code.rows.dtype))
         sent = time.monotonic()
         partition = self._evaluations[0] if isinstance(scheme, BoundedScheme) else -1
         runtime.submit(version, code, tuple(cache.ages(version).values()), partition=partition)
         return sent
-
-    def _slot(self, partition: int) -> Tensor:
-        """The preallocated flat gradient of ``partition`` (one per held partition: the stale cache's storage)."""
-        slot = self._slots.get(partition)
-        if slot is None:
-            # on the model's device: the encode and the all-reduce read it there
-            slot = torch.zeros(self._numel, dtype=self._payload_dtype, device=self.root_device)
-            self._slots[partition] = slot
-        return slot
-
-    def _store_gradient(self, partition: int, loss: Optional[Tensor]) -> None:
-        """Copy this rank's ``param.grad`` and the loss into the slot of ``partition`` (the one full-size copy)."""
-        slot = self._slot(partition)
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
-        target = slot[: self._grad_numel]
-        if grads and all(g.device == slot.device and g.dtype == slot.dtype for g in grads):
-            torch.cat([_flat(g, p) for g, p in zip(grads, self._params)], out=target)  # one kernel, no host copy
-        else:
-            offset = 0
-            for g in grads:
-                target[offset : offset + g.numel()].copy_(g.detach().reshape(-1), non_blocking=True)
-                offset += g.numel()
-            if any(g.device.type == "cuda" for g in grads):
-                torch.cuda.current_stream().synchronize()  # the pinned slot is read by another thread next
-        slot[self._grad_numel] = 0.0 if loss is None else float(loss.detach())
-        self._fresh.add(partition)
-
-    def _flat_buffers(self, dtype: torch.dtype) -> Tensor:
-        return torch.cat([b.detach().reshape(-1).to(self.root_device, dtype) for b in self._buffers])
-
-    def _load_buffers(self, flat: Tensor) -> None:
-        offset = 0
-        for b in self._buffers:
-            values = flat[offset : offset + b.numel()].view_as(b)
-            if not b.dtype.is_floating_point:
-                values = values.round()
-            b.copy_(values.to(device=b.device, dtype=b.dtype))
-            offset += b.numel()
-
-    def _zero_grad(self) -> None:
-        for p in self._params:
-            p.grad = None
-
-    def _apply(self, gradient: Tensor) -> None:
-        """Point ``param.grad`` at the aggregate (views on CPU; asynchronous copies from pinned memory on CUDA):
-        what clipping, callbacks and the optimizer then see."""
-        offset = 0
-        for p in self._params:
-            n = p.numel()
-            if p.requires_grad:  # frozen now (e.g. by a finetuning callback): no gradient, as without PGC
-                p.grad = _grad_view(gradient[offset : offset + n], p).to(
-                    device=p.device, dtype=p.dtype, non_blocking=True
-                )
-            else:
-                p.grad = None
-            offset += n
 
     # ------------------------------------------------------------------------------------------ registry
     @classmethod
@@ -873,29 +805,6 @@ class PGCStrategy(DDPStrategy):
             if s is not None:
                 kwargs["stragglers"] = s
             strategy_registry.register(name, cls, description=description, **kwargs)
-
-
-def _dense_order(p: Tensor) -> Optional[list[int]]:
-    """The dimensions of ``p`` from outermost to innermost in memory, if it is dense but not contiguous (e.g.
-    channels_last), else None."""
-    if p.is_contiguous() or p.dim() < 2:
-        return None
-    order = sorted(range(p.dim()), key=lambda d: (-p.stride(d), d))
-    return order if p.permute(order).is_contiguous() else None
-
-
-def _flat(g: Tensor, p: Tensor) -> Tensor:
-    """``g`` (a gradient of ``p``) flattened in ``p``'s memory order (a view when ``g`` has ``p``'s layout)."""
-    order = _dense_order(p)
-    return g.reshape(-1) if order is None else g.permute(order).reshape(-1)
-
-
-def _grad_view(segment: Tensor, p: Tensor) -> Tensor:
-    """A flat segment of the aggregate as ``p``'s gradient, in ``p``'s layout (channels_last stays channels_last)."""
-    order = _dense_order(p)
-    if order is None:
-        return segment.view_as(p)
-    return segment.as_strided(p.shape, p.stride())
 
 
 def _loss_of(output: Any) -> Tensor:

@@ -14,7 +14,7 @@ import lightning.pytorch as pl
 from lightning_pgc._lightning import mark_sigterm
 
 if TYPE_CHECKING:
-    from lightning_pgc.strategy import PGCStrategy
+    from lightning_pgc.strategy.strategy import PGCStrategy
 
 #: :meth:`LiveRouting.target` on a rank that is leaving (SIGTERM): collectives run on this rank alone.
 ALONE = object()

@@ -5,8 +5,8 @@ simulation. It runs the objects the real runtime runs: the scheme (``scheme.eval
 partition gradients a rank computes per step, :class:`~lightning_pgc.codes.StaleCache` which cached entries a
 code carries and their ages), the leader's control plane (:class:`~lightning_pgc.runtime.leader.Leader` or
 :class:`~lightning_pgc.runtime.bounded.BoundedLeader`, fed the same code headers with virtual arrival times: its
-``try_close`` decides every close and admitted set) and the delay models of :mod:`lightning_pgc.callbacks.stragglers`
-(:func:`~lightning_pgc.callbacks.stragglers.delay_for`: the same realisation a real run with the same seed sleeps). What it
+``try_close`` decides every close and admitted set) and the delay models of :mod:`lightning_pgc.delays`
+(:func:`~lightning_pgc.delays.delay_for`: the same realisation a real run with the same seed sleeps). What it
 does not run is the model: it answers *when* versions close and *which* codes they use, not what loss a run
 reaches (see ``docs/simulation.md``).
 
@@ -35,7 +35,7 @@ from lightning_pgc.codes.bounded import BoundedScheme
 from lightning_pgc.runtime.bounded import BoundedLeader
 from lightning_pgc.runtime.leader import Leader, StepRecord
 from lightning_pgc.runtime.messages import Header, Kind
-from lightning_pgc.callbacks.stragglers import DelayModel, delay_for, parse_delay
+from lightning_pgc.delays import DelayModel, delay_for, parse_delay
 
 __all__ = ["Costs", "SimResult", "simulate"]
 

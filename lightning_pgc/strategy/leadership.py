@@ -25,7 +25,7 @@ from lightning_pgc._lightning import (
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
-    from lightning_pgc.strategy import PGCStrategy
+    from lightning_pgc.strategy.strategy import PGCStrategy
 
 log = logging.getLogger(__name__)
 

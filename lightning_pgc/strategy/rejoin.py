@@ -15,7 +15,7 @@ from torch import Tensor
 from lightning_pgc._lightning import set_closure_loss
 
 if TYPE_CHECKING:
-    from lightning_pgc.strategy import PGCStrategy
+    from lightning_pgc.strategy.strategy import PGCStrategy
 
 
 STALLED_IDLE = 8  # idle steps without gaining on the open version after which a detached rank rejoins at once
@@ -69,7 +69,7 @@ class StateTransfer:
         """A step before the version this rank rejoins at: nothing computed, nothing applied (no gradients, so the
         optimizer leaves every parameter alone); the state loaded at that version replaces these steps."""
         st = self.strategy
-        st._zero_grad()
+        st.gradients.zero_grad()
         st.skipped_steps += 1
         loss_t = torch.tensor(st.last_step.loss if st.last_step is not None else float("nan"))
         set_closure_loss(closure, loss_t, True)
