@@ -50,6 +50,7 @@ GENERATED: dict[str, set[str]] = {
     "docs/staleness_emulated.md": {"*"},  # below
     "docs/step_time.md": {"*"},  # below
     "docs/step_time_planes.md": {"*"},  # below
+    "docs/step_time_passes.md": {"*"},  # below
     "docs/stall.md": {"*"},  # below
     "docs/math.md": {"table:| n | s | C(n,s) |"},  # its rows, below
 }
@@ -433,6 +434,19 @@ def test_the_data_plane_page_is_what_the_benchmark_renders_from_its_json() -> No
 
     page = step_time.render_planes_markdown(json.loads((DOCS / "step_time_planes.json").read_text()))
     assert page == (DOCS / "step_time_planes.md").read_text()
+
+
+def test_the_added_passes_page_is_what_its_benchmark_renders_and_reads_the_plane_it_cites() -> None:
+    """The pass timings sit beside the gap measured on the data plane: the gap they quote is that file's."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import step_passes
+
+    passes = json.loads((DOCS / "step_time_passes.json").read_text())
+    assert step_passes.render(passes) == (DOCS / "step_time_passes.md").read_text()
+    planes = json.loads((DOCS / "step_time_planes.json").read_text())["seconds_per_step"]
+    for model, (pgc, ddp) in step_passes.PAIRS.items():
+        gap = [(a - b) * 1e3 for a, b in zip(planes[pgc], planes[ddp])]
+        assert passes["models"][model]["measured_gap_ms"] == pytest.approx(gap)
 
 
 @pytest.mark.parametrize("report", ["staleness", "staleness_bounded"])
