@@ -7,12 +7,13 @@ import itertools
 import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from lightning_pgc.codes import SCHEMES, BoundedScheme, make_scheme
+from lightning_pgc.runtime.control import serve_store
 from lightning_pgc.runtime.collectives import CollectiveError
 from lightning_pgc.runtime.leader import DivergedError
 from lightning_pgc.runtime.plane import CollectiveRuntime, PGCDetached
@@ -111,7 +112,7 @@ def test_bounded_shares_sum_a_ranks_entries_across_versions():
 
 # ------------------------------------------------------------------------------------------- the runtime, in threads
 def _planes(scheme, max_lag=100, timeout=3.0, heartbeat=(0.1, 50), failover=False):
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = serve_store()
     rts = [
         CollectiveRuntime(
             scheme,
@@ -180,6 +181,14 @@ def _stop_all(rts):
     _together([rt for rt in rts if not rt._stopped], lambda rt: rt.stop())
 
 
+def _store_connections(server) -> set[str]:
+    """The peers (address:port) of the connections the store ``server`` has accepted and still holds (it listens on
+    IPv4: see ``serve_store``)."""
+    port = f":{server.port:04X}"
+    rows = [line.split() for line in Path("/proc/net/tcp").read_text().splitlines()[1:]]
+    return {row[2] for row in rows if row[1].endswith(port) and row[3] == "01"}  # local port; 01: established
+
+
 def _pgc_threads():
     return [t.name for t in threading.enumerate() if t.name.startswith("pgc-")]
 
@@ -229,6 +238,7 @@ def test_a_dead_rank_is_survived_and_more_than_s_fail_fast_naming_them(caplog):
     ranks are more than s, and every survivor fails with an error naming them."""
     scheme = make_scheme("pgc_cr", 4, 1)
     rts = _planes(scheme, timeout=1.0)
+    connections = _store_connections(rts[0].store_server)
     try:
         for v in range(2):
             for rt in rts:
@@ -257,6 +267,9 @@ def test_a_dead_rank_is_survived_and_more_than_s_fail_fast_naming_them(caplog):
         for err in got.values():
             assert isinstance(err, Exception) and "Missing ranks" in str(err), err
         assert re.search(r"Missing ranks: \[2, 3\]", str(rts[0].failure()))
+        assert _store_connections(rts[0].store_server) <= connections, (
+            "a store connection was opened"
+        )  # none opened while liveness is judged
     finally:
         _stop_all(rts[:2])
     assert _pgc_threads() == []
@@ -270,6 +283,7 @@ def test_a_dead_leader_is_replaced_by_the_lowest_live_member_and_versions_go_on(
     Lightning's collectives run through the new leader."""
     scheme = make_scheme(name, 4, 1)
     rts = _planes(scheme, timeout=1.0, heartbeat=(0.05, 10), failover=True)
+    connections = _store_connections(rts[0].store_server)
     try:
         for v in range(2):
             for rt in rts:
@@ -292,6 +306,7 @@ def test_a_dead_leader_is_replaced_by_the_lowest_live_member_and_versions_go_on(
         assert "rank 1 takes over" in caplog.text
         got = _together(live, lambda rt: rt.collectives.broadcast(f"from {rt.rank}", src=1))
         assert set(got.values()) == {"from 1"}
+        assert _store_connections(rts[0].store_server) <= connections  # the successor leads over its own
     finally:
         _stop_all(rts[1:])
     assert _pgc_threads() == []
@@ -376,7 +391,7 @@ def test_a_rank_too_far_behind_is_detached_and_rejoins_by_state_transfer():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the NCCL data group)")
 def test_nccl_group_gives_identical_bits_on_the_device():
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = serve_store()
     scheme = make_scheme("pgc_cr", 2, 1)
     rts = [
         CollectiveRuntime(

@@ -41,9 +41,7 @@ class CommLoop:
 
     def _serve(self) -> None:
         """The comm thread: the leader's messages in order; an all-reduce per decided version."""
-        chan = Channel(self.store, self.prefix)
-        self._chan = chan
-        self._channels.append(chan)
+        chan = self._chan
         while True:
             term, msg = chan.pop(inbox(self.rank))
             kind = msg[0]
@@ -132,7 +130,7 @@ class CommLoop:
         try:
             self._busy = True
             self.group = open_group(
-                self.store, self.prefix, number, members, self.rank, self.device, self.group_timeout
+                self._group_store, self.prefix, number, members, self.rank, self.device, self.group_timeout
             )
         except Exception as exc:
             log.warning("PGC rank %d: building the data group of configuration %d failed: %r", self.rank, number, exc)

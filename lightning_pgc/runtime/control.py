@@ -5,7 +5,9 @@ announcements (a code is ready), heartbeats, rejects, rejoin requests and report
 decisions (the plan of each version), heartbeats, configurations of the data group and the end. So the control
 channels are a star around the leader, each message is a few dozen bytes sized by its content (a plan lists at
 most ``n`` entries), and no rank keeps a connection or a thread per peer: each thread of a rank holds one store
-connection of its own (``Store.clone``).
+connection of its own (``Store.clone``). A rank opens all of them when its runtime starts, before the ranks meet:
+the connecting side names the server by a reverse DNS lookup, which takes seconds where the resolver drops
+queries, so no connection is opened while liveness is being judged.
 
 The store must outlive any single rank: the launching process hosts it under ``fork``/``spawn`` (and under
 ``popen``, where rank 0 is the launching process), the elastic agent under ``torchrun``.
@@ -16,6 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 import pickle
+import socket
 import time
 import uuid
 from datetime import timedelta
@@ -30,13 +33,29 @@ STORE_ENV = "PGC_STORE_ADDR"
 _HOSTED: list[dist.TCPStore] = []  # the server this process hosts (kept alive with the process)
 
 
+def serve_store() -> dist.TCPStore:
+    """A store server on the loopback interface (IPv4; keep it referenced while it serves).
+
+    The listener is IPv4 (the server's own would be dual-stack): the server names every peer it accepts, and a peer
+    seen as an IPv4-mapped IPv6 address is not in /etc/hosts, so each accept would wait on a reverse DNS lookup
+    (seconds where the resolver drops queries) while the server's single loop serves nobody.
+    """
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    return dist.TCPStore(
+        "127.0.0.1", port, is_master=True, wait_for_workers=False, use_libuv=True, master_listen_fd=listener.detach()
+    )
+
+
 def host_store() -> Optional[dist.TCPStore]:
     """In the launching process: start a store for the control plane (unless one is already named in the
     environment) and name it in the environment, so that ranks started from here find it. Returns the server (keep
     it referenced while the ranks run), or None if the environment already named one."""
     if os.environ.get(STORE_ENV):
         return None
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, use_libuv=True)
+    server = serve_store()
     os.environ[STORE_ENV] = f"127.0.0.1:{server.port}"
     _HOSTED.append(server)
     return server

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
-from lightning_pgc.runtime.control import Channel, inbox, leader_box, term_key
+from lightning_pgc.runtime.control import inbox, leader_box, term_key
 from lightning_pgc.runtime.leader import CoordinatorError, Leader, NoDonorYet, StepRecord
 from lightning_pgc.runtime.messages import Header, Kind
 
@@ -65,8 +65,7 @@ class Coordinator:
 
     def run(self) -> None:
         rt = self.rt
-        self.chan = Channel(rt.store, rt.prefix)
-        rt._channels.append(self.chan)
+        self.chan = rt.leader_channel()
         try:
             if self.succeeds is not None:
                 self._take_over(time.monotonic())

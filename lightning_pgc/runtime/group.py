@@ -21,7 +21,8 @@ class DataGroup:
     """The process group of one configuration (``members``: global ranks, sorted; this rank is one of them).
 
     Args:
-        store: the run's store; prefix: the run's namespace; number: the configuration's number.
+        store: a store connection of this rank's comm thread, for the group's rendezvous (the group keeps it; no
+            other thread uses it); prefix: the run's namespace; number: the configuration's number.
         device: where the tensors live (``cuda``: NCCL, else gloo).
         timeout: how long a collective (or building the group) waits for a member before it raises.
     """
@@ -42,9 +43,8 @@ class DataGroup:
         self.index = self.members.index(rank)
         self.size = len(self.members)
         self.device = device
-        own = store.clone()  # its own connection
-        own.set_timeout(timeout)
-        sub = dist.PrefixStore(f"{prefix}/data/{number}", own)
+        store.set_timeout(timeout)
+        sub = dist.PrefixStore(f"{prefix}/data/{number}", store)
         if device.type == "cuda":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout

@@ -304,6 +304,11 @@ class Leader:
         self._first_arrival = rec.first_arrival
         self._last_close = now
 
+    def restart_clock(self, now: float) -> None:
+        """Judge liveness from ``now`` (every rank has just started): no rank has been silent yet."""
+        self._last_beat = {r: now for r in range(self.world_size)}
+        self._last_close = now
+
     # ------------------------------------------------------------------------------------------ decisions
     def try_close(self, now: float) -> Optional[StepRecord]:
         """Close the open version if the codes in decode it (no rank is waited for); else None."""

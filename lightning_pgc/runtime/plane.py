@@ -168,8 +168,16 @@ class CollectiveRuntime(CommLoop, Rejoins):
         self._beats_done = threading.Event()
         self._stopped = False
         self._threads: list[threading.Thread] = []
+        # every connection this rank uses, opened now (see :mod:`~lightning_pgc.runtime.control`): the training
+        # thread's, the comm thread's, the heartbeat thread's, one for leading (rank 0, or any successor), and the
+        # one the comm thread builds each data group over
         self._ctl = Channel(store, self.prefix)
-        self._channels = [self._ctl]  # every thread's channel (their bytes are counted)
+        self._chan = Channel(store, self.prefix)
+        self._beat_chan = Channel(store, self.prefix)
+        self._lead_chan: Optional[Channel] = Channel(store, self.prefix) if rank == 0 or failover else None
+        self._channels = [c for c in (self._ctl, self._chan, self._beat_chan, self._lead_chan) if c is not None]
+        self._group_store = store.clone()
+        self._start_timeout = store.timeout  # for the ranks to meet (the store's: the process group's timeout)
         self.data_bytes = 0  # bytes this rank's all-reduces sent (as many are received): a ring's 2 (m-1)/m payloads
         # comm thread state
         self.group: Optional[DataGroup] = None
@@ -207,6 +215,15 @@ class CollectiveRuntime(CommLoop, Rejoins):
         if succeeds is not None:
             self._spawn(self._coordinator.run, "pgc-leader")
 
+    def leader_channel(self) -> Channel:
+        """The connection of this rank's control plane (opened at construction; a rank that leads a second time
+        opens another)."""
+        chan, self._lead_chan = self._lead_chan, None
+        if chan is None:
+            chan = Channel(self.store, self.prefix)
+            self._channels.append(chan)
+        return chan
+
     def _leader_box(self) -> str:
         return leader_box(self.term)
 
@@ -216,10 +233,18 @@ class CollectiveRuntime(CommLoop, Rejoins):
 
     # ----------------------------------------------------------------------------------------------- lifecycle
     def start(self) -> None:
-        """Build the first data group (every rank) and start the comm, heartbeat and (leader) control threads."""
+        """Wait for every rank (within the store's timeout), build the first data group and start the comm,
+        heartbeat and (leader) control threads; liveness is judged from here on."""
+        ready = [f"{self.prefix}/ready/{r}" for r in range(self.world_size)]
+        self._group_store.set(ready[self.rank], "1")
+        self._group_store.wait(ready, self._start_timeout)
         self.group = open_group(
-            self.store, self.prefix, 0, list(range(self.world_size)), self.rank, self.device, self.group_timeout
+            self._group_store, self.prefix, 0, list(range(self.world_size)), self.rank, self.device, self.group_timeout
         )
+        now = time.monotonic()
+        self._leader_heard = self._resumed_at = self._last_check = self._comm_free_at = now
+        if self.leader is not None:
+            self.leader.restart_clock(now)
         self._spawn(self._comm, "pgc-comm")
         self._spawn(self._beat, "pgc-beat")
         if self._coordinator is not None:
@@ -281,7 +306,7 @@ class CollectiveRuntime(CommLoop, Rejoins):
         if not alive:  # every connection to the store goes with this runtime (as ddp's do with its groups)
             for chan in self._channels:
                 chan.close()
-            self.store = None  # type: ignore[assignment]
+            self.store = self._group_store = None  # type: ignore[assignment]
 
     # ------------------------------------------------------------------------------------------- worker API
     def published(self, version: int) -> bool:
@@ -442,8 +467,7 @@ class CollectiveRuntime(CommLoop, Rejoins):
     def _beat(self) -> None:
         """Heartbeats to the leader with the training thread's version (the leader's own: a tick to its loop), and a
         tick to this rank's comm thread (its pops wait for messages only)."""
-        chan = Channel(self.store, self.prefix)
-        self._channels.append(chan)
+        chan = self._beat_chan
         while not self._beats_done.wait(self.heartbeat_interval):
             try:
                 chan.push(inbox(self.rank), (-1, ("tick", time.monotonic())))
