@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from lightning_pgc.runtime.collectives import CollectiveError
-from lightning_pgc.runtime.control import Channel, inbox
+from lightning_pgc.runtime.control import Channel, inbox, leader_box
 from lightning_pgc.runtime.group import open_group
 from lightning_pgc.runtime.leader import STAT_NAMES
 from lightning_pgc.runtime.aggregates import PGCTimeoutError
@@ -37,7 +37,7 @@ class CommLoop:
                 self._serve()
         except BaseException as exc:
             log.error("PGC rank %d: comm thread failed: %r", self.rank, exc)
-            self._fail(exc)
+            self.fail(exc)
 
     def _serve(self) -> None:
         """The comm thread: the leader's messages in order; an all-reduce per decided version."""
@@ -86,9 +86,9 @@ class CommLoop:
                 self._read_final_stats(msg[1])
                 return
             elif kind == "lead":
-                self.succession.resend(chan)
+                self._resend(chan)
             elif kind == "abort":
-                self._fail(RuntimeError(f"the PGC leader failed: {msg[1]}"))
+                self.fail(RuntimeError(f"the PGC leader failed: {msg[1]}"))
                 return
 
     def _silence(self, chan: Channel, sent: float) -> bool:
@@ -101,7 +101,7 @@ class CommLoop:
                 self.succession.elect(chan, silent)
             return True
         if not self.is_leader and silent > 2 * self.heartbeat_window:
-            self._fail(
+            self.fail(
                 PGCTimeoutError(
                     f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no "
                     f"heartbeat for {silent:.1f} s; its process is gone or frozen"
@@ -109,6 +109,27 @@ class CommLoop:
             )
             return False
         return True
+
+    def _resend(self, chan: Channel) -> None:
+        """On a new leader's ``lead``: send it again what the old leader's box may have held (see
+        :mod:`~lightning_pgc.runtime.succession`)."""
+        box = leader_box(self.term)
+        floor = -1 if self.scheme.reuses_codes else self.completed  # (other codes serve their own version only)
+        with self._lock:
+            announced = [self._announced[v] for v in sorted(self._announced) if v > floor]
+        for message in announced:
+            chan.push(box, message)
+        with self._coll_cond:
+            seqs = sorted(set(self._coll_saved) | set(self._coll_mine))
+        for seq in seqs:
+            chan.push(box, ("coll", self.rank, seq))
+        request: Optional[int] = self._rejoining
+        if request is not None and not self._attached.is_set():
+            chan.push(box, ("rejoin", self.rank, request))
+        if self._bye is not None:
+            chan.push(box, self._bye)
+        if self._waiting:
+            chan.push(box, ("report", self.rank, self.config, self.completed))
 
     def _leave_group(self, chan: Channel) -> None:
         """Tell the leader what this rank completed and wait for the next configuration."""

@@ -73,7 +73,7 @@ class Coordinator:
         except BaseException as exc:
             if not self._deposed():
                 log.error("PGC rank %d: the leader failed: %s", rt.rank, exc)
-                rt._fail(exc)
+                rt.fail(exc)
                 try:
                     self.chan.push_all(
                         [inbox(r) for r in range(rt.world_size) if r != rt.rank],
@@ -92,10 +92,7 @@ class Coordinator:
     def _take_over(self, now: float) -> None:
         """A successor's start: what its rank knows (who is detached), the old leader silent, every rank told."""
         rt, leader = self.rt, self.leader
-        with rt._lock:
-            for r, spans in rt._gaps.items():
-                if spans and spans[-1][1] is None:
-                    leader.detached[r] = spans[-1][0]
+        leader.detached.update(rt.detached_ranks())
         leader.silence(self.succeeds, now)
         log.warning(
             "PGC rank %d is the leader now (term %d, after rank %d); the next version is decided once the members "
@@ -143,7 +140,7 @@ class Coordinator:
                 rt.alive = len(leader.alive(now))
                 self._send_all(("beat", leader.version, rt.alive))
             leader.check(now)
-            if rt._stopping.is_set() and all(
+            if rt.stopping and all(
                 p in leader.byes or leader.gone(p, now) for p in range(rt.world_size) if p != rt.rank
             ):
                 gone = [p for p in range(rt.world_size) if p not in leader.byes and p != rt.rank]
@@ -320,7 +317,7 @@ class Coordinator:
         while self._rejoins:
             rank = self._rejoins[0]
             try:
-                u, donor = leader.on_rejoin(rank, rt.rank, rt._stopping.is_set())
+                u, donor = leader.on_rejoin(rank, rt.rank, rt.stopping)
             except NoDonorYet:
                 break  # (asked again at every loop: the leader donates once its own training ended)
             self._rejoins.pop(0)
@@ -332,9 +329,8 @@ class Coordinator:
                     "PGC: rank %d rejoins the data group at version %d (configuration %d)", rank, u, self.config
                 )
                 self._send_members(("conf", self.config, self.members, u))
-            if rt._stopping.is_set() and donor == rt.rank:
-                with rt._lock:
-                    rt._final_requests.append((rank, u))
+            if rt.stopping and donor == rt.rank:
+                rt.donate_final(rank, u)
         rec = leader.try_close(now)
         if rec is not None:
             for r in leader.detach(rec.version):

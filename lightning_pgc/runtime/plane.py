@@ -475,7 +475,35 @@ class CollectiveRuntime(CommLoop, Rejoins):
             except Exception as exc:  # the store is gone: the comm thread reports the lost leader
                 log.debug("PGC rank %d: heartbeat failed: %r", self.rank, exc)
 
-    def _fail(self, exc: BaseException) -> None:
+    # ---------------------------------------------------------------- for the control plane (leader, succession)
+    @property
+    def stopping(self) -> bool:
+        """Whether this rank's training ended (it said, or is saying, BYE)."""
+        return self._stopping.is_set()
+
+    def detached_ranks(self) -> dict[int, int]:
+        """The ranks this rank knows to be detached now, each with the first version it gets no aggregate for."""
+        with self._lock:
+            return {r: spans[-1][0] for r, spans in self._gaps.items() if spans and spans[-1][1] is None}
+
+    def donate_final(self, rank: int, version: int) -> None:
+        """This rank's training ended: give ``rank`` the final training state for ``version`` (:meth:`stop` sends
+        it while it serves the last all-reduces)."""
+        with self._lock:
+            self._final_requests.append((rank, version))
+
+    def follow(self, term: int, winner: int) -> None:
+        """Leadership passed to ``winner`` for ``term`` (:mod:`~lightning_pgc.runtime.succession`): follow it, or
+        lead if this rank won."""
+        old = self.leader_rank
+        self.term, self.leader_rank = term, winner
+        self._leader_heard = time.monotonic()
+        self.successions.append((old, winner))
+        if winner == self.rank:
+            self._lead(succeeds=old)
+
+    def fail(self, exc: BaseException) -> None:
+        """End this rank's runtime with ``exc`` (the training thread raises it at its next wait)."""
         if self.error is None:
             self.error = exc
         self.aggregates.abort(exc)

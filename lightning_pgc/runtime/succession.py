@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from lightning_pgc.runtime.control import Channel, leader_box, term_key
 
@@ -84,7 +83,6 @@ class Succession:
         with self._lock:
             if term <= rt.term:
                 return
-            old = rt.leader_rank
             if rt.is_leader:
                 rt.leader = None  # (its coordinator sees this and ends)
                 chan.push(leader_box(rt.term), ("halt",))
@@ -94,29 +92,4 @@ class Succession:
                     rt.rank,
                     winner,
                 )
-            rt.term, rt.leader_rank = term, winner
-            rt._leader_heard = time.monotonic()
-            rt.successions.append((old, winner))
-            if winner == rt.rank:
-                rt._lead(succeeds=old)
-
-    def resend(self, chan: Channel) -> None:
-        """Comm thread, on the new leader's ``lead``: send it again what the old leader's box may have held."""
-        rt = self.rt
-        box = leader_box(rt.term)
-        floor = -1 if rt.scheme.reuses_codes else rt.completed  # (other codes serve their own version only)
-        with rt._lock:
-            announced = [rt._announced[v] for v in sorted(rt._announced) if v > floor]
-        for message in announced:
-            chan.push(box, message)
-        with rt._coll_cond:
-            seqs = sorted(set(rt._coll_saved) | set(rt._coll_mine))
-        for seq in seqs:
-            chan.push(box, ("coll", rt.rank, seq))
-        request: Optional[int] = rt._rejoining
-        if request is not None and not rt._attached.is_set():
-            chan.push(box, ("rejoin", rt.rank, request))
-        if rt._bye is not None:
-            chan.push(box, rt._bye)
-        if rt._waiting:
-            chan.push(box, ("report", rt.rank, rt.config, rt.completed))
+            rt.follow(term, winner)
