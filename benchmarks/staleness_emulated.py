@@ -6,8 +6,9 @@ simulated clock, real training of the digits MLP; see docs/emulator.md).
     python benchmarks/staleness_emulated.py --render-only  # docs/staleness_emulated.{json,md} from the records
 
 One append-only JSON Lines file (one line per finished (cell, arm), rerun the command to resume), summarised into
-docs/staleness_emulated.json and the generated page docs/staleness_emulated.md. Every arm (dgd, and pgc_fr at c = 2
-and 4 with each correction, including the ones that do not help) is tuned the same way: the emulated map's protocol
+docs/staleness_emulated.json and the generated page docs/staleness_emulated.md. Every arm (dgd, pgc_fr at c = 2
+and 4 with each correction, including the ones that do not help, and the bounded-staleness scheme with replication 2
+and window c = 2, uncorrected and with the corrections the strategy allows for it) is tuned the same way: the emulated map's protocol
 (lr x momentum on tuning seeds disjoint from the evaluation seeds, scored by time to the late target), with its lr
 grid extended by 1.6 so that dgd's best learning rate is not the grid's edge, and 20 evaluation seeds.
 """
@@ -25,6 +26,7 @@ from lightning_pgc.emulator.cells import LRS, Arm, Cell, Protocol
 from lightning_pgc.emulator.crossmap import item_key, plan_items, read_records, run_round
 from lightning_pgc.emulator.rounds import cost
 from lightning_pgc.emulator.scoring import compare, holm, restricted_mean
+from lightning_pgc.staleness import default_lookahead
 from lightning_pgc.experiments.report import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +51,12 @@ def arms_of(cell: Cell) -> list[Arm]:
     age) and with ``k = c - 1`` (both explicit, so that a record says which it ran), delay compensation
     (``dc_lambda`` 0.04) and momentum accounting. At n = 256 (the costly cell) only the uncorrected arm and
     look-ahead with ``k = c - 1``: at n = 16 and 64 delay compensation and momentum accounting did not move from the
-    uncorrected arm and ``k = c - 1`` was the better look-ahead."""
+    uncorrected arm and ``k = c - 1`` was the better look-ahead.
+
+    Then bounded staleness (replication 2, window ``c = 2``, the strategy's default ``fresh = n - 1``): uncorrected,
+    look-ahead with the strategy's default ``k`` for it (the nominal mean age ``1 / n``, explicit in the record) and,
+    below n = 256, momentum accounting (delay compensation does not apply to it: a rank sends only its fresh
+    gradient)."""
     arms = [Arm("ddp")]
     for c in (2, 4):
         full = [
@@ -62,27 +69,56 @@ def arms_of(cell: Cell) -> list[Arm]:
         if cell.n >= 256:
             full = [full[0], full[2]]
         arms.extend(full)
+    bounded = Arm("bounded_staleness", 2)
+    k = default_lookahead(bounded.scheme(cell.n))
+    arms += [bounded, Arm("bounded_staleness", 2, "lookahead", lookahead_steps=k)]
+    if cell.n < 256:
+        arms.append(Arm("bounded_staleness", 2, "momentum"))
     return arms
 
 
 def price(protocol: Protocol = PROTOCOL) -> dict[str, Any]:
     """The round's CPU cost, estimated with the emulated map's cost model (docs/emulated_map_reduced.json: measured
     CPU s per item by n, a line ``a + b n`` through them elsewhere), scaled from that round's protocol (25 settings x
-    2 tuning seeds, 10 evaluation seeds; tuning was about 60 % of an item) to this one's."""
+    2 tuning seeds, 10 evaluation seeds; tuning was about 60 % of an item) to this one's. Also per strategy, and for
+    the items the records file does not hold yet (what a plain run would run now), estimated both ways: with that
+    cost model and with this round's own measured mean CPU s per item at the same n (where it has records)."""
     reduced = json.loads((DOCS / "emulated_map_reduced.json").read_text())
     c = cost(reduced, read_records(DOCS / "emulated_map_reduced.jsonl"), DOCS)
     measured = {k: v["mean"] for k, v in c["per_item_cpu_s"].items()}
     settings = len(protocol.lrs) * len(protocol.momenta) * len(protocol.tuning_seeds)
     scale = 0.6 * settings / 50 + 0.4 * len(protocol.eval_seeds) / 10
     items, _ = plan_items(CELLS, protocol, arms_of)
+    records = read_records(RECORDS)
+    done = {r.get("key") for r in records}
+    own: dict[int, list[float]] = {}
+    for r in records:
+        own.setdefault(r["cell"]["n"], []).append(r["cpu_s"])
+    todo_own = 0.0
     per_n: dict[int, int] = {}
-    for cell, _arm in items:
+    total, todo, todo_items = 0.0, 0.0, 0
+    per_strategy: dict[str, dict[str, float]] = {}
+    for cell, arm in items:
         per_n[cell.n] = per_n.get(cell.n, 0) + 1
-    total = 0.0
-    for n, count in per_n.items():
-        base = measured.get(f"n={n} mlp", c["line_a_s"] + c["line_b_s_per_worker"] * n)
-        total += count * base * scale
-    return {"items": len(items), "items_per_n": per_n, "scale": scale, "cpu_s_estimate": total}
+        each = measured.get(f"n={cell.n} mlp", c["line_a_s"] + c["line_b_s_per_worker"] * cell.n) * scale
+        total += each
+        row = per_strategy.setdefault(arm.strategy, {"items": 0, "cpu_s_estimate": 0.0})
+        row["items"] += 1
+        row["cpu_s_estimate"] += each
+        if item_key(cell, arm, protocol) not in done:
+            todo += each
+            todo_items += 1
+            todo_own += float(np.mean(own[cell.n])) if cell.n in own else each
+    return {
+        "items": len(items),
+        "items_per_n": per_n,
+        "scale": scale,
+        "cpu_s_estimate": total,
+        "per_strategy": per_strategy,
+        "todo_items": todo_items,
+        "todo_cpu_s_estimate": todo,
+        "todo_cpu_s_from_this_round": todo_own,
+    }
 
 
 def _mean(xs: list[float]) -> Optional[float]:
@@ -98,7 +134,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Per cell and arm: the chosen setting, seeds that reached the late target, mean steps (versions) to it over the
     seeds that reached it, restricted mean time to it (misses at the budget), and paired comparisons (ratio of
     restricted means, seeded bootstrap interval, sign-flip p, Holm per cell and family) of steps and time with dgd and
-    with the same ``c``'s uncorrected arm. Steps of a miss are censored at the protocol's ``max_versions``."""
+    with the uncorrected arm of the same strategy and ``c``. Steps of a miss are censored at the protocol's
+    ``max_versions``."""
     order = {item_key(cell, arm, PROTOCOL): i for i, (cell, arm) in enumerate(plan_items(CELLS, PROTOCOL, arms_of)[0])}
     records = sorted((r for r in records if r.get("key") in order), key=lambda r: order[r["key"]])  # the plan's order
     by_cell: dict[int, list[dict[str, Any]]] = {}
@@ -109,9 +146,13 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         budget = recs[0]["budget_s"]
         max_versions = recs[0]["protocol"]["max_versions"]
         base = next((r for r in recs if r["arm"]["strategy"] == "ddp"), None)
-        uncorrected = {r["arm"]["c"]: r for r in recs if r["arm"]["strategy"] != "ddp" and "correction" not in r["arm"]}
+        uncorrected = {
+            (r["arm"]["strategy"], r["arm"]["c"]): r
+            for r in recs
+            if r["arm"]["strategy"] != "ddp" and "correction" not in r["arm"]
+        }
         mean_age_k = {
-            r["arm"]["c"]: r
+            (r["arm"]["strategy"], r["arm"]["c"]): r
             for r in recs
             if r["arm"].get("correction") == "lookahead" and r["arm"]["lookahead_steps"] == (r["arm"]["c"] - 1) / 2
         }
@@ -122,6 +163,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             steps = [v for v in ev["versions_late"] if v is not None]
             row: dict[str, Any] = {
                 "arm": r["arm"]["label"],
+                "strategy": r["arm"]["strategy"],
                 "c": r["arm"]["c"],
                 "correction": r["arm"].get("correction", "none"),
                 "lookahead_steps": r["arm"].get("lookahead_steps"),
@@ -137,10 +179,11 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
                 "cpu_s": r["cpu_s"],
             }
             longer = r["arm"].get("correction") == "lookahead" and r["arm"]["lookahead_steps"] == r["arm"]["c"] - 1
+            same = (r["arm"]["strategy"], r["arm"]["c"])
             for family, other in (
                 ("vs_dgd", base),
-                ("vs_none", uncorrected.get(r["arm"]["c"])),
-                ("vs_mean_age_k", mean_age_k.get(r["arm"]["c"]) if longer else None),
+                ("vs_none", uncorrected.get(same)),
+                ("vs_mean_age_k", mean_age_k.get(same) if longer else None),
             ):
                 if other is None or other is r or (family == "vs_none" and r["arm"]["strategy"] == "ddp"):
                     continue
@@ -193,13 +236,15 @@ def render(summary: dict[str, Any]) -> str:
         f"- Tuning, the same for every arm: lr {p['lrs']} x momentum {p['momenta']} on seeds {p['tuning_seeds']}, "
         f"scored by restricted mean time to validation loss {p['targets'][1]:g}; evaluation of the chosen setting on "
         f"seeds {p['eval_seeds'][0]}-{p['eval_seeds'][-1]} (disjoint). `dgd` is the emulator's `ddp` arm (the same "
-        "aggregate). Momentum accounting runs each setting at `max(0, m - (c-1)/(c+1))`; its row is labelled by the "
-        "momentum chosen.",
+        "aggregate). Momentum accounting runs each setting at `max(0, m - D/(1+D))`, `D` the window's nominal mean "
+        "age (pgc_fr: `(c-1)/2`; bounded: `(n - fresh)/n = 1/n`); its row is labelled by the momentum chosen.",
+        "- bounded: the bounded-staleness scheme, replication `r = 2`, window `c = 2`, `fresh = n - 1`; its look-ahead "
+        "runs the strategy's default `k` for it (the nominal mean age `1/n`).",
         "- Steps: versions to the target, mean over the seeds that reached it. Time: restricted mean (a miss counts as "
         "the budget). Ratios: of restricted means (steps of a miss censored at "
         f"{p['max_versions']} versions), paired by seed, seeded 95 % bootstrap interval; `*`: Holm-corrected "
         "sign-flip p < 0.05 within the cell (one family for the comparisons with dgd, one for those with the "
-        "uncorrected arm).",
+        "uncorrected arm of the same strategy and c).",
         f"- {summary['items_done']} of {summary['items_planned']} (cell, arm) items, "
         f"{summary['cpu_s_total'] / 60:.1f} CPU minutes.",
         "",

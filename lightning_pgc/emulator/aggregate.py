@@ -7,25 +7,37 @@ linear, so the emulator asks the scheme's own ``encode`` for the coefficients of
 once per pattern of present entries) and its own ``decoding_weights`` for the weights, and applies them to the
 partition gradients in float64: ``aggregate = sum_k w_k sum_{(j, v)} B_k[j] g_j(theta_v)``. What it returns is a
 list of ``(model version, partition, coefficient)`` terms.
+
+Under bounded staleness (:class:`BoundedPlan`) a code is one uncoded partition gradient and the leader's record names,
+per partition, the rank and model version of the code the aggregate uses (``BoundedRecord.plan()``); the aggregate
+is ``sum_i w_i g_i(theta_{v_i})`` with the scheme's ``decoding_weights`` of the covered partitions, as every rank's
+share (:func:`lightning_pgc.runtime.weights.contribute`) adds up to. :func:`plan_for` picks the plan of a scheme.
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+import math
+from typing import Mapping, Optional, Sequence
 
 import torch
 
 from lightning_pgc.codes import Scheme
+from lightning_pgc.codes.bounded import BoundedScheme
+from lightning_pgc.emulator.schedule import Version
 from lightning_pgc.theory.quadratic import versions_from_ages
 
-__all__ = ["AggregatePlan"]
+__all__ = ["AggregatePlan", "BoundedPlan", "plan_for"]
+
+#: ``(partition, rank, model version)`` per partition; rank -1: the partition was left out of the aggregate
+Entries = Sequence[tuple[int, int, int]]
 
 
 class AggregatePlan:
     """Turns a version's admitted set and ages into aggregate terms with ``scheme``'s real encode and decode.
 
     Args:
-        scheme: the scheme the run used (any of :func:`~lightning_pgc.codes.make_scheme` but ``pgc_cr_naive``).
+        scheme: the scheme the run used (any of :func:`~lightning_pgc.codes.make_scheme` but ``pgc_cr_naive``;
+            a :class:`~lightning_pgc.codes.BoundedScheme` takes :class:`BoundedPlan`).
         start: the step at which the caches were empty (0 for a fresh fit).
     """
 
@@ -35,6 +47,8 @@ class AggregatePlan:
                 "the emulator does not replay pgc_cr_naive (its codes need the full cache history); "
                 "use pgc_cr, pgc_fr, gc_cr, gc_fr, ignore or dgd"
             )
+        if isinstance(scheme, BoundedScheme) and not isinstance(self, BoundedPlan):
+            raise ValueError("a bounded scheme's aggregate is its leader's plan: use BoundedPlan (or plan_for)")
         self.scheme = scheme
         self.start = start
         self._encode: dict[tuple[int, tuple[int, ...]], dict[int, float]] = {}
@@ -78,6 +92,15 @@ class AggregatePlan:
             out.extend((versions[j], j, w * b) for j, b in coeffs.items())
         return out
 
+    def terms_of(self, entry: Version) -> list[tuple[int, int, float]]:
+        """:meth:`terms` of one schedule entry."""
+        return self.terms(entry.version, entry.admitted, entry.ages)
+
+    def keep(self, schedule: Sequence[Version]) -> int:
+        """How many versions of partition gradients the aggregates of ``schedule`` reach back: ``c + 1`` (every
+        cached entry is younger than ``c``)."""
+        return self.scheme.c + 1
+
     def combine(
         self,
         terms: Sequence[tuple[int, int, float]],
@@ -103,3 +126,128 @@ class AggregatePlan:
             out = part if out is None else out + part
         assert out is not None, "an aggregate with no terms"
         return out
+
+
+class BoundedPlan(AggregatePlan):
+    """The terms of a bounded-staleness version: the gradient of partition ``i`` at the model version of the code the
+    leader named for it, weighted by ``scheme.decoding_weights`` of the covered partitions.
+
+    The entries come from the record's plan (``Version.plan``, ``(partition, rank, model version)`` per partition).
+    A schedule without plans (written before they were recorded) is read from its ages under round robin: rank
+    ``k``'s entry of age ``a`` at version ``t`` is its code of ``t - a``, which carried ``scheme.evaluated(k, t - a)``
+    (the leader lists a rank's ages in partition order).
+
+    Args:
+        scheme: the bounded scheme the run used.
+        start: the first version of the fit.
+    """
+
+    def __init__(self, scheme: BoundedScheme, start: int = 0) -> None:
+        if not isinstance(scheme, BoundedScheme):
+            raise TypeError(f"BoundedPlan needs a BoundedScheme, got {type(scheme).__name__}")
+        super().__init__(scheme, start)
+        self.bounded = scheme
+
+    def entries(
+        self, version: int, admitted: Sequence[int], ages: Mapping[int, Sequence[int]]
+    ) -> list[tuple[int, int, int]]:
+        """``(partition, rank, model version)`` per partition, derived from the ages under round robin.
+
+        Raises:
+            ValueError: the scheme does not choose by round robin (the ages do not say which partition a code
+                carried), or the ages do not fit the rotation (a record from another scheme).
+        """
+        if self.bounded.choice != "round_robin":
+            raise ValueError(
+                f"version {version}: the record has no plan, and under choice={self.bounded.choice!r} the ages do "
+                "not say which partition each code carried; record the schedule with its plans"
+            )
+        found: dict[int, tuple[int, int]] = {}
+        for k in admitted:
+            if k not in ages:
+                raise ValueError(f"version {version}: no ages recorded for admitted rank {k}")
+            last = -1
+            for a in ages[k]:
+                v = version - int(a)
+                if a < 0 or v < self.start:
+                    raise ValueError(f"version {version}: rank {k}'s entry of age {a} is outside the fit")
+                i = self.bounded.evaluated(k, v)
+                if i <= last or i in found:
+                    raise ValueError(
+                        f"version {version}: ages {list(ages[k])} of rank {k} do not fit the round robin over "
+                        f"partitions {list(self.bounded.partitions(k))} (partition {i} twice or out of order)"
+                    )
+                found[i] = (k, v)
+                last = i
+        return [(i, *found[i]) if i in found else (i, -1, version) for i in range(self.bounded.n)]
+
+    def plan_terms(
+        self, version: int, plan: Entries, weights: Optional[Mapping[int, float]] = None
+    ) -> list[tuple[int, int, float]]:
+        """``(model version, partition, coefficient)`` of every gradient in the aggregate of ``plan``.
+
+        Raises:
+            ValueError: a partition listed twice, an entry of a rank that does not hold its partition or of a model
+                version after ``version``, no covered partition, or recorded ``weights`` (per rank) that differ
+                from the scheme's.
+        """
+        used = sorted((int(i), int(k), int(v)) for i, k, v in plan if k >= 0)
+        if len({i for i, _, _ in plan}) != len(plan):
+            raise ValueError(f"version {version}: a partition is listed twice in {list(plan)}")
+        for i, k, v in used:
+            if i not in self.bounded.partitions(k):
+                raise ValueError(f"version {version}: rank {k} does not hold partition {i}")
+            if not self.start <= v <= version:
+                raise ValueError(f"version {version}: partition {i}'s entry is of model version {v}")
+        w = self.bounded.decoding_weights([i for i, _, _ in used])
+        if weights is not None:
+            per_rank: dict[int, float] = {}
+            for i, k, _ in used:
+                per_rank[k] = per_rank.get(k, 0.0) + w[i]
+            if set(per_rank) != set(weights) or any(
+                not math.isclose(per_rank[k], weights[k], rel_tol=1e-9, abs_tol=1e-12) for k in per_rank
+            ):
+                raise ValueError(
+                    f"version {version}: the recorded weights {dict(weights)} are not the scheme's {per_rank} "
+                    "(a record from another scheme or other partition sizes)"
+                )
+        return [(v, i, w[i]) for i, _, v in used]
+
+    def terms(
+        self,
+        version: int,
+        admitted: Sequence[int],
+        ages: Mapping[int, Sequence[int]],
+        plan: Optional[Entries] = None,
+        weights: Optional[Mapping[int, float]] = None,
+    ) -> list[tuple[int, int, float]]:
+        """The terms of ``plan`` (default: :meth:`entries` derived from ``admitted`` and ``ages``).
+
+        Raises:
+            ValueError: see :meth:`entries` and :meth:`plan_terms`; a plan whose ranks are not ``admitted``.
+        """
+        if plan is None:
+            plan = self.entries(version, admitted, ages)
+        elif {k for _, k, _ in plan if k >= 0} != set(admitted):
+            raise ValueError(f"version {version}: the plan's ranks are not the admitted ranks {list(admitted)}")
+        return self.plan_terms(version, plan, weights)
+
+    def terms_of(self, entry: Version) -> list[tuple[int, int, float]]:
+        return self.terms(entry.version, entry.admitted, entry.ages, entry.plan, entry.weights)
+
+    def keep(self, schedule: Sequence[Version]) -> int:
+        """One more than the largest age in ``schedule`` (the leader may widen the window), and at least ``c``."""
+        oldest = 0
+        for entry in schedule:
+            if entry.plan is not None:
+                oldest = max([oldest, *(entry.version - v for _, k, v in entry.plan if k >= 0)])
+            else:
+                oldest = max([oldest, *(int(a) for ages in entry.ages.values() for a in ages)])
+        return max(self.bounded.window, oldest + 1)
+
+
+def plan_for(scheme: Scheme, start: int = 0) -> AggregatePlan:
+    """The aggregate plan of ``scheme``: :class:`BoundedPlan` for a bounded scheme, else :class:`AggregatePlan`."""
+    if isinstance(scheme, BoundedScheme):
+        return BoundedPlan(scheme, start)
+    return AggregatePlan(scheme, start)

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from lightning_pgc.codes import make_scheme
+from lightning_pgc.codes import BoundedScheme, make_scheme
 from lightning_pgc.examples.digits import DigitsCNN, load_digits_tensors
 from lightning_pgc.emulator.cluster import Cluster
 from lightning_pgc.emulator.data import DataCondition, partition_streams
@@ -47,6 +47,7 @@ STRATEGIES: dict[str, str] = {
     "gc_cr": "gc_cr",
     "pgc_fr": "pgc_fr",
     "pgc_cr": "pgc_cr",
+    "bounded_staleness": "bounded",
 }
 
 
@@ -93,21 +94,32 @@ class Cell:
 @dataclass(frozen=True)
 class Arm:
     """A strategy with its ``c``, and the staleness correction it runs with (``PGCStrategy``'s
-    ``staleness_correction``, ``lookahead_steps`` and ``dc_lambda``; pipelined schemes only)."""
+    ``staleness_correction``, ``lookahead_steps`` and ``dc_lambda``; the pipelined schemes and bounded staleness).
+
+    ``bounded_staleness``: ``c`` is the window (``staleness``) and ``replication`` the copies of each partition
+    (:class:`~lightning_pgc.codes.BoundedScheme` with its default ``fresh``); the other strategies ignore it."""
 
     strategy: str
     c: int = 1
     correction: str = "none"
     lookahead_steps: Optional[float] = None
     dc_lambda: float = 0.04
+    replication: int = 2
+
+    @property
+    def bounded(self) -> bool:
+        return STRATEGIES.get(self.strategy) == "bounded"
 
     @property
     def s(self) -> int:
-        return self.c - 1
+        """Tolerated stragglers: ``c - 1`` (bounded staleness: ``replication - 1``)."""
+        return self.replication - 1 if self.bounded else self.c - 1
 
     @property
     def label(self) -> str:
         base = self.strategy if self.strategy == "ddp" else f"{self.strategy} c={self.c}"
+        if self.bounded:
+            base = f"bounded r={self.replication} c={self.c}"
         if self.correction == "none":
             return base
         if self.correction == "lookahead" and self.lookahead_steps is not None:
@@ -127,7 +139,21 @@ class Arm:
         return {"correction": self.correction, "lookahead_steps": self.lookahead_steps, "dc_lambda": self.dc_lambda}
 
     def scheme(self, n: int) -> Any:
+        if self.bounded:
+            return BoundedScheme(n, self.replication, self.c)
         return _scheme(STRATEGIES[self.strategy], n, self.s)
+
+    def record(self) -> dict[str, Any]:
+        """The arm as its record states it."""
+        extra = {"replication": self.replication} if self.bounded else {}
+        return {
+            "strategy": self.strategy,
+            "c": self.c,
+            "s": self.s,
+            "label": self.label,
+            **extra,
+            **self.correction_fields(),
+        }
 
 
 @functools.lru_cache(maxsize=64)
@@ -249,7 +275,7 @@ def run_arm(cell: Cell, arm: Arm, protocol: Protocol = Protocol()) -> dict[str, 
         evaluation["diverged"].append(bool(run is not None and run.diverged))
     return {
         "cell": asdict(cell),
-        "arm": {"strategy": arm.strategy, "c": arm.c, "s": arm.s, "label": arm.label, **arm.correction_fields()},
+        "arm": arm.record(),
         "protocol": {**asdict(protocol)},
         "budget_s": budget,
         "tuning": {

@@ -22,8 +22,13 @@ __all__ = ["done_keys", "item_key", "plan_items", "read_records", "run_round"]
 def item_key(cell: Cell, arm: Arm, protocol: Protocol) -> str:
     """What identifies a work item (a record with the same key is not run again)."""
     fields = arm.correction_fields()  # empty for an uncorrected arm: its key is as before corrections existed
+    replication = [arm.replication] if arm.bounded else []  # bounded staleness only: the other keys are unchanged
     return json.dumps(
-        {"cell": asdict(cell), "arm": [arm.strategy, arm.c, *fields.values()], "protocol": asdict(protocol)},
+        {
+            "cell": asdict(cell),
+            "arm": [arm.strategy, arm.c, *replication, *fields.values()],
+            "protocol": asdict(protocol),
+        },
         sort_keys=True,
         default=list,
     )

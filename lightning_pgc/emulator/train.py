@@ -5,8 +5,10 @@ At every version ``t`` the emulator evaluates the mini-batch gradient of every p
 all replicas hold ``theta_t`` at step ``t``, and every holder of ``j`` draws the same batch). The ``n``
 evaluations of one version share ``theta_t``, so they run as one ``torch.func.vmap`` of ``grad`` over the
 per-partition batches. The aggregate of ``t`` then combines the gradients the version's admitted codes really
-held, of versions ``t - age`` (:class:`~lightning_pgc.emulator.aggregate.AggregatePlan`), and the optimizer applies
-it, as every replica does. The loss slot of the aggregate is the decoded training loss a real run logs.
+held, of versions ``t - age`` (:class:`~lightning_pgc.emulator.aggregate.AggregatePlan`; under bounded staleness
+the partition gradients of the model versions the leader's plan names, :class:`~lightning_pgc.emulator.aggregate.BoundedPlan`),
+and the optimizer applies it, as every replica does. The loss slot of the aggregate is the decoded training loss a
+real run logs.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from lightning_pgc.codes import Scheme
 from lightning_pgc.strategy.sampling import PartitionStreams
-from lightning_pgc.emulator.aggregate import AggregatePlan
+from lightning_pgc.emulator.aggregate import plan_for
 from lightning_pgc.emulator.schedule import Version
 from lightning_pgc.staleness import StalenessCorrection, accounted_momentum, delay_compensate, nominal_mean_age
 
@@ -74,6 +76,27 @@ def _flat(tensors: Sequence[Tensor], batch_dims: int = 0) -> Tensor:
     return torch.cat([t.reshape(*t.shape[:batch_dims], -1) for t in tensors], dim=-1)
 
 
+def _correction(
+    kind: str,
+    scheme: Scheme,
+    optimizers: Sequence[torch.optim.Optimizer],
+    lookahead: Optional[float],
+    dc_lambda: float,
+) -> StalenessCorrection:
+    """The strategy's correction for ``scheme``; refuses what ``PGCStrategy`` refuses for it.
+
+    Raises:
+        ValueError: delay compensation under bounded staleness (a rank sends only its fresh gradient there, so
+            there is no stale entry for it to correct before sending), or a correction for fresh-only schemes.
+    """
+    if kind == "delay_compensation" and scheme.name == "bounded":
+        raise ValueError(
+            "correction='delay_compensation' corrects the stale entries a rank encodes; under the bounded scheme a "
+            "rank sends only its fresh gradient (the strategy refuses it too): use 'momentum' or 'lookahead'"
+        )
+    return StalenessCorrection.for_fit(kind, scheme, optimizers, lookahead=lookahead, dc_lambda=dc_lambda)
+
+
 def _compensated(
     corr: StalenessCorrection, terms: Sequence[tuple[int, int, float]], t: int, gradients: dict[int, Tensor], numel: int
 ) -> dict[int, Tensor]:
@@ -121,11 +144,12 @@ def emulate(
         correction, lookahead_steps, dc_lambda: the staleness correction, as ``PGCStrategy`` takes it; applied with
             the strategy's own :class:`~lightning_pgc.staleness.StalenessCorrection` (``"momentum"`` lowers the
             optimizer's momentum at the start, ``"lookahead"`` evaluates every fresh gradient at the extrapolated
-            point, ``"delay_compensation"`` corrects each stale entry by its age before it is encoded).
+            point, ``"delay_compensation"`` corrects each stale entry by its age before it is encoded). Under the
+            bounded scheme: ``"momentum"`` and ``"lookahead"`` (default ``k``: the nominal mean age), as the strategy.
 
     Raises:
-        ValueError: ``streams`` for another ``n``, a schedule that does not fit the scheme, or a correction for a
-            scheme without stale entries.
+        ValueError: ``streams`` for another ``n``, a schedule that does not fit the scheme, a correction for a
+            scheme without stale entries, or delay compensation under the bounded scheme.
     """
     if streams.n != scheme.n:
         raise ValueError(f"streams split the data into {streams.n} partitions, the scheme has n={scheme.n}")
@@ -135,9 +159,9 @@ def emulate(
     names = [name for name, p in model.named_parameters()]
     params = [p for p in model.parameters()]
     opt = optimizer(params) if optimizer is not None else torch.optim.SGD(params, lr=lr, momentum=momentum)
-    corr = StalenessCorrection.for_fit(correction, scheme, [opt], lookahead=lookahead_steps, dc_lambda=dc_lambda)
-    plan = AggregatePlan(scheme, start)
-    keep = scheme.c + 1  # entries are younger than c
+    corr = _correction(correction, scheme, [opt], lookahead_steps, dc_lambda)
+    plan = plan_for(scheme, start)
+    keep = plan.keep(schedule)  # versions of gradients the aggregates reach back
     n, b = scheme.n, task.batch_size
     numel = sum(p.numel() for p in params)
     buffers = {name: t for name, t in model.named_buffers()}
@@ -170,7 +194,7 @@ def emulate(
             grads, losses = per_partition(weights, task.x_train[index], task.y_train[index])
         gradients[t] = torch.cat([_flat([grads[name] for name in names], 1), losses.reshape(n, 1)], dim=1)
         gradients.pop(t - keep, None)
-        terms = plan.terms(t, entry.admitted, entry.ages)
+        terms = plan.terms_of(entry)
         aggregate = plan.combine(terms, _compensated(corr, terms, t, gradients, numel))
         loss = float(aggregate[-1])
         offset = 0
@@ -220,7 +244,7 @@ def emulate_grid(
     its momentum (the configurations stay labelled by the momentum the user chose), ``"lookahead"`` shifts all
     configurations' parameters with one :class:`~lightning_pgc.staleness.StalenessCorrection`, and
     ``"delay_compensation"`` corrects every configuration's stale entries with
-    :func:`~lightning_pgc.staleness.delay_compensate`.
+    :func:`~lightning_pgc.staleness.delay_compensate` (not under the bounded scheme, as in :func:`emulate`).
     """
     if streams.n != scheme.n:
         raise ValueError(f"streams split the data into {streams.n} partitions, the scheme has n={scheme.n}")
@@ -233,7 +257,7 @@ def emulate_grid(
     m = len(configs)
     theta = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).repeat(m, 1)  # [m, P]
     lr = torch.tensor([float(c[0]) for c in configs]).reshape(m, 1)
-    corr = StalenessCorrection.for_fit(correction, scheme, [], lookahead=lookahead_steps, dc_lambda=dc_lambda)
+    corr = _correction(correction, scheme, [], lookahead_steps, dc_lambda)
     if correction == "momentum":  # what StalenessCorrection.for_fit does to an optimizer, per configuration
         configs = [(lr_, accounted_momentum(m_, nominal_mean_age(scheme))) for lr_, m_ in configs]
     mom = torch.tensor([float(c[1]) for c in configs]).reshape(m, 1)
@@ -248,8 +272,8 @@ def emulate_grid(
 
     grads_fn = vmap(vmap(grad_and_value(loss_fn), in_dims=(None, 0, 0)), in_dims=(0, None, None))
     val_fn = vmap(loss_fn, in_dims=(0, None, None))
-    plan = AggregatePlan(scheme, start)
-    keep = scheme.c + 1
+    plan = plan_for(scheme, start)
+    keep = plan.keep(schedule)
     n, b = scheme.n, task.batch_size
     runs = [EmulatedRun() for _ in range(m)]
     done = [False] * m
@@ -284,7 +308,7 @@ def emulate_grid(
             grads, losses = grads_fn(theta, task.x_train[index], task.y_train[index])  # [m, n, P], [m, n]
         gradients[t] = torch.cat([grads, losses.unsqueeze(-1)], dim=-1).transpose(0, 1).reshape(n, -1)  # [n, m(P+1)]
         gradients.pop(t - keep, None)
-        terms = plan.terms(t, entry.admitted, entry.ages)
+        terms = plan.terms_of(entry)
         used = gradients
         if corr.kind == "delay_compensation":
             used = dict(gradients)
