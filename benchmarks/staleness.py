@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -55,7 +56,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
         type=float,
         nargs="*",
         default=[],
-        help="extra look-ahead arms with these lookahead_steps (the plain arm uses the default)",
+        help="extra look-ahead arms with these lookahead_steps (the plain arm runs at the window's mean age, (c - 1)/2; bounded: its default)",
     )
     p.add_argument("--delay", default="one slow rank", choices=list(DELAYS))
     p.add_argument("--rates", type=float, nargs="+", default=[0.5, 1.0], help="effective rates lr / (1 - momentum)")
@@ -221,7 +222,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     grid = [(round(rate * (1.0 - m), 10), m) for m in args.momenta for rate in args.rates]
     result: dict[str, Any] = {
         "command": "WANDB_MODE=offline python benchmarks/staleness.py "
-        + " ".join(a for a in (argv or sys.argv[1:]) if a != "--render-only"),
+        + shlex.join(a for a in (argv or sys.argv[1:]) if a != "--render-only"),
         "machine": f"{os.cpu_count()} CPU cores shared with other work, no GPU",
         "settings": {
             k: v
