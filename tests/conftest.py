@@ -70,3 +70,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.realrank)
         if _marks(SLOW, item):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def one_thread():
+    """torch on one thread for the test: the emulator's small batched kernels run best so (and leave the other core
+    to the machine)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 from lightning_pgc.emulator.advise import advise, load_trace, render
 from lightning_pgc.step_trace import TRACE_FORMAT
@@ -15,13 +14,7 @@ N, STEPS = 4, 60
 ARMS = ("gc_cr", "pgc_cr")  # two of the coded arms keep the test short
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The emulator's small batched kernels run best on one thread (and leave the other core to the machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (tests/conftest.py)
 
 
 def _base(seed: int = 0) -> np.ndarray:

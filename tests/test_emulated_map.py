@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from benchmarks import which_strategy
 from lightning_pgc.emulator.cells import Cell
@@ -17,13 +16,7 @@ from lightning_pgc.emulator.summary import summarize
 STRATEGIES = {"ddp", "ignore_stragglers", "gc_fr", "gc_cr", "pgc_fr", "pgc_cr"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The emulator's small batched kernels run best on one thread (and leave the other core to the machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (tests/conftest.py)
 
 
 def test_tiny_map_round_resumes_and_yields_guide_rows(tmp_path):

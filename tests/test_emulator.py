@@ -22,13 +22,7 @@ from lightning_pgc.delays import delay_for
 SCHEMES = [("dgd", 0), ("ignore", 1), ("gc_fr", 1), ("gc_cr", 1), ("pgc_fr", 1), ("pgc_cr", 1), ("pgc_cr", 2)]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """The emulator's small batched kernels run best on one thread (and leave the other core to the machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (tests/conftest.py)
 
 
 def _reference_aggregate(scheme, steps, admitted_per_step, vectors):

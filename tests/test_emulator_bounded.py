@@ -20,12 +20,7 @@ from lightning_pgc.runtime.weights import contribute, reference_decode
 DELAY = "lognormal(median=0.02, sigma=1.5)"
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # (tests/conftest.py)
 
 
 def _schedule(scheme: BoundedScheme, steps: int, seed: int = 1) -> list[Version]:
