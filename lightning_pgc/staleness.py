@@ -33,6 +33,7 @@ __all__ = [
     "CORRECTIONS",
     "StalenessCorrection",
     "accounted_momentum",
+    "check_applies",
     "default_lookahead",
     "delay_compensate",
     "implicit_momentum",
@@ -46,6 +47,21 @@ log = logging.getLogger(__name__)
 CORRECTIONS: tuple[str, ...] = ("none", "momentum", "lookahead", "delay_compensation")
 #: Schemes whose codes hold reused (stale) gradients, and so accept a correction.
 STALE_SCHEMES: tuple[str, ...] = ("pgc_fr", "pgc_cr", "pgc_cr_naive", "bounded")
+
+
+def check_applies(kind: str, scheme: str) -> None:
+    """Raise if correction ``kind`` cannot be applied to the scheme named ``scheme``.
+
+    Raises:
+        ValueError: delay compensation under ``bounded`` (a rank sends only its fresh gradient there and the
+            aggregator reuses the stale ones, so no rank holds a stale entry to correct).
+    """
+    if kind == "delay_compensation" and scheme == "bounded":
+        raise ValueError(
+            "staleness_correction='delay_compensation' corrects the stale entries a rank encodes; under "
+            "scheme='bounded' a rank sends only its fresh gradient and the aggregator reuses the stale "
+            "ones: use 'momentum' or 'lookahead'"
+        )
 
 
 def nominal_mean_age(scheme: Any) -> float:
@@ -185,6 +201,7 @@ class StalenessCorrection:
         (:func:`set_momentum`, identical on every rank)."""
         if kind == "none":
             return cls("none", 0.0)
+        check_applies(kind, getattr(scheme, "name", ""))
         mean_age = nominal_mean_age(scheme)
         if kind == "momentum":
             for optimizer in optimizers:

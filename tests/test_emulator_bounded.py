@@ -69,32 +69,29 @@ def test_a_left_out_partition_averages_the_others():
     assert [w for _, _, w in sorted(terms)] == pytest.approx([1 / 3] * 3)
 
 
-def test_ages_without_a_plan_give_the_plans_terms_and_old_json_reads():
+def test_plans_survive_json_and_a_schedule_without_them_is_refused():
     scheme = BoundedScheme(8, 2, 3)
     schedule = _schedule(scheme, 25, seed=4)
     plan = BoundedPlan(scheme)
     rows = to_json(schedule)
     assert from_json(json.loads(json.dumps(rows))) == schedule
-    old = from_json([{k: v for k, v in r.items() if k != "plan"} for r in rows])  # written before plans were kept
-    assert all(e.plan is None for e in old)
-    for with_plan, without in zip(schedule, old):
-        assert sorted(plan.terms_of(without)) == sorted(plan.terms_of(with_plan))
-    assert plan.keep(old) == plan.keep(schedule) >= scheme.window
+    assert plan.keep(schedule) >= scheme.window
+    without = from_json([{k: v for k, v in r.items() if k != "plan"} for r in rows])
+    with pytest.raises(ValueError, match="has none"):
+        plan.terms_of(without[0])
 
 
 def test_bounded_records_that_do_not_fit_are_refused():
     scheme = BoundedScheme(4, 2, 2)
     plan = BoundedPlan(scheme)
-    with pytest.raises(ValueError, match="round robin"):  # rank 0's code of version 5 carried partition 1, not 0
-        plan.terms(5, (0, 1, 2, 3), {0: (0, 1), 1: (0,), 2: (0,), 3: (0,)})
     with pytest.raises(ValueError, match="does not hold"):
         plan.terms(5, (0, 2, 3), {}, ((0, 0, 5), (1, 2, 5), (2, 2, 4), (3, 3, 5)))
     with pytest.raises(ValueError, match="recorded weights"):
         plan.terms(5, (0, 1, 2, 3), {}, ((0, 0, 5), (1, 1, 5), (2, 2, 5), (3, 3, 5)), {0: 0.5, 1: 0.5, 2: 0, 3: 0})
     with pytest.raises(ValueError, match="admitted"):
         plan.terms(5, (0, 1), {}, ((0, 0, 5), (1, 1, 5), (2, 2, 5), (3, 3, 5)))
-    with pytest.raises(ValueError, match="no plan"):
-        BoundedPlan(BoundedScheme(4, 2, 2, choice="oldest")).terms(5, (0,), {0: (0,)})
+    with pytest.raises(ValueError, match="listed twice"):
+        plan.terms(5, (0, 1), {}, ((0, 0, 5), (0, 1, 5)))
     with pytest.raises(ValueError, match="BoundedPlan"):
         AggregatePlan(scheme)
 

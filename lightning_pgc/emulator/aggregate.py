@@ -130,12 +130,8 @@ class AggregatePlan:
 
 class BoundedPlan(AggregatePlan):
     """The terms of a bounded-staleness version: the gradient of partition ``i`` at the model version of the code the
-    leader named for it, weighted by ``scheme.decoding_weights`` of the covered partitions.
-
-    The entries come from the record's plan (``Version.plan``, ``(partition, rank, model version)`` per partition).
-    A schedule without plans (written before they were recorded) is read from its ages under round robin: rank
-    ``k``'s entry of age ``a`` at version ``t`` is its code of ``t - a``, which carried ``scheme.evaluated(k, t - a)``
-    (the leader lists a rank's ages in partition order).
+    leader named for it, weighted by ``scheme.decoding_weights`` of the covered partitions. The entries come from the
+    record's plan (``Version.plan``, ``(partition, rank, model version)`` per partition).
 
     Args:
         scheme: the bounded scheme the run used.
@@ -148,52 +144,31 @@ class BoundedPlan(AggregatePlan):
         super().__init__(scheme, start)
         self.bounded = scheme
 
-    def entries(
-        self, version: int, admitted: Sequence[int], ages: Mapping[int, Sequence[int]]
-    ) -> list[tuple[int, int, int]]:
-        """``(partition, rank, model version)`` per partition, derived from the ages under round robin.
-
-        Raises:
-            ValueError: the scheme does not choose by round robin (the ages do not say which partition a code
-                carried), or the ages do not fit the rotation (a record from another scheme).
-        """
-        if self.bounded.choice != "round_robin":
-            raise ValueError(
-                f"version {version}: the record has no plan, and under choice={self.bounded.choice!r} the ages do "
-                "not say which partition each code carried; record the schedule with its plans"
-            )
-        found: dict[int, tuple[int, int]] = {}
-        for k in admitted:
-            if k not in ages:
-                raise ValueError(f"version {version}: no ages recorded for admitted rank {k}")
-            last = -1
-            for a in ages[k]:
-                v = version - int(a)
-                if a < 0 or v < self.start:
-                    raise ValueError(f"version {version}: rank {k}'s entry of age {a} is outside the fit")
-                i = self.bounded.evaluated(k, v)
-                if i <= last or i in found:
-                    raise ValueError(
-                        f"version {version}: ages {list(ages[k])} of rank {k} do not fit the round robin over "
-                        f"partitions {list(self.bounded.partitions(k))} (partition {i} twice or out of order)"
-                    )
-                found[i] = (k, v)
-                last = i
-        return [(i, *found[i]) if i in found else (i, -1, version) for i in range(self.bounded.n)]
-
-    def plan_terms(
-        self, version: int, plan: Entries, weights: Optional[Mapping[int, float]] = None
+    def terms(
+        self,
+        version: int,
+        admitted: Sequence[int],
+        ages: Mapping[int, Sequence[int]],
+        plan: Optional[Entries] = None,
+        weights: Optional[Mapping[int, float]] = None,
     ) -> list[tuple[int, int, float]]:
         """``(model version, partition, coefficient)`` of every gradient in the aggregate of ``plan``.
 
         Raises:
-            ValueError: a partition listed twice, an entry of a rank that does not hold its partition or of a model
-                version after ``version``, no covered partition, or recorded ``weights`` (per rank) that differ
-                from the scheme's.
+            ValueError: no plan, a plan whose ranks are not ``admitted``, a partition listed twice, an entry of a rank
+                that does not hold its partition or of a model version after ``version``, or recorded ``weights``
+                (per rank) that differ from the scheme's.
         """
-        used = sorted((int(i), int(k), int(v)) for i, k, v in plan if k >= 0)
+        if plan is None:
+            raise ValueError(
+                f"version {version}: a bounded version's aggregate is its leader's plan, and this schedule has none "
+                "(record it with schedule.from_records)"
+            )
+        if {k for _, k, _ in plan if k >= 0} != set(admitted):
+            raise ValueError(f"version {version}: the plan's ranks are not the admitted ranks {list(admitted)}")
         if len({i for i, _, _ in plan}) != len(plan):
             raise ValueError(f"version {version}: a partition is listed twice in {list(plan)}")
+        used = sorted((int(i), int(k), int(v)) for i, k, v in plan if k >= 0)
         for i, k, v in used:
             if i not in self.bounded.partitions(k):
                 raise ValueError(f"version {version}: rank {k} does not hold partition {i}")
@@ -213,36 +188,13 @@ class BoundedPlan(AggregatePlan):
                 )
         return [(v, i, w[i]) for i, _, v in used]
 
-    def terms(
-        self,
-        version: int,
-        admitted: Sequence[int],
-        ages: Mapping[int, Sequence[int]],
-        plan: Optional[Entries] = None,
-        weights: Optional[Mapping[int, float]] = None,
-    ) -> list[tuple[int, int, float]]:
-        """The terms of ``plan`` (default: :meth:`entries` derived from ``admitted`` and ``ages``).
-
-        Raises:
-            ValueError: see :meth:`entries` and :meth:`plan_terms`; a plan whose ranks are not ``admitted``.
-        """
-        if plan is None:
-            plan = self.entries(version, admitted, ages)
-        elif {k for _, k, _ in plan if k >= 0} != set(admitted):
-            raise ValueError(f"version {version}: the plan's ranks are not the admitted ranks {list(admitted)}")
-        return self.plan_terms(version, plan, weights)
-
     def terms_of(self, entry: Version) -> list[tuple[int, int, float]]:
         return self.terms(entry.version, entry.admitted, entry.ages, entry.plan, entry.weights)
 
     def keep(self, schedule: Sequence[Version]) -> int:
-        """One more than the largest age in ``schedule`` (the leader may widen the window), and at least ``c``."""
-        oldest = 0
-        for entry in schedule:
-            if entry.plan is not None:
-                oldest = max([oldest, *(entry.version - v for _, k, v in entry.plan if k >= 0)])
-            else:
-                oldest = max([oldest, *(int(a) for ages in entry.ages.values() for a in ages)])
+        """One more than the oldest entry any plan of ``schedule`` uses (the leader may widen the window), and at
+        least ``c``."""
+        oldest = max((e.version - v for e in schedule for _, k, v in (e.plan or ()) if k >= 0), default=0)
         return max(self.bounded.window, oldest + 1)
 
 

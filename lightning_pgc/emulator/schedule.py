@@ -30,13 +30,7 @@ class Version:
 
 
 def _plan(rows: Optional[Iterable[Sequence[int]]]) -> Optional[tuple[tuple[int, int, int], ...]]:
-    if rows is None:
-        return None
-    out = []
-    for row in rows:
-        i, k, v = row
-        out.append((int(i), int(k), int(v)))
-    return tuple(out)
+    return None if rows is None else tuple((int(i), int(k), int(v)) for i, k, v in rows)
 
 
 def from_records(records: Iterable[Any], times: Optional[Sequence[float]] = None) -> list[Version]:

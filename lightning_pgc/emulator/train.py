@@ -76,27 +76,6 @@ def _flat(tensors: Sequence[Tensor], batch_dims: int = 0) -> Tensor:
     return torch.cat([t.reshape(*t.shape[:batch_dims], -1) for t in tensors], dim=-1)
 
 
-def _correction(
-    kind: str,
-    scheme: Scheme,
-    optimizers: Sequence[torch.optim.Optimizer],
-    lookahead: Optional[float],
-    dc_lambda: float,
-) -> StalenessCorrection:
-    """The strategy's correction for ``scheme``; refuses what ``PGCStrategy`` refuses for it.
-
-    Raises:
-        ValueError: delay compensation under bounded staleness (a rank sends only its fresh gradient there, so
-            there is no stale entry for it to correct before sending), or a correction for fresh-only schemes.
-    """
-    if kind == "delay_compensation" and scheme.name == "bounded":
-        raise ValueError(
-            "correction='delay_compensation' corrects the stale entries a rank encodes; under the bounded scheme a "
-            "rank sends only its fresh gradient (the strategy refuses it too): use 'momentum' or 'lookahead'"
-        )
-    return StalenessCorrection.for_fit(kind, scheme, optimizers, lookahead=lookahead, dc_lambda=dc_lambda)
-
-
 def _compensated(
     corr: StalenessCorrection, terms: Sequence[tuple[int, int, float]], t: int, gradients: dict[int, Tensor], numel: int
 ) -> dict[int, Tensor]:
@@ -159,7 +138,7 @@ def emulate(
     names = [name for name, p in model.named_parameters()]
     params = [p for p in model.parameters()]
     opt = optimizer(params) if optimizer is not None else torch.optim.SGD(params, lr=lr, momentum=momentum)
-    corr = _correction(correction, scheme, [opt], lookahead_steps, dc_lambda)
+    corr = StalenessCorrection.for_fit(correction, scheme, [opt], lookahead=lookahead_steps, dc_lambda=dc_lambda)
     plan = plan_for(scheme, start)
     keep = plan.keep(schedule)  # versions of gradients the aggregates reach back
     n, b = scheme.n, task.batch_size
@@ -257,7 +236,7 @@ def emulate_grid(
     m = len(configs)
     theta = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).repeat(m, 1)  # [m, P]
     lr = torch.tensor([float(c[0]) for c in configs]).reshape(m, 1)
-    corr = _correction(correction, scheme, [], lookahead_steps, dc_lambda)
+    corr = StalenessCorrection.for_fit(correction, scheme, [], lookahead=lookahead_steps, dc_lambda=dc_lambda)
     if correction == "momentum":  # what StalenessCorrection.for_fit does to an optimizer, per configuration
         configs = [(lr_, accounted_momentum(m_, nominal_mean_age(scheme))) for lr_, m_ in configs]
     mom = torch.tensor([float(c[1]) for c in configs]).reshape(m, 1)

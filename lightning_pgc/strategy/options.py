@@ -7,7 +7,7 @@ from numbers import Integral, Real
 from typing import Any, Optional, Union
 
 from lightning_pgc.codes import CHOICES, SCHEMES
-from lightning_pgc.staleness import CORRECTIONS, STALE_SCHEMES
+from lightning_pgc.staleness import CORRECTIONS, STALE_SCHEMES, check_applies
 
 #: Scheme names PGCStrategy accepts: the coded schemes plus ``bounded`` (:class:`~lightning_pgc.codes.BoundedScheme`).
 STRATEGY_SCHEMES: tuple[str, ...] = SCHEMES + ("bounded",)
@@ -120,12 +120,7 @@ def _check_correction(scheme: str, kind: Any, lookahead_steps: Any, dc_lambda: A
             f"staleness_correction={kind!r}: scheme {scheme!r} uses fresh gradients only, there is no "
             f"staleness to correct (the corrections apply to {', '.join(STALE_SCHEMES)})"
         )
-    if kind == "delay_compensation" and scheme == "bounded":
-        raise ValueError(
-            "staleness_correction='delay_compensation' corrects the stale entries a rank encodes; under "
-            "scheme='bounded' a rank sends only its fresh gradient and the aggregator reuses the stale "
-            "ones: use 'momentum' or 'lookahead'"
-        )
+    check_applies(kind, scheme)
     if lookahead_steps is not None and (kind != "lookahead" or lookahead_steps < 0):
         raise ValueError(
             f"lookahead_steps must be >= 0 and applies to staleness_correction='lookahead' only, got "
