@@ -43,6 +43,6 @@ if __name__ == "__main__":
             staleness_correction=correction,
             dc_lambda=dc_lambda,
         ),
-        callbacks=[ScheduleRecorder(out), StragglerInjector(DELAY, seed=0)],
+        callbacks=[ScheduleRecorder(out, trajectory=True), StragglerInjector(DELAY, seed=0)],
     )
     trainer.fit(DigitsCNN(lr=LR, momentum=MOMENTUM, sync_train_loss=False), DigitsDataModule(batch_size=BATCH))

@@ -28,7 +28,7 @@ from lightning_pgc.emulator.aggregate import plan_for
 from lightning_pgc.emulator.schedule import Version
 from lightning_pgc.staleness import StalenessCorrection, accounted_momentum, delay_compensate, nominal_mean_age
 
-__all__ = ["EmulatedRun", "Task", "emulate", "emulate_grid"]
+__all__ = ["EmulatedRun", "Task", "VersionAggregate", "emulate", "emulate_grid"]
 
 
 @dataclass
@@ -98,6 +98,57 @@ def _compensated(
     return out
 
 
+class VersionAggregate:
+    """The aggregate of each version of ``schedule`` at the model's current parameters, as :func:`emulate` applies
+    it: every partition's gradient at ``theta_t`` on its stream batch of step ``t`` (one ``vmap``), kept for as many
+    versions as the plan reaches back, combined as the version's admitted codes held them (delay compensation
+    applied to stale entries). Call it once per version, in order, with ``task.model`` at that version's parameters
+    (what :func:`emulate` does; a validation against a real run sets the run's own parameters first).
+
+    Args:
+        corr: the fit's staleness correction (its snapshots of the parameters are taken here, one per version).
+        start: the first version of the schedule.
+    """
+
+    def __init__(
+        self,
+        scheme: Scheme,
+        schedule: Sequence[Version],
+        task: Task,
+        streams: PartitionStreams,
+        corr: StalenessCorrection,
+        start: int = 0,
+    ) -> None:
+        model = task.model
+        self.task, self.streams, self.corr, self.n = task, streams, corr, scheme.n
+        self.names = [name for name, _ in model.named_parameters()]
+        self.params = list(model.parameters())
+        self.numel = sum(p.numel() for p in self.params)
+        self.plan = plan_for(scheme, start)
+        self.keep = self.plan.keep(schedule)  # versions of gradients the aggregates reach back
+        buffers = {name: t for name, t in model.named_buffers()}
+
+        def loss_fn(weights: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
+            return F.cross_entropy(functional_call(model, (weights, buffers), (x,)), y)
+
+        self._per_partition = vmap(grad_and_value(loss_fn), in_dims=(None, 0, 0))
+        self._gradients: dict[int, Tensor] = {}
+
+    def __call__(self, entry: Version) -> Tensor:
+        """The flat aggregate of ``entry`` (gradient, then the decoded loss), in float64."""
+        t, params, task = entry.version, self.params, self.task
+        index = torch.tensor([self.streams.batch(j, t, task.batch_size) for j in range(self.n)])  # [n, b]
+        self.corr.begin_step(t, params)
+        with self.corr.shifted(t, params):  # look-ahead: every fresh gradient at the extrapolated point
+            weights = {name: p.detach() for name, p in zip(self.names, params)}
+            grads, losses = self._per_partition(weights, task.x_train[index], task.y_train[index])
+        gradients = self._gradients
+        gradients[t] = torch.cat([_flat([grads[name] for name in self.names], 1), losses.reshape(self.n, 1)], dim=1)
+        gradients.pop(t - self.keep, None)
+        terms = self.plan.terms_of(entry)
+        return self.plan.combine(terms, _compensated(self.corr, terms, t, gradients, self.numel))
+
+
 def emulate(
     scheme: Scheme,
     schedule: Sequence[Version],
@@ -135,20 +186,10 @@ def emulate(
     if val_every < 1:
         raise ValueError(f"val_every must be >= 1, got {val_every}")
     model = task.model
-    names = [name for name, p in model.named_parameters()]
     params = [p for p in model.parameters()]
     opt = optimizer(params) if optimizer is not None else torch.optim.SGD(params, lr=lr, momentum=momentum)
     corr = StalenessCorrection.for_fit(correction, scheme, [opt], lookahead=lookahead_steps, dc_lambda=dc_lambda)
-    plan = plan_for(scheme, start)
-    keep = plan.keep(schedule)  # versions of gradients the aggregates reach back
-    n, b = scheme.n, task.batch_size
-    numel = sum(p.numel() for p in params)
-    buffers = {name: t for name, t in model.named_buffers()}
-
-    def loss_fn(weights: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
-        return F.cross_entropy(functional_call(model, (weights, buffers), (x,)), y)
-
-    per_partition = vmap(grad_and_value(loss_fn), in_dims=(None, 0, 0))
+    aggregate_of = VersionAggregate(scheme, schedule, task, streams, corr, start)
     run = EmulatedRun()
 
     def validate(steps: int, when: float) -> None:
@@ -159,22 +200,13 @@ def emulate(
         run.val_loss.append(loss)
 
     validate(0, 0.0)
-    gradients: dict[int, Tensor] = {}
     for i, entry in enumerate(schedule):
         t = entry.version
         if t != start + i:
             raise ValueError(
                 f"schedule entry {i} is version {t}, expected {start + i} (versions in order, none missing)"
             )
-        index = torch.tensor([streams.batch(j, t, b) for j in range(n)])  # [n, b]
-        corr.begin_step(t, params)
-        with corr.shifted(t, params):  # look-ahead: every fresh gradient at the extrapolated point
-            weights = {name: p.detach() for name, p in zip(names, params)}
-            grads, losses = per_partition(weights, task.x_train[index], task.y_train[index])
-        gradients[t] = torch.cat([_flat([grads[name] for name in names], 1), losses.reshape(n, 1)], dim=1)
-        gradients.pop(t - keep, None)
-        terms = plan.terms_of(entry)
-        aggregate = plan.combine(terms, _compensated(corr, terms, t, gradients, numel))
+        aggregate = aggregate_of(entry)
         loss = float(aggregate[-1])
         offset = 0
         for p in params:
