@@ -5,7 +5,7 @@
 A ``pgc_cr`` step (c = 2) does what a ddp step does (backward, one all-reduce of the payload, the optimizer) plus
 four passes over the payload that ddp does not make: it copies ``param.grad`` into the partition's slot, checks the
 slot is finite, encodes the code (the weighted sum of the c cached slots: ``codes.schemes``) and writes its
-contribution (the code times its decode weight) into the all-reduce buffer (``runtime.weights.contribute``). Each is
+contribution (the code times its decode weight) into the all-reduce buffer (``codes.shares.contribute``). Each is
 timed here alone, on one thread, at the payload size of each model of ``docs/step_time_planes.json``. On the 2-core
 machine of that benchmark 4 ranks share 2 cores, so a rank's passes take about ``ranks / cores`` times their
 one-thread time of wall time per step; the page sets that estimate beside the gap measured there (pgc minus ddp,

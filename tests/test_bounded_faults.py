@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 from lightning_pgc.codes import BoundedScheme, Entry
-from lightning_pgc.runtime.bounded import BoundedLeader
-from lightning_pgc.runtime.messages import Header, Kind
+from lightning_pgc.decisions.bounded import BoundedLeader
+from lightning_pgc.decisions.header import Header
 
 
 def _closed_leader(scheme, versions, missing=()):
@@ -21,7 +21,7 @@ def _closed_leader(scheme, versions, missing=()):
     for v in versions:
         for r in range(scheme.n):
             if (r, v) not in missing:
-                leader.on_code(Header(Kind.CODE, v, r, 0, 1, 0, (0,), 0, -1), 1.0 + v)
+                leader.on_code(Header(v, r, 1, (0,)), 1.0 + v)
         recs.append(leader.try_close(1.0 + v))
     return leader, recs
 
@@ -48,7 +48,7 @@ def test_forget_falls_back_on_the_newest_other_code_the_owners_still_keep():
     leader.forget(1, floor=2)
     assert leader.table.entries == [Entry(0, 2), None, None, Entry(3, 2)]
     assert leader.table.missing(3, 2) == [1, 2]
-    code = {r: Header(Kind.CODE, 3, r, 0, 1, 0, (0,), 0, -1) for r in range(4)}  # version 3: partitions r + 1
+    code = {r: Header(3, r, 1, (0,)) for r in range(4)}  # version 3: partitions r + 1
     leader.on_code(code[2], 9.0)  # (sent before it froze, say: it counts only once rank 2 rejoined)
     leader.on_code(code[0], 9.0)
     assert leader.table.entries == [Entry(0, 2), Entry(0, 3), None, Entry(3, 2)]
@@ -72,7 +72,7 @@ def test_a_partition_no_live_code_can_cover_is_left_out_instead_of_waiting_for_e
             out = 0
             for t in range(6):
                 for r in live:
-                    leader.on_code(Header(Kind.CODE, t, r, 0, 1, 0, (0,), 0, -1), 0.1 * t)
+                    leader.on_code(Header(t, r, 1, (0,)), 0.1 * t)
                 rec = leader.try_close(0.1 * t)
                 assert rec is not None and rec.version == t, (c, dead, t)
                 want = [
@@ -95,9 +95,9 @@ def test_a_live_holder_whose_code_has_not_arrived_is_waited_for():
     leader = BoundedLeader(scheme, 4, 0, timeout=5.0, max_lag=100, now=0.0)
     leader.on_dead(3)
     for r in (0, 1):
-        leader.on_code(Header(Kind.CODE, 0, r, 0, 1, 0, (0,), 0, -1), 0.1)
+        leader.on_code(Header(0, r, 1, (0,)), 0.1)
     assert leader.try_close(0.1) is None and leader.uncovered == 0
-    leader.on_code(Header(Kind.CODE, 0, 2, 0, 1, 0, (0,), 0, -1), 0.2)
+    leader.on_code(Header(0, 2, 1, (0,)), 0.2)
     rec = leader.try_close(0.2)
     assert rec.entries == (Entry(0, 0), Entry(1, 0), Entry(2, 0), None) and leader.uncovered == 1
     assert rec.plan() == [(0, 0, 0), (1, 1, 0), (2, 2, 0), (3, -1, 0)]

@@ -15,9 +15,9 @@ import torch
 from lightning_pgc.codes import SCHEMES, BoundedScheme, make_scheme
 from lightning_pgc.runtime.control import serve_store
 from lightning_pgc.runtime.collectives import CollectiveError
-from lightning_pgc.runtime.leader import DivergedError
+from lightning_pgc.decisions.leader import DivergedError
 from lightning_pgc.runtime.plane import CollectiveRuntime, PGCDetached
-from lightning_pgc.runtime.weights import contribute, contributions, reference_decode
+from lightning_pgc.codes.shares import contribute, contributions, reference_decode
 from tests.runtime_scenarios import _together
 
 D = 61  # payload elements: 56 decoded (gradient and loss), 5 averaged (buffers)

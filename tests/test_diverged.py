@@ -12,14 +12,14 @@ import pytest
 
 from lightning_pgc.codes import SCHEMES, BoundedScheme, make_scheme
 from lightning_pgc.experiments import JobFailed
-from lightning_pgc.runtime import DivergedError, Leader
-from lightning_pgc.runtime.bounded import BoundedLeader
-from lightning_pgc.runtime.messages import Header, Kind
+from lightning_pgc.decisions import DivergedError, Leader
+from lightning_pgc.decisions.bounded import BoundedLeader
+from lightning_pgc.decisions.header import Header
 from tests.jobs import run_job, whole_log
 
 
 def _code(leader: Leader, rank: int, version: int, now: float) -> None:
-    leader.on_code(Header(Kind.CODE, version, rank, 0, 1, 0, (0,), 0, -1), now)
+    leader.on_code(Header(version, rank, 1, (0,)), now)
 
 
 def _schemes():

@@ -15,7 +15,7 @@ from lightning_pgc.emulator.clock import Costs, simulate
 from lightning_pgc.emulator.data import DataCondition, partition_streams
 from lightning_pgc.emulator.schedule import Version, from_json, from_records, to_json
 from lightning_pgc.emulator.train import Task, emulate, emulate_grid
-from lightning_pgc.runtime.weights import contribute, reference_decode
+from lightning_pgc.codes.shares import contribute, reference_decode
 
 DELAY = "lognormal(median=0.02, sigma=1.5)"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -106,3 +107,30 @@ def test_the_module_map_in_the_design_page_is_generated_from_the_package() -> No
     every = sorted(p.relative_to(ROOT / "lightning_pgc") for p in (ROOT / "lightning_pgc").rglob("*.py"))
     assert all(f" {p.name} " in block or f" {p.parent.name}/ " in block for p in every)  # no module left out
     assert "theory_metrics.py" in block and "TheoryMeter: the convergence theory's constants" in block
+
+
+#: the pure math and decisions: free of Lightning, of torch.distributed and of the runtime that uses them
+PURE = ("codes", "decisions")
+IMPURE = (
+    "lightning",
+    "torch.distributed",
+    "lightning_pgc.runtime",
+    "lightning_pgc.strategy",
+    "lightning_pgc.callbacks",
+)
+
+
+@pytest.mark.parametrize("package", PURE)
+def test_pure_packages_import_no_lightning_and_no_torch_distributed(package: str) -> None:
+    files = sorted((ROOT / "lightning_pgc" / package).glob("*.py"))
+    assert files
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            bad = [n for n in names if any(n == m or n.startswith(m + ".") for m in IMPURE)]
+            assert bad == [], f"{path.relative_to(ROOT)} imports {bad}"

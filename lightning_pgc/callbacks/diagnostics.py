@@ -44,7 +44,7 @@ from lightning_pgc.callbacks.probe import (
 )
 from lightning_pgc.callbacks.theory_metrics import TheoryMeter
 from lightning_pgc.codes.bounded import BoundedScheme, error_decomposition
-from lightning_pgc.runtime.bounded import BoundedRecord
+from lightning_pgc.decisions.bounded import BoundedRecord
 
 __all__ = ["PGCDiagnostics"]
 

@@ -202,7 +202,7 @@ class BoundedScheme(Scheme):
 
     def decoding_weights(self, received: Sequence[int]) -> dict[int, float]:
         """``w_i`` of every received partition. Without some partitions (a version the leader closed although one
-        could not be covered, :class:`~lightning_pgc.runtime.bounded.BoundedLeader`) the others are averaged:
+        could not be covered, :class:`~lightning_pgc.decisions.bounded.BoundedLeader`) the others are averaged:
         ``w_i / sum_j w_j`` over the received ``j``.
 
         Raises:

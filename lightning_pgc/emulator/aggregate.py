@@ -11,7 +11,7 @@ list of ``(model version, partition, coefficient)`` terms.
 Under bounded staleness (:class:`BoundedPlan`) a code is one uncoded partition gradient and the leader's record names,
 per partition, the rank and model version of the code the aggregate uses (``BoundedRecord.plan()``); the aggregate
 is ``sum_i w_i g_i(theta_{v_i})`` with the scheme's ``decoding_weights`` of the covered partitions, as every rank's
-share (:func:`lightning_pgc.runtime.weights.contribute`) adds up to. :func:`plan_for` picks the plan of a scheme.
+share (:func:`lightning_pgc.codes.shares.contribute`) adds up to. :func:`plan_for` picks the plan of a scheme.
 """
 
 from __future__ import annotations

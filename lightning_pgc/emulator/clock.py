@@ -3,8 +3,8 @@
 :func:`simulate` replays one training run of ``steps`` versions on ``n`` simulated ranks as a discrete-event
 simulation. It runs the objects the real runtime runs: the scheme (``scheme.evaluations`` decides how many
 partition gradients a rank computes per step, :class:`~lightning_pgc.codes.StaleCache` which cached entries a
-code carries and their ages), the leader's control plane (:class:`~lightning_pgc.runtime.leader.Leader` or
-:class:`~lightning_pgc.runtime.bounded.BoundedLeader`, fed the same code headers with virtual arrival times: its
+code carries and their ages), the leader's control plane (:class:`~lightning_pgc.decisions.leader.Leader` or
+:class:`~lightning_pgc.decisions.bounded.BoundedLeader`, fed the same code headers with virtual arrival times: its
 ``try_close`` decides every close and admitted set) and the delay models of :mod:`lightning_pgc.delays`
 (:func:`~lightning_pgc.delays.delay_for`: the same realisation a real run with the same seed sleeps). What it
 does not run is the model: it answers *when* versions close and *which* codes they use, not what loss a run
@@ -32,9 +32,9 @@ import torch
 
 from lightning_pgc.codes import Scheme, StaleCache
 from lightning_pgc.codes.bounded import BoundedScheme
-from lightning_pgc.runtime.bounded import BoundedLeader
-from lightning_pgc.runtime.leader import Leader, StepRecord
-from lightning_pgc.runtime.messages import Header, Kind
+from lightning_pgc.decisions.bounded import BoundedLeader
+from lightning_pgc.decisions.leader import Leader, StepRecord
+from lightning_pgc.decisions.header import Header
 from lightning_pgc.delays import DelayModel, delay_for, parse_delay
 
 __all__ = ["Costs", "SimResult", "simulate"]
@@ -81,7 +81,7 @@ class Costs:
 class SimResult:
     """What one simulated run produced (times in virtual seconds from the start of step 0).
 
-    ``records`` are the leader's own :class:`~lightning_pgc.runtime.leader.StepRecord` objects (one per version,
+    ``records`` are the leader's own :class:`~lightning_pgc.decisions.leader.StepRecord` objects (one per version,
     closing time, admitted ranks in arrival order, decoding weights, ages of the entries each admitted code used).
     """
 
@@ -224,7 +224,7 @@ def simulate(
             # pgc_cr_naive sends no code until its cache is full again (as the strategy does)
             if scheme.cache_max_age is not None or len(valid) == len(caches[k].partitions):
                 ages = tuple(valid.values())
-                header = Header(Kind.CODE, v, k, 0, len(ages), max(ages, default=0), ages, res.skipped[k])
+                header = Header(v, k, len(ages), ages, res.skipped[k])
                 arrive = end if k == 0 else end + costs.code_s
                 push(arrive, "code", k, v)
                 codes[(k, v)] = header

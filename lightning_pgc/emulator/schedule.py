@@ -1,6 +1,6 @@
 """A schedule: per version, which ranks' codes the aggregate decodes (in arrival order) and the ages of the cached
 entries each code was built from (under bounded staleness also the leader's plan: which rank's code of which model
-version stands for each partition). It is what the leader decides (:class:`~lightning_pgc.runtime.leader.StepRecord`),
+version stands for each partition). It is what the leader decides (:class:`~lightning_pgc.decisions.leader.StepRecord`),
 whether on the simulated clock or in a real run, reduced to plain data that a JSON file can hold.
 """
 
@@ -34,9 +34,9 @@ def _plan(rows: Optional[Iterable[Sequence[int]]]) -> Optional[tuple[tuple[int, 
 
 
 def from_records(records: Iterable[Any], times: Optional[Sequence[float]] = None) -> list[Version]:
-    """Versions from the leader's :class:`~lightning_pgc.runtime.leader.StepRecord` objects (``times[t]``: when
+    """Versions from the leader's :class:`~lightning_pgc.decisions.leader.StepRecord` objects (``times[t]``: when
     version ``t`` applied on rank 0; default the records' closing times). A bounded-staleness record
-    (:class:`~lightning_pgc.runtime.bounded.BoundedRecord`, the one with per-partition ``entries``) keeps its plan."""
+    (:class:`~lightning_pgc.decisions.bounded.BoundedRecord`, the one with per-partition ``entries``) keeps its plan."""
     out = []
     for i, rec in enumerate(records):
         when = float(times[i]) if times is not None else float(rec.closed_at)

@@ -18,9 +18,9 @@ from torch import Tensor
 from lightning_pgc.runtime.collectives import CollectiveError
 from lightning_pgc.runtime.control import Channel, inbox, leader_box
 from lightning_pgc.runtime.group import open_group
-from lightning_pgc.runtime.leader import STAT_NAMES
+from lightning_pgc.decisions.leader import STAT_NAMES
 from lightning_pgc.runtime.aggregates import PGCTimeoutError
-from lightning_pgc.runtime.weights import contribute
+from lightning_pgc.codes.shares import contribute
 
 log = logging.getLogger(__name__)
 

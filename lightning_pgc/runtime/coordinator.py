@@ -1,7 +1,7 @@
 """The leader's thread on the collective data plane: admission, liveness and reconfiguration of the data group.
 
 It reads the leader's inbox (announcements, heartbeats, rejects, rejoins, reports, collective requests) and drives a
-:class:`~lightning_pgc.runtime.leader.Leader` (or :class:`~lightning_pgc.runtime.bounded.BoundedLeader`): when a
+:class:`~lightning_pgc.decisions.leader.Leader` (or :class:`~lightning_pgc.decisions.bounded.BoundedLeader`): when a
 version closes it sends its plan to every member of the data group, whose comm threads all-reduce it.
 
 Reconfiguration. When a member's all-reduce fails (a member died), a member misses its heartbeats for a window
@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from lightning_pgc.runtime.control import inbox, leader_box, term_key
-from lightning_pgc.runtime.leader import CoordinatorError, Leader, NoDonorYet, StepRecord
-from lightning_pgc.runtime.messages import Header, Kind
+from lightning_pgc.decisions.leader import CoordinatorError, Leader, NoDonorYet, StepRecord
+from lightning_pgc.decisions.header import Header
 
 if TYPE_CHECKING:
     from lightning_pgc.runtime.plane import CollectiveRuntime
@@ -156,13 +156,11 @@ class Coordinator:
     def _handle(self, item: tuple, now: float) -> None:
         leader, kind = self.leader, item[0]
         if kind == "code":
-            _, rank, version, valid, max_age, ages, skipped, partition = item
+            _, rank, version, ages, skipped, partition = item
             if self._stash is not None:
                 self._stash.append(item)
             elif rank in self.members:
-                leader.on_code(
-                    Header(Kind.CODE, version, rank, 0, valid, max_age, tuple(ages), skipped, partition), now
-                )
+                leader.on_code(Header(version, rank, len(ages), tuple(ages), skipped, partition), now)
         elif kind == "beat":
             leader.on_beat(item[1], item[2], now)
         elif kind == "reject":

@@ -6,7 +6,7 @@ Per version ``t``:
    on the rank, only a few-byte announcement goes to the leader;
 2. the leader closes ``t`` with a plan (the codes its aggregate uses) and sends it to every member of the data
    group (:mod:`~lightning_pgc.runtime.coordinator`);
-3. every member's comm thread contributes its share of the decode (:func:`~lightning_pgc.runtime.weights.contribute`;
+3. every member's comm thread contributes its share of the decode (:func:`~lightning_pgc.codes.shares.contribute`;
    zeros if the plan names none of its codes) to one ``all_reduce``; the sum is the decoded aggregate, the same
    bits on every member;
 4. the training thread takes it (:meth:`~CollectiveRuntime.wait`) and applies it.
@@ -42,7 +42,7 @@ from lightning_pgc.runtime.comm import CommLoop
 from lightning_pgc.runtime.rejoin import Rejoins
 from lightning_pgc.runtime.control import Channel, inbox, leader_box
 from lightning_pgc.runtime.group import DataGroup, open_group
-from lightning_pgc.runtime.leader import Leader, StepRecord
+from lightning_pgc.decisions.leader import Leader, StepRecord
 from lightning_pgc.runtime.aggregates import PGCTimeoutError
 from lightning_pgc.runtime.succession import Succession
 
@@ -86,7 +86,7 @@ class CollectiveRuntime(CommLoop, Rejoins):
             agg_numel: elements of an aggregate (the payload without padding).
         down_dtype: dtype of the aggregate; codes and the all-reduce use ``scheme.payload_dtype``.
         start_version: the first version of this fit; timeout, max_lag: as for the leader.
-        make_leader: the control plane's class (e.g. :class:`~lightning_pgc.runtime.bounded.BoundedLeader`).
+        make_leader: the control plane's class (e.g. :class:`~lightning_pgc.decisions.bounded.BoundedLeader`).
         heartbeat_interval, heartbeat_misses: liveness; the window is their product.
         device: where codes and aggregates live (``cuda``: NCCL and a comm stream; else gloo).
         prefix: the run's namespace in the store (the same on every rank, new for every start).
@@ -341,7 +341,7 @@ class CollectiveRuntime(CommLoop, Rejoins):
         code.version = version
         if self._stream is not None:
             code.event = torch.cuda.current_stream(self.device).record_event()
-        announcement = ("code", self.rank, version, len(ages), max(ages, default=0), ages, self.skipped, partition)
+        announcement = ("code", self.rank, version, ages, self.skipped, partition)
         with self._lock:
             old = self._codes.pop(version, None)
             if old is not None:

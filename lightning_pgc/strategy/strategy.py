@@ -73,7 +73,7 @@ from lightning_pgc.strategy.sampling import PartitionBatchSampler, select_partit
 from lightning_pgc.strategy.leadership import Leadership
 from lightning_pgc.strategy.live_routing import ALONE, LiveRouting
 from lightning_pgc.strategy.options import STRATEGY_SCHEMES, check_options  # noqa: F401 (re-exported)
-from lightning_pgc.runtime.bounded import BoundedLeader
+from lightning_pgc.decisions.bounded import BoundedLeader
 from lightning_pgc.runtime.control import host_store, open_store, run_prefix
 from lightning_pgc.runtime.plane import CollectiveRuntime, PGCDetached
 from lightning_pgc.staleness import StalenessCorrection

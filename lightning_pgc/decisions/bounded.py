@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from lightning_pgc.codes.bounded import BoundedScheme, CoverageTable, Entry
-from lightning_pgc.runtime.leader import CoordinatorError, Leader, StepRecord
-from lightning_pgc.runtime.messages import Header
+from lightning_pgc.decisions.leader import CoordinatorError, Leader, StepRecord
+from lightning_pgc.decisions.header import Header
 
 log = logging.getLogger(__name__)
 

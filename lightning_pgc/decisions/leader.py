@@ -1,4 +1,4 @@
-"""The leader's control plane: which ranks' codes close each version, and who is alive (no payload, no I/O).
+"""The leader's decisions: which ranks' codes close each version, and who is alive (no payload, no I/O).
 
 Every rank announces its code for a version to the leader, so the leader knows when each one is ready. It
 closes the open version as soon as the codes in decode (``scheme.admits``): it never waits for a rank. Every member
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from lightning_pgc.codes import Scheme
-from lightning_pgc.runtime.messages import STAT_FIELDS, Header
+from lightning_pgc.decisions.header import Header
 
 
 class CoordinatorError(RuntimeError):
@@ -89,7 +89,6 @@ class RankStats:
 
 #: Order of the per-rank statistics in a STOP message.
 STAT_NAMES = ("admitted", "late", "skipped", "mean_lag_s", "rejected", "rejoined")
-assert len(STAT_NAMES) == STAT_FIELDS
 
 
 class Leader:
