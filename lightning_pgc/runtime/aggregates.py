@@ -1,4 +1,5 @@
-"""Decoded aggregates waiting for a rank's training thread, by version, in buffers that are reused."""
+"""The buffers a rank holds: its codes, and the decoded aggregates waiting for its training thread, by version, in
+buffers that are reused."""
 
 from __future__ import annotations
 
@@ -17,6 +18,21 @@ class PGCTimeoutError(RuntimeError):
 def payload_dtype_for(params_dtype: torch.dtype) -> torch.dtype:
     """The aggregate's dtype: float64 for double-precision models, float32 otherwise."""
     return torch.float64 if params_dtype == torch.float64 else torch.float32
+
+
+class Code:
+    """One rank's code for one version: a flat buffer on the model's device (encode into :attr:`rows`)."""
+
+    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.flat = torch.zeros(numel, dtype=dtype, device=device)
+        self.rows = self.flat.view(1, -1)  # (the codes' encode writes one row)
+        self.version = -1
+        self.event: Optional[object] = None  # CUDA: recorded when it was submitted (the comm stream waits on it)
+        self.read: Optional[object] = None  # CUDA: recorded after the comm stream last read it
+
+    def write(self, start: int, flat: Tensor) -> None:
+        """Copy ``flat`` into the code at offset ``start`` (e.g. the averaged buffers)."""
+        self.flat[start : start + flat.numel()].copy_(flat)
 
 
 class Aggregates:

@@ -36,14 +36,13 @@ import torch.distributed as dist
 from torch import Tensor
 
 from lightning_pgc.codes import Scheme
-from lightning_pgc.runtime.aggregates import Aggregates
+from lightning_pgc.runtime.aggregates import Aggregates, Code, PGCTimeoutError
 from lightning_pgc.runtime.collectives import LiveCollectives
 from lightning_pgc.runtime.comm import CommLoop
 from lightning_pgc.runtime.rejoin import Rejoins
 from lightning_pgc.runtime.control import Channel, inbox, leader_box
 from lightning_pgc.runtime.group import DataGroup, open_group
 from lightning_pgc.decisions.leader import Leader, StepRecord
-from lightning_pgc.runtime.aggregates import PGCTimeoutError
 from lightning_pgc.runtime.succession import Succession
 
 log = logging.getLogger(__name__)
@@ -54,21 +53,6 @@ _RUNS = itertools.count()  # runtime starts in this process: every rank starts t
 class PGCDetached(RuntimeError):
     """This rank fell more than ``max_lag`` versions behind (or left the data group): no aggregate comes until it
     rejoins."""
-
-
-class Code:
-    """One rank's code for one version: a flat buffer on the model's device (encode into :attr:`rows`)."""
-
-    def __init__(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
-        self.flat = torch.zeros(numel, dtype=dtype, device=device)
-        self.rows = self.flat.view(1, -1)  # (the codes' encode writes one row)
-        self.version = -1
-        self.event: Optional[object] = None  # CUDA: recorded when it was submitted (the comm stream waits on it)
-        self.read: Optional[object] = None  # CUDA: recorded after the comm stream last read it
-
-    def write(self, start: int, flat: Tensor) -> None:
-        """Copy ``flat`` into the code at offset ``start`` (e.g. the averaged buffers)."""
-        self.flat[start : start + flat.numel()].copy_(flat)
 
 
 class CollectiveRuntime(CommLoop, Rejoins):
