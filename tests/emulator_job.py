@@ -37,7 +37,7 @@ if __name__ == "__main__":
         limit_val_batches=0,
         strategy=PGCStrategy(
             scheme=scheme,
-            stragglers=1,
+            **({} if scheme == "bounded" else {"stragglers": 1}),  # bounded: replication 2, staleness 2
             start_method="fork",
             diagnostics=False,
             staleness_correction=correction,

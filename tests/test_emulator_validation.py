@@ -1,5 +1,5 @@
-"""The emulator reproduces a real 4-rank run: fed the leader's admitted sets and ages, and the run's parameters at each
-version, it computes the aggregate the run applied at that version.
+"""The emulator reproduces a real 4-rank run: fed the leader's admitted sets and ages (under bounded staleness, its
+plans), and the run's parameters at each version, it computes the aggregate the run applied at that version.
 
 Each version is checked at the run's own parameters, not along a replay from the initial ones alone: a replay drifts
 from the run wherever a float rounding (the run sums float32 codes, the emulator float64 terms) moves an activation
@@ -19,7 +19,8 @@ import pytest
 import torch
 from torch.nn.utils import vector_to_parameters
 
-from lightning_pgc.codes import make_scheme
+from lightning_pgc.codes import Scheme, make_scheme
+from lightning_pgc.codes.bounded import BoundedScheme
 from lightning_pgc.examples.digits import DigitsCNN, load_digits_tensors
 from lightning_pgc.emulator.data import DataCondition, partition_streams
 from lightning_pgc.emulator.record import load, load_trajectory
@@ -50,6 +51,11 @@ def _record(tmp_path: Path, scheme: str, *correction: str) -> Path:
     return out
 
 
+def _scheme(name: str) -> Scheme:
+    """The scheme the job ran (``bounded``: the strategy's defaults, replication 2 and staleness 2)."""
+    return BoundedScheme(4, 2, 2) if name == "bounded" else make_scheme(name, 4, 1)
+
+
 def _errors(
     scheme_name: str, schedule: Sequence[Version], params: torch.Tensor, aggregates: torch.Tensor, **correction
 ) -> list[float]:
@@ -58,7 +64,7 @@ def _errors(
     model = DigitsCNN().net
     task = Task(model, *train.tensors, *val.tensors, batch_size=emulator_job.BATCH)
     streams = partition_streams(train.tensors[1].numpy(), 4, 0, DataCondition("iid"))
-    scheme = make_scheme(scheme_name, 4, 1)
+    scheme = _scheme(scheme_name)
     corr = StalenessCorrection.for_fit(correction.get("correction", "none"), scheme, [], dc_lambda=DC_LAMBDA)
     aggregate_of = VersionAggregate(scheme, schedule, task, streams, corr)
     out = []
@@ -122,3 +128,20 @@ def test_emulator_reproduces_a_real_run_with_a_staleness_correction(tmp_path, co
 
     # The check can fail: the same versions replayed without the correction give other aggregates.
     assert max(_errors("pgc_cr", schedule, params, aggregates)) > 100 * TOLERANCE
+
+
+def test_emulator_reproduces_a_real_bounded_run_from_its_plans(tmp_path):
+    schedule, params, aggregates = _run(tmp_path, "bounded")
+    stale = [i for i, v in enumerate(schedule) if any(k >= 0 and ver < v.version for _, k, ver in v.plan or ())]
+    assert stale  # the plans named stale entries
+    errors = _errors("bounded", schedule, params, aggregates)
+    assert max(errors) <= TOLERANCE, errors
+
+    # The check can fail: one version whose stale entries are named as fresh ones gives another aggregate.
+    i = stale[-1]
+    entry = schedule[i]
+    assert entry.plan is not None
+    fresh = tuple((p, k, entry.version if k >= 0 else v) for p, k, v in entry.plan)
+    wrong = list(schedule[: i + 1])
+    wrong[i] = dataclasses.replace(entry, plan=fresh)
+    assert _errors("bounded", wrong, params, aggregates)[i] > 100 * TOLERANCE
