@@ -6,7 +6,8 @@ name):
 1. ``validate`` before ``fit``;
 2. ``fit`` for 6 steps with ``ModelCheckpoint(save_last=True)`` and a per-step ``OneCycleLR``;
 3. ``validate``, ``test`` and ``predict`` on the same Trainer;
-4. a second ``Trainer`` that fits on to step 12 from ``ckpt_path="last"``, then ``test``.
+4. a second ``Trainer`` that fits on to step 12 from ``ckpt_path="last"``, then ``test``;
+5. ``destroy_process_group`` before it exits, on every rank.
 
 Every rank appends ``OUT/rank{k}.jsonl`` at the end of each Trainer call (the call, its parameter checksum, the
 step, the live ``pgc-*`` threads). Each process that runs the script (every rank under ``popen``, the launching
@@ -150,6 +151,8 @@ def main(strategy_name: str, start_method: str, out: Path, short: bool = False) 
         "sockets": open_sockets(),
     }
     (out / f"script{second.global_rank}.json").write_text(json.dumps(script))
+    if dist.is_initialized():  # as torch asks of every script: a gloo group alive at interpreter exit can abort it
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
