@@ -3,7 +3,7 @@
 :func:`simulate` replays one training run of ``steps`` versions on ``n`` simulated ranks as a discrete-event
 simulation. It runs the objects the real runtime runs: the scheme (``scheme.evaluations`` decides how many
 partition gradients a rank computes per step, :class:`~lightning_pgc.codes.StaleCache` which cached entries a
-code carries and their ages), the leader's control plane (:class:`~lightning_pgc.decisions.leader.Leader` or
+code carries and their ages), the leader's decisions (:class:`~lightning_pgc.decisions.leader.Leader` or
 :class:`~lightning_pgc.decisions.bounded.BoundedLeader`, fed the same code headers with virtual arrival times: its
 ``try_close`` decides every close and admitted set) and the delay models of :mod:`lightning_pgc.delays`
 (:func:`~lightning_pgc.delays.delay_for`: the same realisation a real run with the same seed sleeps). What it
