@@ -293,3 +293,12 @@ class StalenessCorrection:
 
     def reset(self) -> None:
         self._snapshots.clear()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The snapshots by version (a rank that rejoins by state transfer looks ahead from its first step)."""
+        return {"kind": self.kind, "snapshots": dict(self._snapshots)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["kind"] != self.kind:
+            raise ValueError(f"a {state['kind']!r} staleness correction's state cannot load into a {self.kind!r} one")
+        self._snapshots = dict(state["snapshots"])

@@ -26,6 +26,7 @@ REALRANK = {
     "test_owner_faults.py",
     "test_packaging.py",
     "test_resume.py",
+    "test_state_transfer.py",
     "test_strategy.py",
     "test_trainer_calls.py",
     "test_bounded.py::test_real_ranks_persistent_slow_rank_bounded_ages_identical_replicas_and_window_valve",

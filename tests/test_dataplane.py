@@ -371,16 +371,16 @@ def test_a_rank_too_far_behind_is_detached_and_rejoins_by_state_transfer():
         rejoin.start()
         assert _eventually(lambda: 2 not in rts[0].leader.detached)
         u = rts[0].leader.version
-        state = torch.arange(10, dtype=torch.uint8)
+        state = {"weights": torch.arange(10, dtype=torch.float32), "steps": [3, torch.tensor(7)]}
         for r in (0, 1):
             _submit(rts[r], u)
         aggs = {r: rts[r].wait(u, donate=lambda: state) for r in (0, 1)}
         for r in (0, 1):
-            for recipient in rts[r].donation(u):
-                rts[r].send_state(recipient, u, state)
+            rts[r].serve_rejoins(u, lambda: state)
         rejoin.join(10)
         got_u, got_state = got["result"]
-        assert got_u == u and torch.equal(got_state, state)
+        assert got_u == u and torch.equal(got_state["weights"], state["weights"])
+        assert got_state["steps"][0] == 3 and int(got_state["steps"][1]) == 7
         agg2 = rts[2].wait(u)
         assert torch.equal(agg2, aggs[0]) and torch.equal(agg2, aggs[1])
         assert rts[2].buffer_stats()["mailbox_high_water"] <= 2

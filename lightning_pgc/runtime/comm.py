@@ -66,13 +66,13 @@ class CommLoop:
             elif kind == "detach":
                 self._set_gap(msg[2], msg[1], detach=True)
             elif kind == "attach":
-                _, version, rank, donor = msg
+                _, version, rank, donor, transfer = msg
                 self._set_gap(rank, version, detach=False)
                 with self._attach_cond:
-                    self._attachments.setdefault(version, []).append((rank, donor))
+                    self._attachments.setdefault(version, []).append((rank, donor, transfer))
                     self._attach_cond.notify_all()
                 if rank == self.rank:
-                    self._attach_info = (version, donor)
+                    self._attach_info = (version, donor, transfer)
                     self._attached.set()
             elif kind == "query":
                 if msg[1] == self.config and not self._waiting:

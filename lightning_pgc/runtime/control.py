@@ -19,7 +19,6 @@ import itertools
 import os
 import pickle
 import socket
-import time
 import uuid
 from datetime import timedelta
 from typing import Any, Optional
@@ -154,28 +153,6 @@ class Channel:
         if not self.store.check([self._key(key)]):
             return None
         return self.store.get(self._key(key)).decode()
-
-    def put_blob(self, key: str, data: bytes) -> None:
-        self.store.queue_push(self._key(key), data)
-        self.bytes_sent += len(data)
-
-    def pop_blob(self, key: str, timeout: float) -> bytes:
-        """The next blob of ``key``, looking every 10 ms for up to ``timeout`` seconds (no store wait: see
-        :data:`_NEVER`).
-
-        Raises:
-            TimeoutError: nothing came in time.
-        """
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.store.queue_len(self._key(key)) > 0:
-                try:
-                    return self.store.queue_pop(self._key(key), False)
-                except dist.QueueEmptyError:
-                    pass
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"nothing in {key} after {timeout:.1f} s")
-            time.sleep(0.01)
 
 
 def inbox(rank: int) -> str:

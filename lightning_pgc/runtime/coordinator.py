@@ -58,6 +58,7 @@ class Coordinator:
         self._reconf: Optional[_Reconfiguration] = None
         self._leaving: set[int] = set()
         self._rejoins: list[int] = []
+        self._transfers = 0  # state transfers this term named (each gets a rendezvous of its own)
         self._colls: dict[int, set[int]] = {}  # seq -> ranks that asked for it
         self._issued = 0  # last collective sent to the members
         self._last_beat = 0.0
@@ -319,7 +320,9 @@ class Coordinator:
             except NoDonorYet:
                 break  # (asked again at every loop: the leader donates once its own training ended)
             self._rejoins.pop(0)
-            self._send_all(("attach", u, rank, donor))
+            self._transfers += 1
+            transfer = f"{self.term}.{self._transfers}"
+            self._send_all(("attach", u, rank, donor, transfer))
             if rank not in self.members:  # it left the data group (frozen): every member has every version before
                 self.config += 1  # u queued before this configuration, which takes it back from u on
                 self.members = sorted(self.members + [rank])
@@ -328,7 +331,7 @@ class Coordinator:
                 )
                 self._send_members(("conf", self.config, self.members, u))
             if rt.stopping and donor == rt.rank:
-                rt.donate_final(rank, u)
+                rt.donate_final(rank, u, transfer)
         rec = leader.try_close(now)
         if rec is not None:
             for r in leader.detach(rec.version):

@@ -39,7 +39,7 @@ from lightning_pgc.codes import Scheme
 from lightning_pgc.runtime.aggregates import Aggregates, Code, PGCTimeoutError
 from lightning_pgc.runtime.collectives import LiveCollectives
 from lightning_pgc.runtime.comm import CommLoop
-from lightning_pgc.runtime.rejoin import Rejoins
+from lightning_pgc.runtime.rejoin import Rejoins, StateFn
 from lightning_pgc.runtime.control import Channel, inbox, leader_box
 from lightning_pgc.runtime.group import DataGroup, open_group
 from lightning_pgc.decisions.leader import Leader, StepRecord
@@ -59,8 +59,8 @@ class CollectiveRuntime(CommLoop, Rejoins):
     """Every rank's runtime on the collective data plane; the leader's also runs the control plane.
 
     The worker API: :meth:`start`; per version :meth:`published`, :meth:`detached` /
-    :meth:`rejoin`, :meth:`new_code` and :meth:`submit` (or :meth:`reject`), :meth:`wait`, :meth:`donation` /
-    :meth:`send_state`, :meth:`release`; :meth:`stop` at the end.
+    :meth:`rejoin`, :meth:`new_code` and :meth:`submit` (or :meth:`reject`), :meth:`wait`, :meth:`serve_rejoins`,
+    :meth:`release`; :meth:`stop` at the end.
 
     Args:
         scheme: the straggler-tolerance scheme.
@@ -136,13 +136,14 @@ class CollectiveRuntime(CommLoop, Rejoins):
         self._code_count = 0
         self._lock = threading.Lock()
         self._gaps: dict[int, list[tuple[int, Optional[int]]]] = {}
-        self._attachments: dict[int, list[tuple[int, int]]] = {}
-        self._donated: dict[int, set[int]] = {}
+        self._attachments: dict[int, list[tuple[int, int, str]]] = {}  # version -> (recipient, donor, transfer)
+        self._donated: dict[int, set[str]] = {}  # version -> transfers sent
         self._attach_cond = threading.Condition()
-        self._attach_info: Optional[tuple[int, int]] = None
+        self._attach_info: Optional[tuple[int, int, str]] = None
         self._attached = threading.Event()
-        self._state_fn: Optional[Callable[[], Tensor]] = None
-        self._final_requests: list[tuple[int, int]] = []
+        self._state_fn: Optional[StateFn] = None
+        self._final_requests: list[tuple[int, int, str]] = []
+        self.transfers: list[dict[str, float]] = []  # the state transfers this rank received (rejoins)
         self._leader_heard = self._resumed_at = self._last_check = self._comm_free_at = time.monotonic()
         self._last_settle = 0.0
         self._announced: dict[int, tuple] = {}  # version -> the announcement of the code kept for it
@@ -161,6 +162,7 @@ class CollectiveRuntime(CommLoop, Rejoins):
         self._lead_chan: Optional[Channel] = Channel(store, self.prefix) if rank == 0 or failover else None
         self._channels = [c for c in (self._ctl, self._chan, self._beat_chan, self._lead_chan) if c is not None]
         self._group_store = store.clone()
+        self._xfer_store = store.clone()  # the training thread's, for the rendezvous of state transfers
         self._start_timeout = store.timeout  # for the ranks to meet (the store's: the process group's timeout)
         self.data_bytes = 0  # bytes this rank's all-reduces sent (as many are received): a ring's 2 (m-1)/m payloads
         # comm thread state
@@ -239,7 +241,7 @@ class CollectiveRuntime(CommLoop, Rejoins):
         t.start()
         self._threads.append(t)
 
-    def stop(self, donate: Optional[Callable[[], Tensor]] = None, leave: bool = False) -> None:
+    def stop(self, donate: Optional[StateFn] = None, leave: bool = False) -> None:
         """Say BYE, serve the all-reduces until the leader's STOP, join every thread, close the data group.
 
         ``donate`` (leader) gives the final training state to ranks that rejoin after the leader finished; with
@@ -263,8 +265,8 @@ class CollectiveRuntime(CommLoop, Rejoins):
             comm.join(0.05)
             with self._lock:
                 requests, self._final_requests = self._final_requests, []
-            for rank, version in requests:
-                self.send_state(rank, version, donate() if donate is not None else torch.zeros(0, dtype=torch.uint8))
+            for rank, version, transfer in requests:
+                self.send_state(rank, version, donate() if donate is not None else None, transfer)
             if self.failure() is not None:  # the leader failed (here, or it said so): nobody sends STOP
                 break
         self._halt()
@@ -290,7 +292,7 @@ class CollectiveRuntime(CommLoop, Rejoins):
         if not alive:  # every connection to the store goes with this runtime (as ddp's do with its groups)
             for chan in self._channels:
                 chan.close()
-            self.store = self._group_store = None  # type: ignore[assignment]
+            self.store = self._group_store = self._xfer_store = None  # type: ignore[assignment]
 
     # ------------------------------------------------------------------------------------------- worker API
     def published(self, version: int) -> bool:
@@ -339,7 +341,7 @@ class CollectiveRuntime(CommLoop, Rejoins):
         self.rejected += 1
         self._ctl.push(self._leader_box(), ("reject", self.rank, version))
 
-    def wait(self, version: int, donate: Optional[Callable[[], Tensor]] = None) -> Tensor:
+    def wait(self, version: int, donate: Optional[StateFn] = None) -> Tensor:
         """The aggregate of ``version`` (``agg_numel`` elements of ``down_dtype``, on the device).
 
         Raises:
@@ -470,11 +472,11 @@ class CollectiveRuntime(CommLoop, Rejoins):
         with self._lock:
             return {r: spans[-1][0] for r, spans in self._gaps.items() if spans and spans[-1][1] is None}
 
-    def donate_final(self, rank: int, version: int) -> None:
-        """This rank's training ended: give ``rank`` the final training state for ``version`` (:meth:`stop` sends
-        it while it serves the last all-reduces)."""
+    def donate_final(self, rank: int, version: int, transfer: str) -> None:
+        """This rank's training ended: give ``rank`` the final training state for ``version`` in transfer
+        ``transfer`` (:meth:`stop` sends it while it serves the last all-reduces)."""
         with self._lock:
-            self._final_requests.append((rank, version))
+            self._final_requests.append((rank, version, transfer))
 
     def follow(self, term: int, winner: int) -> None:
         """Leadership passed to ``winner`` for ``term`` (:mod:`~lightning_pgc.runtime.succession`): follow it, or

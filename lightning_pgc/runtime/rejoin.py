@@ -1,91 +1,149 @@
 """State transfer on the collective runtime: a detached rank asks to rejoin, a donor sends it the training state
-(with the results of its last collectives) through the store. A mixin of
-:class:`~lightning_pgc.runtime.plane.CollectiveRuntime` (it uses that class's state)."""
+(with the results of its last collectives) over a two-rank group of their own
+(:mod:`~lightning_pgc.runtime.transfer`). A mixin of :class:`~lightning_pgc.runtime.plane.CollectiveRuntime` (it
+uses that class's state).
+
+The store carries only the request (``rejoin``), the leader's ``attach`` (version, donor, the transfer's name) and
+the pair's rendezvous: a few dozen bytes each, whatever the size of the model or of a metric's state.
+
+Both sides run the transfer on their training threads. Neither comm thread takes part, so every member's
+all-reduces go on meanwhile (the donor's and the recipient's too), and no Lightning collective waits for it: the
+donor sends from :meth:`~lightning_pgc.runtime.plane.CollectiveRuntime.wait` or while it waits for a collective,
+the recipient receives before it runs any step of the version it rejoins at.
+"""
 
 from __future__ import annotations
 
 import logging
-import pickle
-import struct
-from typing import Callable
+import time
+from typing import Any, Callable, Optional
 
-import torch
-from torch import Tensor
+from lightning_pgc.runtime.transfer import Pair, TransferFailed, flatten, receive, send
 
 log = logging.getLogger(__name__)
+
+#: Times a rank asks again after a transfer failed (its donor died or froze) before it gives up.
+TRANSFER_ATTEMPTS = 3
+
+#: A state tree, or a callable that builds one: see :class:`~lightning_pgc.strategy.rejoin.StateTransfer`.
+StateFn = Callable[[], Any]
+
+
+def transfer_key(prefix: str, recipient: int, transfer: str) -> str:
+    """The namespace of one transfer's rendezvous in the store."""
+    return f"{prefix}/state/{recipient}/{transfer}"
 
 
 class Rejoins:
     """The worker API of state transfer (mixed into :class:`~lightning_pgc.runtime.plane.CollectiveRuntime`)."""
 
-    def rejoin(self, version: int) -> tuple[int, Tensor]:
-        """Ask to rejoin at ``version``; block until a donor sent the training state. Returns ``(u, state)``."""
-        self._attached.clear()
-        self._rejoining = version
-        self._ctl.push(self._leader_box(), ("rejoin", self.rank, version))
-        while not self._attached.wait(self.heartbeat_interval):
-            self._check_leader(f"rejoining at version {version}")
-        assert self._attach_info is not None
-        u, donor = self._attach_info
-        self._rejoining = None
-        while True:
-            try:
-                blob = self._ctl.pop_blob(f"state/{self.rank}", self.heartbeat_interval)
-            except TimeoutError:
-                self._check_leader(f"waiting for the training state of version {u}")
-                continue
-            sent_for, history_bytes = struct.unpack("<qq", blob[:16])
-            if sent_for == u:
-                break
-        start = 16 + history_bytes
-        with self._coll_cond:
-            self._coll_replay = pickle.loads(blob[16:start])
-        state = (
-            torch.frombuffer(bytearray(blob[start:]), dtype=torch.uint8)
-            if len(blob) > start
-            else torch.zeros(0, dtype=torch.uint8)
-        )
-        log.warning(
-            "PGC rank %d: rejoined at version %d with the state of rank %d (%.1f MB), asked at version %d",
-            self.rank,
-            u,
-            donor,
-            state.numel() / 1e6,
-            version,
-        )
-        return u, state
+    def rejoin(self, version: int, into: Optional[StateFn] = None) -> tuple[int, Any]:
+        """Ask to rejoin at ``version``; block until a donor sent the training state. Returns ``(u, state)``, the
+        state at the start of version ``u``. ``into`` gives this rank's own state tree: tensors of the same path,
+        shape and dtype are received in place (no copy).
 
-    def donation(self, version: int) -> list[int]:
-        """The ranks this rank must send its training state to before applying ``version`` (after :meth:`wait`)."""
+        A transfer that fails (the donor died or froze) is asked for again, up to :data:`TRANSFER_ATTEMPTS` times.
+
+        Raises:
+            RuntimeError: every attempt failed, or the leader failed.
+        """
+        for attempt in range(1, TRANSFER_ATTEMPTS + 1):
+            self._attached.clear()
+            self._rejoining = version
+            self._ctl.push(self._leader_box(), ("rejoin", self.rank, version))
+            while not self._attached.wait(self.heartbeat_interval):
+                self._check_leader(f"rejoining at version {version}")
+            assert self._attach_info is not None
+            u, donor, transfer = self._attach_info
+            self._rejoining = None
+            started = time.monotonic()
+            try:
+                with Pair(
+                    self._xfer_store, transfer_key(self.prefix, self.rank, transfer), 1, self.group_timeout
+                ) as pair:
+                    got = receive(pair, u, {"training": into()} if into is not None else None, self.device)
+            except TransferFailed as exc:
+                log.warning(
+                    "PGC rank %d: the state transfer from rank %d failed (%s); asking again (attempt %d of %d)",
+                    self.rank,
+                    donor,
+                    exc,
+                    attempt,
+                    TRANSFER_ATTEMPTS,
+                )
+                continue
+            with self._coll_cond:
+                self._coll_replay = got["collectives"]
+            self.transfers.append(
+                {"version": u, "donor": donor, "seconds": time.monotonic() - started, "bytes": got["bytes"]}
+            )
+            log.warning(
+                "PGC rank %d: rejoined at version %d with the state of rank %d (%.1f MB in %.2f s), asked at version %d",
+                self.rank,
+                u,
+                donor,
+                got["bytes"] / 1e6,
+                time.monotonic() - started,
+                version,
+            )
+            return u, got["training"]
+        raise RuntimeError(
+            f"PGC rank {self.rank}: {TRANSFER_ATTEMPTS} state transfers failed while rejoining at version {version}"
+        )
+
+    def serve_rejoins(self, version: int, state_fn: StateFn) -> None:
+        """Send the state (``state_fn()``, the state at the start of ``version``) to every rank that rejoins at
+        ``version`` through this rank and did not get it yet; forget the rejoins of earlier versions."""
+        self._donate(version, state_fn)
         with self._attach_cond:
-            recipients = self._recipients(version)
             for v in [v for v in self._attachments if v <= version]:
                 del self._attachments[v]
             for v in [v for v in self._donated if v <= version]:
                 del self._donated[v]
-        return recipients
 
-    def _recipients(self, version: int) -> list[int]:
+    def _recipients(self, version: int) -> list[tuple[int, str]]:
         with self._attach_cond:
             sent = self._donated.get(version, set())
             return [
-                r for r, d in self._attachments.get(version, ()) if d == self.rank and r != self.rank and r not in sent
+                (r, transfer)
+                for r, d, transfer in self._attachments.get(version, ())
+                if d == self.rank and r != self.rank and transfer not in sent
             ]
 
-    def _donate(self, version: int, state_fn: Callable[[], Tensor]) -> None:
+    def _donate(self, version: int, state_fn: StateFn) -> None:
         recipients = self._recipients(version)
         if not recipients:
             return
         state = state_fn()
-        for rank in recipients:
-            self.send_state(rank, version, state)
+        for rank, transfer in recipients:
+            self.send_state(rank, version, state, transfer)
             with self._attach_cond:
-                self._donated.setdefault(version, set()).add(rank)
+                self._donated.setdefault(version, set()).add(transfer)
 
-    def send_state(self, rank: int, version: int, state: Tensor) -> None:
-        """Send ``state`` (uint8) to ``rank``, which rejoins at ``version`` (through the store), with the results of
-        the last collectives this rank ran (the steps ``rank`` skips call them too)."""
+    def send_state(self, rank: int, version: int, state: Any, transfer: str) -> None:
+        """Send ``state`` to ``rank``, which rejoins at ``version`` (transfer ``transfer``), with the results of the
+        last collectives this rank ran (the steps ``rank`` skips call them too). A recipient that dies or freezes
+        is logged and left to the leader (it asks again, or is dropped): the donor goes on."""
         with self._coll_cond:
-            history = pickle.dumps(dict(self._coll_history), protocol=pickle.HIGHEST_PROTOCOL)
-        header = struct.pack("<qq", version, len(history))
-        self._ctl.put_blob(f"state/{rank}", header + history + state.cpu().numpy().tobytes())
+            history = dict(self._coll_history)
+        started = time.monotonic()
+        try:
+            with Pair(self._xfer_store, transfer_key(self.prefix, rank, transfer), 0, self.group_timeout) as pair:
+                sent = send(pair, version, {"training": state, "collectives": history, "bytes": _bytes(state)})
+        except TransferFailed as exc:
+            log.warning("PGC rank %d: the state transfer to rank %d failed (%s); it asks again", self.rank, rank, exc)
+            return
+        log.info(
+            "PGC rank %d: sent the state of version %d to rank %d (%.1f MB in %.2f s)",
+            self.rank,
+            version,
+            rank,
+            sent / 1e6,
+            time.monotonic() - started,
+        )
+
+
+def _bytes(state: Any) -> int:
+    """The bytes of the tensors in ``state``."""
+    _, tensors = flatten(state)
+    return sum(t.numel() * t.element_size() for t in tensors)

@@ -1,14 +1,17 @@
 """StateTransfer: how a rank that fell more than ``max_lag`` versions behind rejoins, from a donor's training state.
 
-The runtime moves the bytes (:meth:`~lightning_pgc.runtime.CollectiveRuntime.rejoin`, ``send_state``); this helper turns
-the module and optimizer state into those bytes and back, and runs the idle steps before the rejoin version.
+The runtime moves the state (:meth:`~lightning_pgc.runtime.CollectiveRuntime.rejoin`,
+:meth:`~lightning_pgc.runtime.CollectiveRuntime.serve_rejoins`, over :mod:`~lightning_pgc.runtime.transfer`); this
+helper names what the state is (:meth:`StateTransfer.state_tree`), loads it, and runs the idle steps before the rejoin
+version.
 """
 
 from __future__ import annotations
 
-import io
+import random
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -26,12 +29,12 @@ class StateTransfer:
 
     Call order: while detached, :meth:`ahead` at each step (an :meth:`idle_step` while it returns True); then set
     :attr:`pending` from ``runtime.rejoin(version)``; then at each step :meth:`catch_up` (and :meth:`idle_step`
-    while it returns True); :meth:`finish` when training ends. A donor calls :meth:`state_bytes`.
+    while it returns True); :meth:`finish` when training ends. A donor sends :meth:`state_tree`.
     """
 
     def __init__(self, strategy: "PGCStrategy") -> None:
         self.strategy = strategy
-        self.pending: Optional[tuple[int, Tensor]] = None  # (version, state) received by state transfer, not loaded
+        self.pending: Optional[tuple[int, Any]] = None  # (version, state) received by state transfer, not loaded
         self._gap: Optional[tuple[int, int]] = None  # (smallest gap to the open version, idle steps since then)
 
     def ahead(self, version: int, frontier: int) -> bool:
@@ -81,24 +84,64 @@ class StateTransfer:
             self.load_state(self.pending[1])
             self.pending = None
 
-    def state_bytes(self) -> Tensor:
-        """This rank's training state (module state dict and every optimizer's) serialized for a state transfer."""
-        module = self.strategy.lightning_module
-        assert module is not None
-        buf = io.BytesIO()
-        torch.save(
-            {"model": module.state_dict(), "optimizers": [opt.state_dict() for opt in module.trainer.optimizers]}, buf
-        )
-        return torch.frombuffer(bytearray(buf.getbuffer()), dtype=torch.uint8)
-
-    def load_state(self, state: Tensor) -> None:
-        """Load a state from :meth:`state_bytes` (another rank's, at the version this rank rejoins at)."""
+    def state_tree(self) -> dict[str, Any]:
+        """This rank's training state, what a resumed rank needs to be the same replica: the module's state dict, every
+        optimizer's and scheduler's, the callbacks' states (those a ``ddp`` checkpoint holds), the staleness
+        correction's snapshots and the random number generators. Its tensors are this rank's own (no copy): the
+        runtime sends them, or receives into them (:meth:`CollectiveRuntime.rejoin`)."""
         st = self.strategy
-        if state.numel() == 0:
-            raise RuntimeError(f"PGC rank {st.global_rank}: the donor sent no training state")
-        loaded = torch.load(io.BytesIO(state.numpy().tobytes()), map_location=st.root_device, weights_only=True)
         module = st.lightning_module
         assert module is not None
-        module.load_state_dict(loaded["model"])
-        for opt, sd in zip(module.trainer.optimizers, loaded["optimizers"]):
+        trainer = module.trainer
+        return {
+            "model": module.state_dict(),
+            "optimizers": [opt.state_dict() for opt in trainer.optimizers],
+            "schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
+            "callbacks": {cb.state_key: state for cb in _callbacks(trainer) if (state := cb.state_dict())},
+            "staleness": st.correction.state_dict(),
+            "rng": rng_states(),
+        }
+
+    def load_state(self, state: Optional[dict[str, Any]]) -> None:
+        """Load a state from :meth:`state_tree` (another rank's, at the version this rank rejoins at)."""
+        st = self.strategy
+        if not state:
+            raise RuntimeError(f"PGC rank {st.global_rank}: the donor sent no training state")
+        module = st.lightning_module
+        assert module is not None
+        trainer = module.trainer
+        module.load_state_dict(state["model"])
+        for opt, sd in zip(trainer.optimizers, state["optimizers"]):
             opt.load_state_dict(sd)
+        for config, sd in zip(trainer.lr_scheduler_configs, state["schedulers"]):
+            config.scheduler.load_state_dict(sd)
+        for cb in _callbacks(trainer):
+            if cb.state_key in state["callbacks"]:
+                cb.load_state_dict(state["callbacks"][cb.state_key])
+        st.correction.load_state_dict(state["staleness"])
+        set_rng_states(state["rng"])
+
+
+def _callbacks(trainer: Any) -> list[Any]:
+    return list(getattr(trainer, "callbacks", ()))
+
+
+def rng_states() -> dict[str, Any]:
+    """Every random number generator's state (torch's, CUDA's where initialized, NumPy's and Python's)."""
+    states: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Restore the generators from :func:`rng_states`."""
+    torch.set_rng_state(states["torch"].cpu())
+    np.random.set_state(states["numpy"])
+    random.setstate(states["python"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in states["cuda"]])

@@ -530,7 +530,7 @@ class PGCStrategy(DDPStrategy):
                     self.global_rank,
                     trainer.global_step,
                 )
-            self.runtime.stop(donate=self._transfer.state_bytes, leave=leave)
+            self.runtime.stop(donate=self._transfer.state_tree, leave=leave)
             self._leadership.follow()  # the leader may have died while this rank finished
             if trainer is not None:
                 self._leadership.release_loggers(trainer)
@@ -662,6 +662,11 @@ class PGCStrategy(DDPStrategy):
             return super().broadcast(obj, src)
         return obj if live is ALONE else live.broadcast(obj, self._leadership.source(src))
 
+    @property
+    def correction(self) -> StalenessCorrection:
+        """The staleness correction of the current fit (``"none"`` outside one)."""
+        return self._staleness
+
     @override
     def barrier(self, *args: Any, **kwargs: Any) -> None:
         self.collective_guard.refuse("`barrier`")
@@ -703,18 +708,18 @@ class PGCStrategy(DDPStrategy):
         if transfer.pending is None and not skipped and runtime.detached(version):
             if transfer.ahead(version, runtime.frontier()):  # idle up to the open version first, then rejoin
                 return transfer.idle_step(version, closure)
-            transfer.pending = runtime.rejoin(version)
+            transfer.pending = runtime.rejoin(version, into=transfer.state_tree)
         if transfer.pending is not None and transfer.catch_up(version):
             return transfer.idle_step(version, closure)
         waited = 0.0
         if not skipped:
             try:
                 start = self._compute_and_submit(version, closure)
-                aggregate = runtime.wait(version, donate=transfer.state_bytes)
+                aggregate = runtime.wait(version, donate=transfer.state_tree)
             except PGCDetached:  # fell too far behind while computing: catch up by state transfer
                 if transfer.ahead(version, runtime.frontier()):
                     return transfer.idle_step(version, closure)
-                transfer.pending = runtime.rejoin(version)
+                transfer.pending = runtime.rejoin(version, into=transfer.state_tree)
                 if transfer.catch_up(version):
                     return transfer.idle_step(version, closure)
                 return self._exchange(version, closure)
@@ -723,13 +728,10 @@ class PGCStrategy(DDPStrategy):
             self.skipped_steps += 1
             runtime.skipped = self.skipped_steps
             self._staleness.begin_step(version, self.gradients.params)  # the parameters are beta_version here too
-            aggregate = runtime.wait(version, donate=transfer.state_bytes)
-        recipients = runtime.donation(version)
+            aggregate = runtime.wait(version, donate=transfer.state_tree)
+        # ranks that rejoin at this version need the state before this step applies
+        runtime.serve_rejoins(version, transfer.state_tree)
         self._choices.record(version, runtime.table(version))
-        if recipients:  # ranks rejoin at this version: they need the state before this step applies
-            state = transfer.state_bytes()
-            for recipient in recipients:
-                runtime.send_state(recipient, version, state)
         n_grad = self.gradients.grad_numel
         gradient, loss_value, buffers = aggregate[:n_grad], aggregate[n_grad], aggregate[n_grad + 1 :]
         self.gradients.apply(gradient)

@@ -1,0 +1,330 @@
+"""State transfer on a data path of its own: a donor sends the training state to one recipient over a two-rank
+gloo group built for that transfer, never through the store.
+
+Per transfer the two ranks build a fresh ``ProcessGroupGloo`` over ``PrefixStore("<run>/state/<recipient>/<id>",
+store)`` (the rendezvous is the only use of the store: two keys of a few dozen bytes, deleted when the transfer
+ends). On that group travel, in order:
+
+1. a header: one int64 tensor ``[version, metadata bytes, tensor bytes]``;
+2. the metadata: the state's tree, pickled, with every tensor replaced by its :class:`Slot` (path, shape, dtype).
+   Its size grows with the number of tensors, not with their size; non-tensor leaves (an optimizer's
+   hyperparameters, a scheduler's counters, a metric's Python values) travel in it;
+3. every tensor's bytes, in chunks of at most ``chunk_bytes``. The recipient receives each one straight into its
+   own tensor of the same path, shape and dtype when it has one (its parameters, buffers and optimizer state: no
+   copy), else into a new tensor.
+
+CUDA tensors travel through one host buffer of ``chunk_bytes`` on each side (gloo sends host memory), so a transfer
+never holds a second copy of the state on either side. Either side that fails (the peer died, froze past the
+group's timeout, or sent something else) raises :class:`TransferFailed`; :class:`Pair` deletes its rendezvous keys
+either way.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections import OrderedDict
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+__all__ = ["CHUNK_BYTES", "Pair", "Slot", "TransferFailed", "flatten", "paths", "receive", "send", "unflatten"]
+
+#: The largest piece of a tensor one send carries (and the size of the host buffer a CUDA tensor is staged in).
+CHUNK_BYTES = 16 << 20
+
+
+class TransferFailed(RuntimeError):
+    """A state transfer did not complete (the peer died or froze, or the two sides disagreed)."""
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where a tensor was in the state's tree (``path``: the keys and indices from the root), its shape and dtype."""
+
+    index: int
+    path: tuple[Any, ...]
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        numel = 1
+        for d in self.shape:
+            numel *= d
+        return numel * torch.empty((), dtype=self.dtype).element_size()
+
+
+def _rebuild(node: Any, items: list[tuple[Any, Any]]) -> Any:
+    """A container of ``node``'s kind holding ``items`` (``(key, value)`` pairs; keys unused for sequences)."""
+    if isinstance(node, OrderedDict):
+        out: Any = OrderedDict(items)
+        if hasattr(node, "_metadata"):  # a module's state dict: its version information, for load_state_dict
+            out._metadata = node._metadata
+        return out
+    if isinstance(node, dict):
+        return dict(items)
+    values = [v for _, v in items]
+    if isinstance(node, tuple) and hasattr(node, "_fields"):
+        return type(node)(*values)
+    return tuple(values) if isinstance(node, tuple) else values
+
+
+def _children(node: Any) -> Optional[list[tuple[Any, Any]]]:
+    if isinstance(node, dict):
+        return list(node.items())
+    if isinstance(node, (list, tuple)):
+        return list(enumerate(node))
+    return None
+
+
+def flatten(tree: Any) -> tuple[Any, list[Tensor]]:
+    """``(skeleton, tensors)``: ``tree`` (dicts, lists and tuples of anything) with each tensor replaced by its
+    :class:`Slot`, and the tensors in slot order."""
+    tensors: list[Tensor] = []
+
+    def walk(node: Any, path: tuple[Any, ...]) -> Any:
+        if isinstance(node, Tensor):
+            tensors.append(node)
+            return Slot(len(tensors) - 1, path, tuple(node.shape), node.dtype)
+        children = _children(node)
+        if children is None:
+            return node
+        return _rebuild(node, [(k, walk(v, (*path, k))) for k, v in children])
+
+    return walk(tree, ()), tensors
+
+
+def unflatten(skeleton: Any, tensors: list[Tensor]) -> Any:
+    """The tree :func:`flatten` took apart, with ``tensors`` in its slots."""
+    if isinstance(skeleton, Slot):
+        return tensors[skeleton.index]
+    children = _children(skeleton)
+    if children is None:
+        return skeleton
+    return _rebuild(skeleton, [(k, unflatten(v, tensors)) for k, v in children])
+
+
+def paths(tree: Any) -> dict[tuple[Any, ...], Tensor]:
+    """Every tensor of ``tree`` by its path (the receiving side's targets)."""
+    skeleton, tensors = flatten(tree)
+    out: dict[tuple[Any, ...], Tensor] = {}
+
+    def walk(node: Any) -> None:
+        if isinstance(node, Slot):
+            out[node.path] = tensors[node.index]
+            return
+        for _, child in _children(node) or ():
+            walk(child)
+
+    walk(skeleton)
+    return out
+
+
+def _slots(skeleton: Any) -> list[Slot]:
+    found: list[Slot] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, Slot):
+            found.append(node)
+            return
+        for _, child in _children(node) or ():
+            walk(child)
+
+    walk(skeleton)
+    return sorted(found, key=lambda s: s.index)
+
+
+def _bytes_of(tensor: Tensor) -> Tensor:
+    """The bytes of a contiguous tensor as a flat uint8 view (no copy)."""
+    return tensor.detach().reshape(-1).view(torch.uint8)
+
+
+class _Ledger(dist.Store):
+    """A store that forwards to ``inner`` and remembers every key it set or waited for (the rendezvous of one
+    transfer), so that either side can delete them all when the transfer ends, the peer's too if it died."""
+
+    def __init__(self, inner: dist.Store) -> None:
+        super().__init__()
+        self.inner = inner
+        self.keys: set[str] = set()
+
+    def set(self, key: str, value: Any) -> None:
+        self.keys.add(key)
+        self.inner.set(key, value)
+
+    def get(self, key: str) -> bytes:
+        self.keys.add(key)
+        return self.inner.get(key)
+
+    def add(self, key: str, amount: int) -> int:
+        self.keys.add(key)
+        return self.inner.add(key, amount)
+
+    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        self.keys.add(key)
+        return self.inner.compare_set(key, expected, desired)
+
+    def wait(self, keys: list[str], timeout: Optional[timedelta] = None) -> None:
+        self.keys.update(keys)
+        if timeout is None:
+            self.inner.wait(keys)
+        else:
+            self.inner.wait(keys, timeout)
+
+    def check(self, keys: list[str]) -> bool:
+        return self.inner.check(keys)
+
+    def delete_key(self, key: str) -> bool:
+        return self.inner.delete_key(key)
+
+    def num_keys(self) -> int:
+        return self.inner.num_keys()
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self.inner.set_timeout(timeout)
+
+    def forget(self) -> None:
+        for key in sorted(self.keys):
+            try:
+                self.inner.delete_key(key)
+            except Exception:  # the store went away: nothing is left to clean
+                return
+        self.keys.clear()
+
+
+class Pair:
+    """The two-rank group of one transfer: ``index`` 0 is the donor, 1 the recipient.
+
+    Args:
+        store: a store connection of this thread's (only the rendezvous goes through it).
+        key: the transfer's namespace in the store (the same on both sides, new for every transfer).
+        timeout: how long building the group, and each send or receive, waits for the peer.
+
+    Raises:
+        TransferFailed: the peer did not come within ``timeout``.
+    """
+
+    def __init__(self, store: dist.Store, key: str, index: int, timeout: timedelta) -> None:
+        self.index = index
+        self._ledger = _Ledger(store)
+        self.pg: Any = None
+        try:
+            self.pg = dist.ProcessGroupGloo(dist.PrefixStore(key, self._ledger), index, 2, timeout)
+        except Exception as exc:
+            self.close()
+            raise TransferFailed(f"the peer of state transfer {key} did not come: {exc}") from exc
+
+    def __enter__(self) -> "Pair":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop the group's connections and delete the rendezvous keys."""
+        self.pg = None
+        self._ledger.forget()
+
+    def send(self, tensor: Tensor) -> None:
+        try:
+            self.pg.send([tensor], 1 - self.index, 0).wait()
+        except Exception as exc:
+            raise TransferFailed(f"sending {tensor.numel()} bytes failed: {exc}") from exc
+
+    def recv(self, tensor: Tensor) -> None:
+        try:
+            self.pg.recv([tensor], 1 - self.index, 0).wait()
+        except Exception as exc:
+            raise TransferFailed(f"receiving {tensor.numel()} bytes failed: {exc}") from exc
+
+
+def _staging(chunk_bytes: int) -> Callable[[int], Tensor]:
+    """A lazily allocated host buffer of ``chunk_bytes`` (pinned when CUDA is available): its first ``n`` bytes."""
+    holder: list[Tensor] = []
+
+    def get(n: int) -> Tensor:
+        if not holder:
+            holder.append(torch.empty(chunk_bytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available()))
+        return holder[0][:n]
+
+    return get
+
+
+def send(pair: Pair, version: int, tree: Any, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """Send ``tree`` (the state at the start of ``version``) to the pair's recipient; returns the tensor bytes sent.
+
+    Raises:
+        TransferFailed: the recipient died or froze.
+    """
+    skeleton, tensors = flatten(tree)
+    meta = pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
+    total = sum(t.numel() * t.element_size() for t in tensors)
+    pair.send(torch.tensor([version, len(meta), total], dtype=torch.int64))
+    pair.send(torch.frombuffer(bytearray(meta), dtype=torch.uint8))
+    staging = _staging(chunk_bytes)
+    for tensor in tensors:
+        flat = _bytes_of(tensor if tensor.is_contiguous() else tensor.contiguous())
+        for start in range(0, flat.numel(), chunk_bytes):
+            piece = flat[start : start + chunk_bytes]
+            if piece.device.type != "cpu":
+                host = staging(piece.numel())
+                host.copy_(piece)
+                piece = host
+            pair.send(piece)
+    return total
+
+
+def receive(
+    pair: Pair,
+    version: int,
+    into: Any = None,
+    device: torch.device = torch.device("cpu"),
+    chunk_bytes: int = CHUNK_BYTES,
+) -> Any:
+    """Receive the tree the pair's donor sends for ``version``. Each tensor lands in the tensor of ``into`` at the
+    same path when that one has the same shape and dtype and is contiguous (in place), else in a new one on
+    ``device``.
+
+    Raises:
+        TransferFailed: the donor died or froze, or sent the state of another version.
+    """
+    header = torch.zeros(3, dtype=torch.int64)
+    pair.recv(header)
+    sent_for, meta_bytes, total = (int(x) for x in header.tolist())
+    if sent_for != version:
+        raise TransferFailed(f"the donor sent the state of version {sent_for}, not of version {version}")
+    meta = torch.empty(meta_bytes, dtype=torch.uint8)
+    pair.recv(meta)
+    skeleton = pickle.loads(meta.numpy().tobytes())
+    targets = paths(into) if into is not None else {}
+    staging = _staging(chunk_bytes)
+    tensors: list[Tensor] = []
+    got = 0
+    for slot in _slots(skeleton):
+        dst = targets.get(slot.path)
+        if not (
+            isinstance(dst, Tensor)
+            and tuple(dst.shape) == slot.shape
+            and dst.dtype == slot.dtype
+            and dst.is_contiguous()
+        ):
+            dst = torch.empty(slot.shape, dtype=slot.dtype, device=device)
+        flat = _bytes_of(dst)
+        with torch.no_grad():
+            for start in range(0, flat.numel(), chunk_bytes):
+                piece = flat[start : start + chunk_bytes]
+                if piece.device.type == "cpu":
+                    pair.recv(piece)
+                else:
+                    host = staging(piece.numel())
+                    pair.recv(host)
+                    piece.copy_(host)
+        got += flat.numel()
+        tensors.append(dst)
+    if got != total:
+        raise TransferFailed(f"received {got} bytes of tensors, the donor sent {total}")
+    return unflatten(skeleton, tensors)
