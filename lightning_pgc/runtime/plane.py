@@ -143,7 +143,7 @@ class CollectiveRuntime(CommLoop, Rejoins):
         self._attached = threading.Event()
         self._state_fn: Optional[StateFn] = None
         self._final_requests: list[tuple[int, int, str]] = []
-        self.transfers: list[dict[str, float]] = []  # the state transfers this rank received (rejoins)
+        self.transfers: list[dict[str, object]] = []  # the state transfers this rank sent or received
         self._leader_heard = self._resumed_at = self._last_check = self._comm_free_at = time.monotonic()
         self._last_settle = 0.0
         self._announced: dict[int, tuple] = {}  # version -> the announcement of the code kept for it

@@ -61,6 +61,7 @@ class Rejoins:
                 with Pair(
                     self._xfer_store, transfer_key(self.prefix, self.rank, transfer), 1, self.group_timeout
                 ) as pair:
+                    connected = time.monotonic()  # (the donor came: its training thread reached version u)
                     got = receive(pair, u, {"training": into()} if into is not None else None, self.device)
             except TransferFailed as exc:
                 log.warning(
@@ -74,8 +75,16 @@ class Rejoins:
                 continue
             with self._coll_cond:
                 self._coll_replay = got["collectives"]
+            done = time.monotonic()
             self.transfers.append(
-                {"version": u, "donor": donor, "seconds": time.monotonic() - started, "bytes": got["bytes"]}
+                {
+                    "side": "recipient",
+                    "version": u,
+                    "peer": donor,
+                    "bytes": got["bytes"],
+                    "wait_s": connected - started,
+                    "data_s": done - connected,
+                }
             )
             log.warning(
                 "PGC rank %d: rejoined at version %d with the state of rank %d (%.1f MB in %.2f s), asked at version %d",
@@ -83,7 +92,7 @@ class Rejoins:
                 u,
                 donor,
                 got["bytes"] / 1e6,
-                time.monotonic() - started,
+                done - connected,
                 version,
             )
             return u, got["training"]
@@ -129,17 +138,29 @@ class Rejoins:
         started = time.monotonic()
         try:
             with Pair(self._xfer_store, transfer_key(self.prefix, rank, transfer), 0, self.group_timeout) as pair:
+                connected = time.monotonic()
                 sent = send(pair, version, {"training": state, "collectives": history, "bytes": _bytes(state)})
         except TransferFailed as exc:
             log.warning("PGC rank %d: the state transfer to rank %d failed (%s); it asks again", self.rank, rank, exc)
             return
+        done = time.monotonic()
+        self.transfers.append(
+            {
+                "side": "donor",
+                "version": version,
+                "peer": rank,
+                "bytes": sent,
+                "connect_s": connected - started,
+                "data_s": done - connected,
+            }
+        )
         log.info(
             "PGC rank %d: sent the state of version %d to rank %d (%.1f MB in %.2f s)",
             self.rank,
             version,
             rank,
             sent / 1e6,
-            time.monotonic() - started,
+            done - connected,
         )
 
 

@@ -43,6 +43,8 @@ class LiveRouting:
         trainer = st.lightning_module.trainer if st.lightning_module is not None else None
         if (trainer is not None and trainer.received_sigterm) or st.runtime.failure() is not None:
             return ALONE
+        if trainer is not None:
+            st.rejoin_before_collective(trainer.global_step)
         return st.runtime.collectives
 
     def route_metric_syncs(self) -> None:

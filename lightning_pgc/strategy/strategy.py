@@ -746,6 +746,16 @@ class PGCStrategy(DDPStrategy):
         )
         return loss_t
 
+    def rejoin_before_collective(self, version: int) -> None:
+        """A detached rank that reaches one of Lightning's collectives (a checkpoint, validation) while it idles up to
+        the open version: the others ran that collective without it, so it rejoins now (the donor's state carries
+        the collective's result, which it replays) instead of waiting for a collective nobody else calls."""
+        runtime, transfer = self.runtime, self._transfer
+        if runtime is None or transfer.pending is not None:
+            return
+        if runtime.detached(version) and not runtime.published(version):
+            transfer.pending = runtime.rejoin(version, into=transfer.state_tree)
+
     def _compute_and_submit(self, version: int, closure: Callable[[], Any]) -> float:
         """Run the training step(s), cache the fresh gradients and send this rank's code for ``version``; returns
         when the code left (monotonic seconds)."""
