@@ -35,6 +35,7 @@ REALRANK = {
     "test_diverged.py::test_a_real_job_whose_every_gradient_turns_nan_fails_fast_saying_it_diverged",
     "test_grid.py::test_tiny_job_logs_one_offline_wandb_run",
     "test_grid_map.py::test_smoke_grid_two_steps_per_cell_real_jobs",
+    "test_loaders.py::test_every_case_reaches_training_step_as_under_ddp",
     "test_readme.py::test_the_readme_example_runs_as_pasted",
     "test_seed_experiment.py::test_slurm_and_torchrun_scripts",
     "test_staleness.py::test_each_correction_on_4_real_ranks_keeps_replicas_identical_and_trains",

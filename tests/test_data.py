@@ -1,3 +1,4 @@
+import dataclasses
 import math
 from collections import namedtuple
 
@@ -262,3 +263,21 @@ def test_split_batch_slices_per_sample_lists_and_refuses_ragged_tensors():
     # a tensor that is not per-sample is refused, not cut along its own first dimension
     with pytest.raises(ValueError, match="leading size 3"):
         split_batch({"x": torch.zeros(4, 1), "table": torch.zeros(3)}, 2)
+
+
+def test_split_batch_splits_dataclass_batches_field_by_field():
+    """A dataclass batch (a custom ``collate_fn``'s) is a container: every chunk is a copy of it, frozen ones too,
+    with each field split (fields left out of ``__init__`` included) and its other leaves kept."""
+
+    @dataclasses.dataclass(frozen=True)
+    class Batch:
+        x: torch.Tensor
+        names: list
+        tag: str = "t"
+        ids: torch.Tensor = dataclasses.field(init=False, default_factory=lambda: torch.arange(4))
+
+    first, second = split_batch(Batch(torch.arange(8).view(4, 2), ["a", "b", "c", "d"]), 2)
+    assert type(first) is Batch and type(second) is Batch
+    assert torch.equal(second.x, torch.tensor([[4, 5], [6, 7]])) and second.names == ["c", "d"]
+    assert torch.equal(second.ids, torch.tensor([2, 3])) and second.tag == "t"
+    assert select_partition(Batch(torch.zeros(4, 1), list("abcd")), (3, 5), 5).names == ["c", "d"]

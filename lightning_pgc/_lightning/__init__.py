@@ -2,10 +2,12 @@
 
 When Lightning changes one of these, this package is the only place to fix: ``shims`` (the training loop's
 closure, SIGTERM broadcast and notifier, weight broadcast, SyncBatchNorm flag), ``launchers`` (launchers that
-survive dead ranks) and ``loggers`` (the rank-zero seat and the loggers' runs). Checked against lightning 2.6.6
+survive dead ranks), ``loggers`` (the rank-zero seat and the loggers' runs) and ``data`` (the training DataLoader
+re-created as under ``ddp``). Checked against lightning 2.6.6
 (see the ``lightning`` pin in pyproject.toml).
 """
 
+from lightning_pgc._lightning.data import leave_training_loaders, with_batch_sampler
 from lightning_pgc._lightning.launchers import (
     Preflight,
     SurvivingMultiprocessingLauncher,
@@ -44,6 +46,7 @@ __all__ = [
     "guard_loggers",
     "has_layer_sync",
     "launches_in_rank_zero",
+    "leave_training_loaders",
     "logger_ids",
     "make_rank_zero",
     "mark_launching_rank",
@@ -55,5 +58,6 @@ __all__ = [
     "surviving_launcher",
     "sync_module_states",
     "unguard_loggers",
+    "with_batch_sampler",
     "wrap_launcher",
 ]

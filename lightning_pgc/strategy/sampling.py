@@ -8,6 +8,8 @@ gradient coding requires. Pure ``torch.utils.data`` and numpy: no Lightning, no 
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -185,9 +187,9 @@ def split_batch(batch: Any, chunks: int, size: Optional[int] = None) -> list[Any
 
     Tensors are split along dim 0, which must be ``size``. A list or tuple of length ``size`` none of whose
     elements spans the batch (a ``list[str]``, a list of per-sample dicts), or a list of tensors of different
-    shapes (variable-length samples), is a per-sample list and is sliced; other tuples, lists, named tuples and
-    mappings are containers and are split recursively; any other leaf (a string, a number, ``None``) is repeated
-    in every chunk.
+    shapes (variable-length samples), is a per-sample list and is sliced; other tuples, lists, named tuples,
+    mappings and dataclass instances are containers and are split recursively (a dataclass's chunks are copies
+    of it with every field split); any other leaf (a string, a number, ``None``) is repeated in every chunk.
     ``size`` defaults to the leading size of the first tensor found.
 
     Raises:
@@ -217,6 +219,9 @@ def _split(batch: Any, chunks: int, size: int) -> list[Any]:
     if isinstance(batch, Mapping):
         parts = {k: _split(v, chunks, size) for k, v in batch.items()}
         return [_rebuild_mapping(batch, {k: v[c] for k, v in parts.items()}) for c in range(chunks)]
+    if _is_dataclass(batch):
+        parts_d = {f.name: _split(getattr(batch, f.name), chunks, size) for f in dataclasses.fields(batch)}
+        return [_rebuild_dataclass(batch, {k: v[c] for k, v in parts_d.items()}) for c in range(chunks)]
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # named tuple
         parts_t = [_split(v, chunks, size) for v in batch]
         return [type(batch)(*(p[c] for p in parts_t)) for c in range(chunks)]
@@ -234,6 +239,8 @@ def _spans(value: Any, size: int) -> bool:
         return value.dim() > 0 and value.shape[0] == size
     if isinstance(value, Mapping):
         return any(_spans(v, size) for v in value.values())
+    if _is_dataclass(value):
+        return any(_spans(getattr(value, f.name), size) for f in dataclasses.fields(value))
     if isinstance(value, (tuple, list)):
         return len(value) == size or any(_spans(v, size) for v in value)
     return False
@@ -247,7 +254,10 @@ def _ragged(values: Sequence[Any]) -> bool:
 def _first_leading_size(batch: Any) -> Optional[int]:
     if isinstance(batch, torch.Tensor):
         return int(batch.shape[0]) if batch.dim() > 0 else None
-    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
+    if _is_dataclass(batch):
+        values: Any = [getattr(batch, f.name) for f in dataclasses.fields(batch)]
+    else:
+        values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (tuple, list)) else ()
     for v in values:
         found = _first_leading_size(v)
         if found is not None:
@@ -260,3 +270,16 @@ def _rebuild_mapping(template: Mapping, items: dict) -> Mapping:
         return type(template)(items)
     except TypeError:
         return items
+
+
+def _is_dataclass(value: Any) -> bool:
+    """A dataclass instance (not a dataclass type)."""
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
+
+
+def _rebuild_dataclass(template: Any, fields: dict[str, Any]) -> Any:
+    """A shallow copy of ``template`` with ``fields`` set (``object.__setattr__``: frozen dataclasses too)."""
+    chunk = copy.copy(template)
+    for name, value in fields.items():
+        object.__setattr__(chunk, name, value)
+    return chunk

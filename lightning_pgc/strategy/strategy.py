@@ -3,7 +3,8 @@ messaging in :mod:`lightning_pgc.runtime`; this module only connects them to Lig
 parts, one per concept, are the other modules of :mod:`lightning_pgc.strategy`: ``pipeline_checkpoint``
 (pipeline files), ``live_routing`` (collectives among the live ranks), ``rejoin`` (state transfer),
 ``leadership`` (the rank-zero seat), ``bounded_choice`` (bounded choice), ``sampling`` (partition batches),
-``preflight`` (refused setups) and ``options`` (constructor checks).
+``loaders`` (the training DataLoader re-created around them), ``preflight`` (refused setups) and ``options``
+(constructor checks).
 
 Per optimizer step ``t`` (= the model version, Invariant 1) every rank:
 
@@ -49,6 +50,7 @@ from lightning_pgc._lightning import (
     default_pg_timeout,
     has_layer_sync,
     launches_in_rank_zero,
+    leave_training_loaders,
     mark_launching_rank,
     replace_sigterm_broadcast,
     replace_sigterm_notifier,
@@ -69,6 +71,7 @@ from lightning_pgc.strategy.preflight import (
     check_train_loader,
     check_trainer,
 )
+from lightning_pgc.strategy.loaders import partition_loader
 from lightning_pgc.strategy.sampling import PartitionBatchSampler, select_partition, split_batch
 from lightning_pgc.strategy.leadership import Leadership
 from lightning_pgc.strategy.live_routing import ALONE, LiveRouting
@@ -376,6 +379,7 @@ class PGCStrategy(DDPStrategy):
         self._warm_start = None
         if trainer.state.fn == TrainerFn.FITTING:
             self._check_supported(trainer)
+            leave_training_loaders(trainer)  # before `super().setup`: `estimated_stepping_batches` builds them there
         super().setup(trainer)
         if trainer.state.fn == TrainerFn.FITTING:
             replace_sigterm_broadcast(trainer, LiveRouting.local_sigterm_check(trainer))
@@ -404,6 +408,8 @@ class PGCStrategy(DDPStrategy):
     # ------------------------------------------------------------------------------------------------- data
     @override
     def process_dataloader(self, dataloader: object) -> object:
+        """The training DataLoader re-created as under ``ddp`` (its class, every argument), with this rank's
+        partition batch sampler (:mod:`~lightning_pgc.strategy.loaders`); other loaders are left to Lightning."""
         trainer = self.lightning_module.trainer if self.lightning_module is not None else None
         if trainer is None or trainer.state.stage != RunningStage.TRAINING or not isinstance(dataloader, DataLoader):
             return dataloader
@@ -421,17 +427,7 @@ class PGCStrategy(DDPStrategy):
             base_step=lambda: trainer.global_step,
             warmup_step=self.warm_start_step,
         )
-        return DataLoader(
-            dataset,
-            batch_sampler=sampler,
-            num_workers=dataloader.num_workers,
-            collate_fn=dataloader.collate_fn,
-            pin_memory=dataloader.pin_memory,
-            timeout=dataloader.timeout,
-            worker_init_fn=dataloader.worker_init_fn,
-            multiprocessing_context=dataloader.multiprocessing_context,
-            persistent_workers=dataloader.persistent_workers if dataloader.num_workers > 0 else False,
-        )
+        return partition_loader(dataloader, sampler)
 
     # ---------------------------------------------------------------------------------------------- runtime
     @override
