@@ -51,6 +51,7 @@ GENERATED: dict[str, set[str]] = {
     "docs/step_time.md": {"*"},  # below
     "docs/step_time_planes.md": {"*"},  # below
     "docs/step_time_passes.md": {"*"},  # below
+    "docs/gpu_check.md": {"*"},  # below
     "docs/stall.md": {"*"},  # below
     "docs/math.md": {"table:| n | s | C(n,s) |"},  # its rows, below
 }
@@ -447,6 +448,16 @@ def test_the_added_passes_page_is_what_its_benchmark_renders_and_reads_the_plane
     for model, (pgc, ddp) in step_passes.PAIRS.items():
         gap = [(a - b) * 1e3 for a, b in zip(planes[pgc], planes[ddp])]
         assert passes["models"][model]["measured_gap_ms"] == pytest.approx(gap)
+
+
+def test_the_gpu_check_page_is_what_its_benchmark_renders_from_its_json() -> None:
+    """Every number of docs/gpu_check.md (measured on one GPU) is rendered from docs/gpu_check.json."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import gpu_check
+
+    result = json.loads((DOCS / "gpu_check.json").read_text())
+    assert gpu_check.render(result) == (DOCS / "gpu_check.md").read_text()
+    assert gpu_check.merge([result]) == result  # (a merged file merges to itself)
 
 
 @pytest.mark.parametrize("report", ["staleness", "staleness_bounded"])

@@ -173,6 +173,29 @@ def test_bad_configurations_fail_before_any_rank_starts():
     assert "LIGHTNING_PGC_RANK0_LAUNCHES" not in os.environ  # (a fork job after a popen one: rank 0 is a child)
 
 
+def test_data_backend_is_checked_and_follows_the_device_by_default():
+    """``data_backend``: NCCL on CUDA and gloo on CPU by default; gloo on CUDA on request (ranks sharing a GPU)."""
+    from lightning_pgc.runtime.group import data_backend_for
+    from lightning_pgc.runtime.plane import CollectiveRuntime
+    from lightning_pgc.codes import make_scheme
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert data_backend_for(cuda) == "nccl" and data_backend_for(cpu) == "gloo"
+    assert data_backend_for(cuda, "gloo") == "gloo" and data_backend_for(cpu, "gloo") == "gloo"
+    with pytest.raises(ValueError, match="needs CUDA tensors"):
+        data_backend_for(cpu, "nccl")
+    assert PGCStrategy(data_backend="gloo", process_group_backend="gloo").data_backend == "gloo"
+    assert PGCStrategy().data_backend is None
+    with pytest.raises(ValueError, match="data_backend must be one of nccl, gloo"):
+        PGCStrategy(data_backend="mpi")
+    with pytest.raises(TypeError, match="data_backend"):
+        PGCStrategy(data_backend=1)
+    with pytest.raises(ValueError, match="needs CUDA tensors"):  # at construction, before any thread or connection
+        CollectiveRuntime(
+            make_scheme("pgc_cr", 2, 1), None, 0, 2, 4, 3, 4, torch.float32, 0, 1.0, 4, data_backend="nccl"
+        )
+
+
 def test_unsupported_training_setups_are_refused():
     strategy = PGCStrategy()
     module = SimpleNamespace(automatic_optimization=True)

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from lightning_pgc.runtime.collectives import CollectiveError
 from lightning_pgc.runtime.control import Channel, inbox, leader_box
-from lightning_pgc.runtime.group import open_group
+from lightning_pgc.runtime.group import DataGroup, open_group
 from lightning_pgc.decisions.leader import STAT_NAMES
 from lightning_pgc.runtime.aggregates import PGCTimeoutError
 from lightning_pgc.codes.shares import contribute
@@ -150,9 +150,7 @@ class CommLoop:
             return
         try:
             self._busy = True
-            self.group = open_group(
-                self._group_store, self.prefix, number, members, self.rank, self.device, self.group_timeout
-            )
+            self.group = self._open_group(number, members)
         except Exception as exc:
             log.warning("PGC rank %d: building the data group of configuration %d failed: %r", self.rank, number, exc)
             self._leave_group(self._chan)
@@ -161,6 +159,19 @@ class CommLoop:
         finally:
             self._busy = False
             self._leader_heard = time.monotonic()
+
+    def _open_group(self, number: int, members: list[int]) -> Optional[DataGroup]:
+        """The data group of configuration ``number`` over this rank's group store (None: not a member)."""
+        return open_group(
+            self._group_store,
+            self.prefix,
+            number,
+            members,
+            self.rank,
+            self.device,
+            self.group_timeout,
+            self.data_backend,
+        )
 
     def _run_version(self, version: int, plan: Sequence[tuple[int, int, int]], table: tuple[int, ...]) -> None:
         """Contribute this rank's share of ``version``'s aggregate to the all-reduce; keep the result."""

@@ -1,20 +1,41 @@
 """The data group of the collective runtime: torch's own process group among the current members, rebuilt per
 configuration.
 
-A configuration is a numbered set of member ranks. Its group is a fresh ``ProcessGroupGloo`` (CPU tensors) or
-``ProcessGroupNCCL`` (CUDA tensors) over ``PrefixStore("<run>/data/<number>", store)``: the pattern that rebuilds a
-group without the ranks that died or froze, with no collective over the old group (a dead member would hang it).
+A configuration is a numbered set of member ranks. Its group is a fresh ``ProcessGroupNCCL`` (CUDA tensors, by
+default) or ``ProcessGroupGloo`` (CPU tensors; CUDA tensors too when asked: several ranks sharing one GPU, which NCCL
+does not allow) over ``PrefixStore("<run>/data/<number>", store)``: the pattern that rebuilds a group without the
+ranks that died or froze, with no collective over the old group (a dead member would hang it).
 """
 
 from __future__ import annotations
 
 import pickle
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+#: The data group's backends: ``nccl`` (CUDA tensors only) and ``gloo`` (CPU or CUDA tensors).
+DataBackend = Literal["nccl", "gloo"]
+DATA_BACKENDS: tuple[str, ...] = ("nccl", "gloo")
+
+
+def data_backend_for(device: torch.device, backend: Optional[str] = None) -> str:
+    """The data group's backend for tensors on ``device``: ``backend`` if given, else ``nccl`` on CUDA and ``gloo``
+    elsewhere.
+
+    Raises:
+        ValueError: an unknown backend, or ``nccl`` for tensors that are not on a CUDA device.
+    """
+    if backend is None:
+        return "nccl" if device.type == "cuda" else "gloo"
+    if backend not in DATA_BACKENDS:
+        raise ValueError(f"data_backend must be one of {', '.join(DATA_BACKENDS)} or None, got {backend!r}")
+    if backend == "nccl" and device.type != "cuda":
+        raise ValueError(f"data_backend='nccl' needs CUDA tensors; the data plane's device is {device}")
+    return backend
 
 
 class DataGroup:
@@ -23,8 +44,11 @@ class DataGroup:
     Args:
         store: a store connection of this rank's comm thread, for the group's rendezvous (the group keeps it; no
             other thread uses it); prefix: the run's namespace; number: the configuration's number.
-        device: where the tensors live (``cuda``: NCCL, else gloo).
+        device: where the tensors live.
         timeout: how long a collective (or building the group) waits for a member before it raises.
+        backend: ``nccl`` or ``gloo``; default :func:`data_backend_for` ``device`` (``cuda``: NCCL, else gloo).
+            Gloo takes CUDA tensors too (it stages them through host memory): the way for several ranks to share
+            one GPU.
     """
 
     def __init__(
@@ -36,6 +60,7 @@ class DataGroup:
         rank: int,
         device: torch.device,
         timeout: timedelta,
+        backend: Optional[str] = None,
     ) -> None:
         self.number = number
         self.members = list(members)
@@ -43,9 +68,10 @@ class DataGroup:
         self.index = self.members.index(rank)
         self.size = len(self.members)
         self.device = device
+        self.backend = data_backend_for(device, backend)
         store.set_timeout(timeout)
         sub = dist.PrefixStore(f"{prefix}/data/{number}", store)
-        if device.type == "cuda":
+        if self.backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
             self.pg: Any = dist.ProcessGroupNCCL(sub, self.index, self.size, options)
@@ -80,7 +106,7 @@ class DataGroup:
         pg, self.pg = self.pg, None
         if pg is None:
             return
-        if self.device.type == "cuda":
+        if self.backend == "nccl":
             try:
                 pg.abort()
             except Exception:  # a group broken by a dead member
@@ -91,9 +117,16 @@ class DataGroup:
 
 
 def open_group(
-    store: dist.Store, prefix: str, number: int, members: list[int], rank: int, device: torch.device, timeout: timedelta
+    store: dist.Store,
+    prefix: str,
+    number: int,
+    members: list[int],
+    rank: int,
+    device: torch.device,
+    timeout: timedelta,
+    backend: Optional[str] = None,
 ) -> Optional[DataGroup]:
     """The group of configuration ``number`` if this rank is a member, else None."""
     if rank not in members:
         return None
-    return DataGroup(store, prefix, number, members, rank, device, timeout)
+    return DataGroup(store, prefix, number, members, rank, device, timeout, backend)

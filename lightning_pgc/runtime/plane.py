@@ -41,7 +41,7 @@ from lightning_pgc.runtime.collectives import LiveCollectives
 from lightning_pgc.runtime.comm import CommLoop
 from lightning_pgc.runtime.rejoin import Rejoins, StateFn
 from lightning_pgc.runtime.control import Channel, inbox, leader_box
-from lightning_pgc.runtime.group import DataGroup, open_group
+from lightning_pgc.runtime.group import DataGroup, data_backend_for
 from lightning_pgc.decisions.leader import Leader, StepRecord
 from lightning_pgc.runtime.succession import Succession
 
@@ -72,12 +72,15 @@ class CollectiveRuntime(CommLoop, Rejoins):
         start_version: the first version of this fit; timeout, max_lag: as for the leader.
         make_leader: the control plane's class (e.g. :class:`~lightning_pgc.decisions.bounded.BoundedLeader`).
         heartbeat_interval, heartbeat_misses: liveness; the window is their product.
-        device: where codes and aggregates live (``cuda``: NCCL and a comm stream; else gloo).
+        device: where codes and aggregates live (``cuda``: a comm stream, and NCCL unless ``data_backend`` says
+            otherwise; else gloo).
         prefix: the run's namespace in the store (the same on every rank, new for every start).
         keep_versions: versions a code may serve (bounded staleness: the largest window the leader may widen to);
             default ``scheme.window`` for schemes that reuse codes, else 1.
         failover: when the leader dies or freezes, a live member takes over (the store must outlive rank 0:
             :func:`~lightning_pgc.runtime.control.host_store`); without it every rank fails naming the lost leader.
+        data_backend: the data group's backend, ``nccl`` or ``gloo``; by default NCCL on CUDA, gloo elsewhere
+            (:func:`~lightning_pgc.runtime.group.data_backend_for`); ``gloo`` on CUDA lets ranks share one GPU.
     """
 
     def __init__(
@@ -100,6 +103,7 @@ class CollectiveRuntime(CommLoop, Rejoins):
         prefix: Optional[str] = None,
         keep_versions: Optional[int] = None,
         failover: bool = False,
+        data_backend: Optional[str] = None,
     ) -> None:
         if heartbeat_interval <= 0 or heartbeat_misses < 1:
             raise ValueError(
@@ -110,6 +114,7 @@ class CollectiveRuntime(CommLoop, Rejoins):
         self.up_dtype: torch.dtype = scheme.payload_dtype
         self.down_dtype = down_dtype
         self.device = torch.device(device)
+        self.data_backend = data_backend_for(self.device, data_backend)  # (an unusable one fails here, not in a thread)
         self.timeout, self.max_lag = float(timeout), int(max_lag)
         self.heartbeat_interval = float(heartbeat_interval)
         self.heartbeat_window = self.heartbeat_interval * heartbeat_misses
@@ -224,9 +229,7 @@ class CollectiveRuntime(CommLoop, Rejoins):
         ready = [f"{self.prefix}/ready/{r}" for r in range(self.world_size)]
         self._group_store.set(ready[self.rank], "1")
         self._group_store.wait(ready, self._start_timeout)
-        self.group = open_group(
-            self._group_store, self.prefix, 0, list(range(self.world_size)), self.rank, self.device, self.group_timeout
-        )
+        self.group = self._open_group(0, list(range(self.world_size)))
         now = time.monotonic()
         self._leader_heard = self._resumed_at = self._last_check = self._comm_free_at = now
         if self.leader is not None:

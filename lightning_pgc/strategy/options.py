@@ -7,6 +7,7 @@ from numbers import Integral, Real
 from typing import Any, Optional, Union
 
 from lightning_pgc.codes import CHOICES, SCHEMES
+from lightning_pgc.runtime.group import DATA_BACKENDS
 from lightning_pgc.staleness import CORRECTIONS, STALE_SCHEMES, check_applies
 
 #: Scheme names PGCStrategy accepts: the coded schemes plus ``bounded`` (:class:`~lightning_pgc.codes.BoundedScheme`).
@@ -37,6 +38,7 @@ def check_options(
     staleness_correction: str = "none",
     lookahead_steps: Optional[float] = None,
     dc_lambda: Optional[float] = None,
+    data_backend: Optional[str] = None,
 ) -> None:
     """Check PGCStrategy's own arguments (types first, then values).
 
@@ -66,8 +68,11 @@ def check_options(
     _check_type("widen_after", widen_after, (Real, type(None)))
     _check_type("choice", choice, (str, type(None)))
     _check_type("failover", failover, (bool, type(None)))
+    _check_type("data_backend", data_backend, (str, type(None)))
     if scheme not in STRATEGY_SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(STRATEGY_SCHEMES)}")
+    if data_backend is not None and data_backend not in DATA_BACKENDS:
+        raise ValueError(f"data_backend must be one of {', '.join(DATA_BACKENDS)} or None, got {data_backend!r}")
     if stragglers < 0:
         raise ValueError(f"stragglers must be >= 0, got {stragglers}")
     if seed < 0:

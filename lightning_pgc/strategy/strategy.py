@@ -78,6 +78,7 @@ from lightning_pgc.strategy.live_routing import ALONE, LiveRouting
 from lightning_pgc.strategy.options import STRATEGY_SCHEMES, check_options  # noqa: F401 (re-exported)
 from lightning_pgc.decisions.bounded import BoundedLeader
 from lightning_pgc.runtime.control import host_store, open_store, run_prefix
+from lightning_pgc.runtime.group import DataBackend
 from lightning_pgc.runtime.plane import CollectiveRuntime, PGCDetached
 from lightning_pgc.staleness import StalenessCorrection
 from lightning_pgc.strategy.rejoin import StateTransfer
@@ -182,7 +183,13 @@ class PGCStrategy(DDPStrategy):
             for the pipelined schemes, the window's mean age ``(n - fresh) / n`` for ``bounded``
             (:func:`lightning_pgc.staleness.default_lookahead`).
         dc_lambda: ``"delay_compensation"`` only: ``lambda`` (default 0.04).
+        process_group_backend: the backend of Lightning's default process group (as for ``ddp``); it does not
+            carry PGC's gradients (``data_backend`` does).
         process_group_timeout: timeout of Lightning's default process group (as ``DDPStrategy(timeout=...)``).
+        data_backend: the backend of PGC's data group, the one all-reduce per step. ``None`` (default): NCCL when the
+            model is on a CUDA device, gloo otherwise. ``"gloo"`` on CUDA keeps the codes, aggregates and
+            ``param.grad`` on the GPU and stages each all-reduce through host memory: the way for several ranks to
+            share one GPU, which NCCL refuses (pass ``process_group_backend="gloo"`` too). ``"nccl"`` needs CUDA.
         start_method: how Lightning launches the ranks, as for ``ddp``; with any of them a dead rank does not make
             the launcher kill the others (up to ``s`` dead workers are survived, see docs/guide.md).
         failover: when rank 0 (the leader) dies, a live rank (the lowest, normally) takes over: the control plane,
@@ -229,6 +236,7 @@ class PGCStrategy(DDPStrategy):
         process_group_timeout: Optional[timedelta] = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
         failover: Optional[bool] = None,
+        data_backend: Optional[DataBackend] = None,
     ) -> None:
         check_options(
             scheme=scheme,
@@ -253,6 +261,7 @@ class PGCStrategy(DDPStrategy):
             staleness_correction=staleness_correction,
             lookahead_steps=lookahead_steps,
             dc_lambda=dc_lambda,
+            data_backend=data_backend,
         )
         super().__init__(
             accelerator=accelerator,
@@ -283,6 +292,7 @@ class PGCStrategy(DDPStrategy):
         self.diagnostics_every = diagnostics_every
         self.max_condition = max_condition
         self.failover = failover
+        self.data_backend = data_backend
         self.staleness_correction = staleness_correction
         self.lookahead_steps = lookahead_steps
         self.dc_lambda = 0.04 if dc_lambda is None else float(dc_lambda)
@@ -493,6 +503,7 @@ class PGCStrategy(DDPStrategy):
             prefix=run_prefix(self.global_rank),
             keep_versions=window if isinstance(scheme, BoundedScheme) else None,
             failover=self._leadership.enabled(),
+            data_backend=self.data_backend,
         )
         self.runtime.start()
         self._live.route_metric_syncs()
