@@ -133,6 +133,45 @@ def plot(results: dict, args: argparse.Namespace) -> Any:
     return fig
 
 
+def render(payload: dict) -> str:
+    """The page, from what ``docs/safety_valve.json`` holds (tests/test_docs_numbers.py renders it again)."""
+    args, valve, rows = payload["args"], payload["valve"], payload["summary"]
+
+    def fmt(values: list, spec: str = ".3f") -> str:
+        return " / ".join("-" if v is None else format(v, spec) for v in values)
+
+    lines = [
+        "# Staleness safety valve: measured effect",
+        "",
+        f"Command: `{payload['command']}` (4 CPU ranks, digits CNN, SGD momentum 0.9, lr {args['lr']}, "
+        f"{args['steps']} steps, batch 16 per partition, delays `{args['delay']}`).",
+        f"Valve: `StalenessValve(threshold={valve['threshold']}, factor={valve['factor']}, "
+        f"check_every_n_steps={valve['check_every_n_steps']}, min_scale=1/{round(1 / valve['min_scale'])})`. One value per repeat (seed 0 / 1 / ...). "
+        "Every number below is in [safety_valve.json](safety_valve.json) (`summary`).",
+        "",
+        (
+            "<!-- numbers: "
+            "2=docs/safety_valve.json#summary.*.val_acc 3=docs/safety_valve.json#summary.*.val_loss "
+            "4=docs/safety_valve.json#summary.*.train_loss_last20 5=docs/safety_valve.json#summary.*.final_lr "
+            "6=docs/safety_valve.json#summary.*.valve_actions 6=docs/safety_valve.json#summary.*.first_action_step "
+            "-->"
+        ),
+        "",
+        "| configuration | val acc | val loss | train loss (last 20) | final lr | valve actions (first at step) | "
+        "replicas identical | valve decisions equal on all ranks |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        first = " / ".join("-" if s is None else str(int(s)) for s in r["first_action_step"])
+        lines.append(
+            f"| {r['config']} | {fmt(r['val_acc'])} | {fmt(r['val_loss'])} | {fmt(r['train_loss_last20'])} | "
+            f"{fmt(r['final_lr'], '.4g')} | {fmt(r['valve_actions'], 'd')} ({first}) | {r['identical_replicas']} | "
+            f"{r['valves_agree_on_every_rank']} |"
+        )
+    lines += ["", "![safety valve](safety_valve.png)", ""]
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=200)
@@ -182,40 +221,7 @@ def main() -> None:
         )
     command = "python benchmarks/safety_valve.py " + " ".join(sys.argv[1:])
     payload = {"command": command.strip(), "args": vars(args), "valve": VALVE, "summary": rows, "runs": results}
-
-    def fmt(values: list, spec: str = ".3f") -> str:
-        return " / ".join("-" if v is None else format(v, spec) for v in values)
-
-    lines = [
-        "# Staleness safety valve: measured effect",
-        "",
-        f"Command: `{command.strip()}` (4 CPU ranks, digits CNN, SGD momentum 0.9, lr {args.lr}, "
-        f"{args.steps} steps, batch 16 per partition, delays `{args.delay}`).",
-        f"Valve: `StalenessValve(threshold={VALVE['threshold']}, factor={VALVE['factor']}, "
-        f"check_every_n_steps={VALVE['check_every_n_steps']}, min_scale=1/64)`. One value per repeat (seed 0 / 1 / ...). "
-        "Every number below is in [safety_valve.json](safety_valve.json) (`summary`).",
-        "",
-        (
-            "<!-- numbers: "
-            "2=docs/safety_valve.json#summary.*.val_acc 3=docs/safety_valve.json#summary.*.val_loss "
-            "4=docs/safety_valve.json#summary.*.train_loss_last20 5=docs/safety_valve.json#summary.*.final_lr "
-            "6=docs/safety_valve.json#summary.*.valve_actions 6=docs/safety_valve.json#summary.*.first_action_step "
-            "-->"
-        ),
-        "",
-        "| configuration | val acc | val loss | train loss (last 20) | final lr | valve actions (first at step) | "
-        "replicas identical | valve decisions equal on all ranks |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        first = " / ".join("-" if s is None else str(int(s)) for s in r["first_action_step"])
-        lines.append(
-            f"| {r['config']} | {fmt(r['val_acc'])} | {fmt(r['val_loss'])} | {fmt(r['train_loss_last20'])} | "
-            f"{fmt(r['final_lr'], '.4g')} | {fmt(r['valve_actions'], 'd')} ({first}) | {r['identical_replicas']} | "
-            f"{r['valves_agree_on_every_rank']} |"
-        )
-    lines += ["", "![safety valve](safety_valve.png)", ""]
-    page = "\n".join(lines)
+    page = render(payload)
     written = write_report(docs, "safety_valve", payload, page=page, figures={"safety_valve.png": plot(results, args)})
     for w in written:
         print(w)

@@ -15,13 +15,16 @@ from lightning_pgc.codes import StaleCache, make_scheme
 from lightning_pgc.staleness import StalenessCorrection, accounted_momentum, implicit_momentum
 
 
+MOMENTA = [0.0, 0.3, 0.6, 0.9]  #: the momenta the closed forms are checked at (docs/theory.md cites them)
+
+
 # ================================================================================================ closed forms
-@pytest.mark.parametrize("m", [0.0, 0.3, 0.6, 0.9])
+@pytest.mark.parametrize("m", MOMENTA)
 def test_fresh_heavy_ball_boundary_is_two_times_one_plus_m(m):
     assert tc.boundary(m, tc.window_filter(1)) == pytest.approx(2.0 * (1.0 + m), rel=1e-8)
 
 
-@pytest.mark.parametrize("m", [0.0, 0.3, 0.6, 0.9])
+@pytest.mark.parametrize("m", MOMENTA)
 def test_the_c2_window_with_momentum_is_stable_exactly_below_two_times_one_minus_m(m):
     """Jury's test on z^2 - (1 + m - a/2) z + (m + a/2): a < 2 (1 - m); in effective-rate units a / (1 - m) < 2
     for every m, where fresh gradients allow 2 (1 + m) / (1 - m)."""
