@@ -278,8 +278,9 @@ class CommLoop:
                     self._coll_cond.release()
                     try:
                         self._check_leader(f"in collective {seq} (a barrier, broadcast or reduce)")
-                        if self._state_fn is not None:
-                            self._donate(self.progress + 1, self._state_fn)
+                        state_fn = self._state_fn
+                        if state_fn is not None:  # (at a step boundary: see StateTransfer.state_tree)
+                            self._donate(self.progress + 1, lambda: state_fn(boundary=True))
                     finally:
                         self._coll_cond.acquire()
             got = self._coll_done.pop(seq)

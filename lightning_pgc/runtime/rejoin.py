@@ -25,8 +25,9 @@ log = logging.getLogger(__name__)
 #: Times a rank asks again after a transfer failed (its donor died or froze) before it gives up.
 TRANSFER_ATTEMPTS = 3
 
-#: A state tree, or a callable that builds one: see :class:`~lightning_pgc.strategy.rejoin.StateTransfer`.
-StateFn = Callable[[], Any]
+#: A callable that builds the state tree (``boundary=True``: from a step boundary); see
+#: :meth:`~lightning_pgc.strategy.rejoin.StateTransfer.state_tree`.
+StateFn = Callable[..., Any]
 
 
 def transfer_key(prefix: str, recipient: int, transfer: str) -> str:

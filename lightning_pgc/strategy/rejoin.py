@@ -84,22 +84,29 @@ class StateTransfer:
             self.load_state(self.pending[1])
             self.pending = None
 
-    def state_tree(self) -> dict[str, Any]:
+    def state_tree(self, boundary: bool = False) -> dict[str, Any]:
         """This rank's training state, what a resumed rank needs to be the same replica: the module's state dict, every
         optimizer's and scheduler's, the callbacks' states (those a ``ddp`` checkpoint holds), the staleness
         correction's snapshots and the random number generators. Its tensors are this rank's own (no copy): the
-        runtime sends them, or receives into them (:meth:`CollectiveRuntime.rejoin`)."""
+        runtime sends them, or receives into them (:meth:`CollectiveRuntime.rejoin`).
+
+        With ``boundary`` (a donor inside one of Lightning's collectives at the step boundary before the version the
+        recipient rejoins at: a checkpoint or validation in progress) only the module, the optimizers and the
+        staleness snapshots, which the boundary's hooks do not change: the schedulers', callbacks' and generators'
+        states are half-way through that boundary there. The recipient runs the same boundary's hooks itself (its
+        collectives replay the donor's results), so it keeps its own."""
         st = self.strategy
         module = st.lightning_module
         assert module is not None
         trainer = module.trainer
+        whole = not boundary
         return {
             "model": module.state_dict(),
             "optimizers": [opt.state_dict() for opt in trainer.optimizers],
-            "schedulers": [config.scheduler.state_dict() for config in trainer.lr_scheduler_configs],
-            "callbacks": {cb.state_key: state for cb in _callbacks(trainer) if (state := cb.state_dict())},
+            "schedulers": [c.scheduler.state_dict() for c in trainer.lr_scheduler_configs] if whole else None,
+            "callbacks": {cb.state_key: sd for cb in _callbacks(trainer) if (sd := cb.state_dict())} if whole else None,
             "staleness": st.correction.state_dict(),
-            "rng": rng_states(),
+            "rng": rng_states() if whole else None,
         }
 
     def load_state(self, state: Optional[dict[str, Any]]) -> None:
@@ -113,12 +120,14 @@ class StateTransfer:
         module.load_state_dict(state["model"])
         for opt, sd in zip(trainer.optimizers, state["optimizers"]):
             opt.load_state_dict(sd)
+        st.correction.load_state_dict(state["staleness"])
+        if state["schedulers"] is None:  # sent from a step boundary (see state_tree): this rank's own are in step
+            return
         for config, sd in zip(trainer.lr_scheduler_configs, state["schedulers"]):
             config.scheduler.load_state_dict(sd)
         for cb in _callbacks(trainer):
             if cb.state_key in state["callbacks"]:
                 cb.load_state_dict(state["callbacks"][cb.state_key])
-        st.correction.load_state_dict(state["staleness"])
         set_rng_states(state["rng"])
 
 
