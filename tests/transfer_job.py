@@ -26,7 +26,7 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import lightning.pytorch as pl
 import torch
@@ -39,6 +39,7 @@ import lightning_pgc
 from lightning_pgc.callbacks.faults import Freeze, Stall
 from lightning_pgc.runtime import plane as plane_module
 from lightning_pgc.runtime import transfer as transfer_module
+from lightning_pgc.runtime.transfer import ForwardingStore
 from lightning_pgc.strategy import strategy as strategy_module
 
 SCENARIOS = ("stall", "freeze_leader", "donor_death", "resume")
@@ -49,70 +50,19 @@ VAL_EVERY = 8
 STATE_KEYS = "/state/"
 
 
-class Recording(dist.Store):
-    """The control plane's store, forwarding to ``inner``: notes the largest value set or pushed (``largest``), and
-    every key of a state transfer's rendezvous set, read or waited for (``keys``). Clones share the notes."""
+class Recording(ForwardingStore):
+    """The control plane's store: notes the largest value set or pushed (``largest``), and every key of a state
+    transfer's rendezvous set, read or waited for (``keys``). Clones share the notes."""
 
     def __init__(self, inner: dist.Store, notes: dict[str, Any]) -> None:
-        super().__init__()
-        self.inner, self.notes = inner, notes
+        super().__init__(inner)
+        self.notes = notes
 
-    def _value(self, key: str, value: Any) -> None:
-        size = len(value)
-        if size > self.notes["largest"][0]:
-            self.notes["largest"] = (size, key)
-        self._key(key)
-
-    def _key(self, key: str) -> None:
+    def touched(self, key: str, value: Optional[bytes] = None) -> None:
+        if value is not None and len(value) > self.notes["largest"][0]:
+            self.notes["largest"] = (len(value), key)
         if STATE_KEYS in key:
             self.notes["keys"].add(key)
-
-    def set(self, key: str, value: Any) -> None:
-        self._value(key, value)
-        self.inner.set(key, value)
-
-    def get(self, key: str) -> bytes:
-        self._key(key)
-        return self.inner.get(key)
-
-    def add(self, key: str, amount: int) -> int:
-        self._key(key)
-        return self.inner.add(key, amount)
-
-    def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
-        self._value(key, desired)
-        return self.inner.compare_set(key, expected, desired)
-
-    def wait(self, keys: list[str], timeout: Any = None) -> None:
-        for key in keys:
-            self._key(key)
-        self.inner.wait(keys) if timeout is None else self.inner.wait(keys, timeout)
-
-    def check(self, keys: list[str]) -> bool:
-        return self.inner.check(keys)
-
-    def delete_key(self, key: str) -> bool:
-        return self.inner.delete_key(key)
-
-    def num_keys(self) -> int:
-        return self.inner.num_keys()
-
-    def set_timeout(self, timeout: timedelta) -> None:
-        self.inner.set_timeout(timeout)
-
-    @property
-    def timeout(self) -> timedelta:
-        return self.inner.timeout
-
-    def queue_push(self, key: str, value: Any) -> None:
-        self._value(key, value)
-        self.inner.queue_push(key, value)
-
-    def queue_pop(self, key: str, block: bool = True) -> bytes:
-        return self.inner.queue_pop(key, block)
-
-    def queue_len(self, key: str) -> int:
-        return self.inner.queue_len(key)
 
     def clone(self) -> "Recording":
         return Recording(self.inner.clone(), self.notes)

@@ -31,7 +31,18 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["CHUNK_BYTES", "Pair", "Slot", "TransferFailed", "flatten", "paths", "receive", "send", "unflatten"]
+__all__ = [
+    "CHUNK_BYTES",
+    "ForwardingStore",
+    "Pair",
+    "Slot",
+    "TransferFailed",
+    "flatten",
+    "paths",
+    "receive",
+    "send",
+    "unflatten",
+]
 
 #: The largest piece of a tensor one send carries (and the size of the host buffer a CUDA tensor is staged in).
 CHUNK_BYTES = 16 << 20
@@ -143,33 +154,36 @@ def _bytes_of(tensor: Tensor) -> Tensor:
     return tensor.detach().reshape(-1).view(torch.uint8)
 
 
-class _Ledger(dist.Store):
-    """A store that forwards to ``inner`` and remembers every key it set or waited for (the rendezvous of one
-    transfer), so that either side can delete them all when the transfer ends, the peer's too if it died."""
+class ForwardingStore(dist.Store):
+    """A store that forwards every call to ``inner`` and tells :meth:`touched` of every key it sets, reads, adds to
+    or waits for, with the value it sets (for a ledger of keys, or a bound on values)."""
 
     def __init__(self, inner: dist.Store) -> None:
         super().__init__()
         self.inner = inner
-        self.keys: set[str] = set()
+
+    def touched(self, key: str, value: Optional[bytes] = None) -> None:
+        """Called before every call that names ``key`` (``value``: what it sets or pushes)."""
 
     def set(self, key: str, value: Any) -> None:
-        self.keys.add(key)
+        self.touched(key, value)
         self.inner.set(key, value)
 
     def get(self, key: str) -> bytes:
-        self.keys.add(key)
+        self.touched(key)
         return self.inner.get(key)
 
     def add(self, key: str, amount: int) -> int:
-        self.keys.add(key)
+        self.touched(key)
         return self.inner.add(key, amount)
 
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
-        self.keys.add(key)
+        self.touched(key, desired)
         return self.inner.compare_set(key, expected, desired)
 
     def wait(self, keys: list[str], timeout: Optional[timedelta] = None) -> None:
-        self.keys.update(keys)
+        for key in keys:
+            self.touched(key)
         if timeout is None:
             self.inner.wait(keys)
         else:
@@ -186,6 +200,32 @@ class _Ledger(dist.Store):
 
     def set_timeout(self, timeout: timedelta) -> None:
         self.inner.set_timeout(timeout)
+
+    @property
+    def timeout(self) -> timedelta:
+        return self.inner.timeout  # type: ignore[attr-defined]
+
+    def queue_push(self, key: str, value: Any) -> None:
+        self.touched(key, value)
+        self.inner.queue_push(key, value)
+
+    def queue_pop(self, key: str, block: bool = True) -> bytes:
+        return self.inner.queue_pop(key, block)
+
+    def queue_len(self, key: str) -> int:
+        return self.inner.queue_len(key)
+
+
+class _Ledger(ForwardingStore):
+    """Remembers every key of one transfer's rendezvous, so that either side can delete them all when the transfer
+    ends, the peer's too if it died."""
+
+    def __init__(self, inner: dist.Store) -> None:
+        super().__init__(inner)
+        self.keys: set[str] = set()
+
+    def touched(self, key: str, value: Optional[bytes] = None) -> None:
+        self.keys.add(key)
 
     def forget(self) -> None:
         for key in sorted(self.keys):
