@@ -106,11 +106,12 @@ def _kill_mid_transfer() -> None:
     send = transfer_module.Pair.send
     sent = [0]
 
-    def dying(self: Any, tensor: torch.Tensor) -> None:
-        send(self, tensor)
+    def dying(self: Any, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        out = send(self, tensor, *args, **kwargs)
         sent[0] += 1
         if self.index == 0 and sent[0] == 3 and dist.get_rank() == 0:
             os.kill(os.getpid(), signal.SIGKILL)
+        return out
 
     transfer_module.Pair.send = dying  # type: ignore[method-assign]
 

@@ -9,9 +9,9 @@ ends). On that group travel, in order:
 2. the metadata: the state's tree, pickled, with every tensor replaced by its :class:`Slot` (path, shape, dtype).
    Its size grows with the number of tensors, not with their size; non-tensor leaves (an optimizer's
    hyperparameters, a scheduler's counters, a metric's Python values) travel in it;
-3. every tensor's bytes, in chunks of at most ``chunk_bytes``. The recipient receives each one straight into its
-   own tensor of the same path, shape and dtype when it has one (its parameters, buffers and optimizer state: no
-   copy), else into a new tensor.
+3. every tensor's bytes, in chunks of at most ``chunk_bytes``, each under a tag of its own, all in flight at once
+   (host memory). The recipient receives each one straight into its own tensor of the same path, shape and dtype
+   when it has one (its parameters, buffers and optimizer state: no copy), else into a new tensor.
 
 CUDA tensors travel through one host buffer of ``chunk_bytes`` on each side (gloo sends host memory), so a transfer
 never holds a second copy of the state on either side. Either side that fails (the peer died, froze past the
@@ -269,17 +269,34 @@ class Pair:
         self.pg = None
         self._ledger.forget()
 
-    def send(self, tensor: Tensor) -> None:
+    def send(self, tensor: Tensor, tag: int = 0, wait: bool = True) -> Any:
+        """Send ``tensor`` to the peer under ``tag``; with ``wait=False`` return the work to :meth:`finish` (the
+        tensor must stay alive and unchanged until then)."""
         try:
-            self.pg.send([tensor], 1 - self.index, 0).wait()
+            work = self.pg.send([tensor], 1 - self.index, tag)
+            return self.finish([work]) if wait else work
+        except TransferFailed:
+            raise
         except Exception as exc:
             raise TransferFailed(f"sending {tensor.numel()} bytes failed: {exc}") from exc
 
-    def recv(self, tensor: Tensor) -> None:
+    def recv(self, tensor: Tensor, tag: int = 0, wait: bool = True) -> Any:
+        """Receive into ``tensor`` from the peer under ``tag``; ``wait=False`` as for :meth:`send`."""
         try:
-            self.pg.recv([tensor], 1 - self.index, 0).wait()
+            work = self.pg.recv([tensor], 1 - self.index, tag)
+            return self.finish([work]) if wait else work
+        except TransferFailed:
+            raise
         except Exception as exc:
             raise TransferFailed(f"receiving {tensor.numel()} bytes failed: {exc}") from exc
+
+    def finish(self, works: list[Any]) -> None:
+        """Wait for every work of :meth:`send` or :meth:`recv` (``wait=False``)."""
+        try:
+            for work in works:
+                work.wait()
+        except Exception as exc:
+            raise TransferFailed(f"the transfer broke off: {exc}") from exc
 
 
 def _staging(chunk_bytes: int) -> Callable[[int], Tensor]:
@@ -306,15 +323,19 @@ def send(pair: Pair, version: int, tree: Any, chunk_bytes: int = CHUNK_BYTES) ->
     pair.send(torch.tensor([version, len(meta), total], dtype=torch.int64))
     pair.send(torch.frombuffer(bytearray(meta), dtype=torch.uint8))
     staging = _staging(chunk_bytes)
+    pending, tag = [], 1
     for tensor in tensors:
         flat = _bytes_of(tensor if tensor.is_contiguous() else tensor.contiguous())
         for start in range(0, flat.numel(), chunk_bytes):
             piece = flat[start : start + chunk_bytes]
-            if piece.device.type != "cpu":
+            if piece.device.type == "cpu":  # host memory: every chunk in flight at once, from the tensor itself
+                pending.append(pair.send(piece, tag, wait=False))
+            else:  # through the one host buffer: a chunk at a time
                 host = staging(piece.numel())
                 host.copy_(piece)
-                piece = host
-            pair.send(piece)
+                pair.send(host, tag)
+            tag += 1
+    pair.finish(pending)
     return total
 
 
@@ -343,7 +364,7 @@ def receive(
     targets = paths(into) if into is not None else {}
     staging = _staging(chunk_bytes)
     tensors: list[Tensor] = []
-    got = 0
+    pending, got, tag = [], 0, 1
     for slot in _slots(skeleton):
         dst = targets.get(slot.path)
         if not (
@@ -357,14 +378,16 @@ def receive(
         with torch.no_grad():
             for start in range(0, flat.numel(), chunk_bytes):
                 piece = flat[start : start + chunk_bytes]
-                if piece.device.type == "cpu":
-                    pair.recv(piece)
+                if piece.device.type == "cpu":  # straight into the tensor, every chunk posted at once
+                    pending.append(pair.recv(piece, tag, wait=False))
                 else:
                     host = staging(piece.numel())
-                    pair.recv(host)
+                    pair.recv(host, tag)
                     piece.copy_(host)
+                tag += 1
         got += flat.numel()
         tensors.append(dst)
+    pair.finish(pending)
     if got != total:
         raise TransferFailed(f"received {got} bytes of tensors, the donor sent {total}")
     return unflatten(skeleton, tensors)
