@@ -126,6 +126,7 @@ GENERATED: dict[str, set[str]] = {
     "docs/step_time_planes.md": {"*"},  # below
     "docs/step_time_passes.md": {"*"},  # below
     "docs/gpu_check.md": {"*"},  # below
+    "docs/rejoin.md": {"*"},  # below
     "docs/stall.md": {"*"},  # below
     "docs/math.md": {"table:| n | s | C(n,s) |"},  # its rows, below
     "docs/design.md": {"module-map"},  # tests/test_layout.py
@@ -980,6 +981,15 @@ def test_the_gpu_check_page_is_what_its_benchmark_renders_from_its_json() -> Non
     result = json.loads((DOCS / "gpu_check.json").read_text())
     assert gpu_check.render(result) == (DOCS / "gpu_check.md").read_text()
     assert gpu_check.merge([result]) == result  # (a merged file merges to itself)
+
+
+def test_the_rejoin_page_is_what_its_benchmark_renders_from_its_results_file() -> None:
+    """docs/rejoin.md (state transfer from 1 M to 100 M parameters) is rendered from docs/results/rejoin.json."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import rejoin
+
+    result = json.loads((DOCS / "results" / "rejoin.json").read_text())
+    assert rejoin.render(result) == (DOCS / "rejoin.md").read_text()
 
 
 @pytest.mark.parametrize("report", ["staleness", "staleness_bounded", "staleness_exponential", "staleness_stalls"])
