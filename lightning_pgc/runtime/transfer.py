@@ -272,23 +272,18 @@ class Pair:
     def send(self, tensor: Tensor, tag: int = 0, wait: bool = True) -> Any:
         """Send ``tensor`` to the peer under ``tag``; with ``wait=False`` return the work to :meth:`finish` (the
         tensor must stay alive and unchanged until then)."""
-        try:
-            work = self.pg.send([tensor], 1 - self.index, tag)
-            return self.finish([work]) if wait else work
-        except TransferFailed:
-            raise
-        except Exception as exc:
-            raise TransferFailed(f"sending {tensor.numel()} bytes failed: {exc}") from exc
+        return self._post(self.pg.send, tensor, tag, wait, "sending")
 
     def recv(self, tensor: Tensor, tag: int = 0, wait: bool = True) -> Any:
         """Receive into ``tensor`` from the peer under ``tag``; ``wait=False`` as for :meth:`send`."""
+        return self._post(self.pg.recv, tensor, tag, wait, "receiving")
+
+    def _post(self, op: Callable[..., Any], tensor: Tensor, tag: int, wait: bool, doing: str) -> Any:
         try:
-            work = self.pg.recv([tensor], 1 - self.index, tag)
-            return self.finish([work]) if wait else work
-        except TransferFailed:
-            raise
+            work = op([tensor], 1 - self.index, tag)
         except Exception as exc:
-            raise TransferFailed(f"receiving {tensor.numel()} bytes failed: {exc}") from exc
+            raise TransferFailed(f"{doing} {tensor.numel()} bytes failed: {exc}") from exc
+        return self.finish([work]) if wait else work
 
     def finish(self, works: list[Any]) -> None:
         """Wait for every work of :meth:`send` or :meth:`recv` (``wait=False``)."""
