@@ -138,7 +138,9 @@ def test_a_peer_that_never_comes_is_a_transfer_failure_after_the_timeout():
     assert store.num_keys() <= 1
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA device (CUDA tensors travel through the host buffer)"
+)
 def test_cuda_tensors_travel_through_a_bounded_host_buffer():
     tree = {"w": torch.randn(1000, device="cuda"), "b": torch.randn(3)}
     into = {"w": torch.zeros(1000, device="cuda")}

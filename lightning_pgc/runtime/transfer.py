@@ -61,13 +61,6 @@ class Slot:
     shape: tuple[int, ...]
     dtype: torch.dtype
 
-    @property
-    def nbytes(self) -> int:
-        numel = 1
-        for d in self.shape:
-            numel *= d
-        return numel * torch.empty((), dtype=self.dtype).element_size()
-
 
 def _rebuild(node: Any, items: list[tuple[Any, Any]]) -> Any:
     """A container of ``node``'s kind holding ``items`` (``(key, value)`` pairs; keys unused for sequences)."""
@@ -122,17 +115,7 @@ def unflatten(skeleton: Any, tensors: list[Tensor]) -> Any:
 def paths(tree: Any) -> dict[tuple[Any, ...], Tensor]:
     """Every tensor of ``tree`` by its path (the receiving side's targets)."""
     skeleton, tensors = flatten(tree)
-    out: dict[tuple[Any, ...], Tensor] = {}
-
-    def walk(node: Any) -> None:
-        if isinstance(node, Slot):
-            out[node.path] = tensors[node.index]
-            return
-        for _, child in _children(node) or ():
-            walk(child)
-
-    walk(skeleton)
-    return out
+    return {slot.path: tensors[slot.index] for slot in _slots(skeleton)}
 
 
 def _slots(skeleton: Any) -> list[Slot]:
