@@ -460,12 +460,26 @@ def page(outcomes: list[Outcome], args: argparse.Namespace, command: str) -> str
     )
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+#: the width of printed output when stdout is not a terminal (a file, a pipe, a CI log, a notebook): wide enough
+#: that no table is cut or folded, so strategy names and intervals read in full
+UNBOUNDED_WIDTH = 1000
+
+
+def make_console() -> Any:
+    """rich's console for the demo's output: a terminal's own width, or, anywhere else, no wrapping and no cut
+    columns (rich otherwise assumes 80 columns and truncates cells to "strat…")."""
     from rich.console import Console
+
+    if sys.stdout.isatty():
+        return Console()
+    return Console(width=UNBOUNDED_WIDTH, soft_wrap=True)
+
+
+def main(argv: Optional[list[str]] = None) -> None:
     from rich.table import Table
 
     args = parse_args(argv)
-    console = Console()
+    console = make_console()
     command = ("python -m lightning_pgc.demo " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
     if args.correction != "off":
         from lightning_pgc import demo_correction as dc

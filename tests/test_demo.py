@@ -163,6 +163,10 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     )
     printed = capsys.readouterr().out
     assert "pgc" in printed and "wrote" in printed and "Why:" in printed
+    # captured output is not a terminal: nothing is cut to 80 columns
+    assert "…" not in printed
+    header = next(line for line in printed.splitlines() if "strategy" in line)
+    assert all(col in header for col in ("lr, mom.", "to target (s)", "vs dgd, map", "identical"))
     results = json.loads((out / "results.json").read_text())
     assert [(r["setting"], r["key"]) for r in results] == [("wins", "pgc")]
     (pgc,) = results
@@ -245,6 +249,7 @@ def test_the_correction_comparison_runs_end_to_end(tmp_path, capsys, monkeypatch
     demo.main(["--correction", "only", "--out", str(out)])
     printed = capsys.readouterr().out
     assert "Staleness correction." in printed and "Why:" in printed and "wrote" in printed
+    assert "…" not in printed and "pgc_fr c=2 lookahead k=1" in printed
     page = (out / "correction.md").read_text()
     assert "This run: " in page and "Measured over 5 seeds" in page
     assert "| pgc_fr c=2 none | 0.1, 0.9 |" in page and "| pgc_fr c=2 lookahead k=1 | 0.1, 0.9 |" in page
