@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from typing import Any, Callable, Optional
 
@@ -71,6 +72,7 @@ class AutoLeader(Leader):
         self.switches: list[Switch] = []
         self.on_switch = on_switch
         self._arms: deque[tuple[int, Arm]] = deque(maxlen=keep_records)
+        self._rule_lock = threading.Lock()  # the rule's state is read by a checkpoint on another thread
 
     @property
     def arm(self) -> Arm:
@@ -80,11 +82,13 @@ class AutoLeader(Leader):
     def on_code(self, header: Header, arrived: float) -> None:
         super().on_code(header, arrived)
         if header.busy_s >= 0:
-            self.rule.window.add(header.sender, header.version, header.busy_s)
+            with self._rule_lock:
+                self.rule.window.add(header.sender, header.version, header.busy_s)
 
     def on_allreduce(self, seconds: float) -> None:
         """An all-reduce of the data group took ``seconds`` (measured on the leader's rank)."""
-        self.rule.window.add_allreduce(seconds)
+        with self._rule_lock:
+            self.rule.window.add_allreduce(seconds)
 
     def _nobody_else(self, now: float) -> bool:
         """Whether every rank without a code for the open version cannot send one now."""
@@ -111,7 +115,8 @@ class AutoLeader(Leader):
         if rec is None:
             return None
         self._arms.append((rec.version, arm))
-        decision: Decision = self.rule.step()
+        with self._rule_lock:
+            decision: Decision = self.rule.step()
         if decision.switched:
             switch = Switch(rec.version + 1, arm, decision.arm, decision.reason)
             self.switches.append(switch)
@@ -128,6 +133,13 @@ class AutoLeader(Leader):
                 break
         return DGD
 
+    def notes(self, version: int) -> tuple[int, int]:
+        """What the decision message of ``version`` carries to every rank: ``(arm code, s)`` of the arm that closed it
+        (:func:`~lightning_pgc.decisions.auto.arm_from_code` reads it back)."""
+        arm = self.arm_of(version)
+        return (arm.code, arm.s)
+
     def state_dict(self) -> dict[str, Any]:
         """The rule's state (the arm and the window): what a checkpoint keeps."""
-        return self.rule.state_dict()
+        with self._rule_lock:
+            return self.rule.state_dict()
