@@ -3,9 +3,11 @@ so a forced slowdown is judged within a few steps."""
 
 from __future__ import annotations
 
+import re
+
 import torch
 
-from tests.jobs import run_job
+from tests.jobs import FAST_LIVENESS, run_job
 
 #: a window of 4 versions and a gain held for 2: a slowdown of 0.3 s per step on one rank is judged within 6 steps
 QUICK = {"auto_window": 4, "auto_patience": 2}
@@ -78,3 +80,51 @@ def test_a_resume_continues_with_the_stored_arm(tmp_path):
     assert first == 12
     assert all(h["pgc/auto_arm"] == 1.0 for h in b["summary"]["diagnostics"])
     _identical(b)
+
+
+def test_a_killed_worker_a_nan_gradient_and_a_frozen_rank_are_survived_as_under_a_fixed_scheme(tmp_path):
+    """Under the dgd arm (no slow rank): rank 1's gradient is NaN at step 3 (the version closes without it), rank 2
+    freezes for 2 s at step 6 (it rejoins) and rank 3 is killed at step 10; the others finish with identical
+    replicas, and no fault made the rule switch on its own (a dead rank is no slow one)."""
+    job = run_job(
+        tmp_path,
+        "faults",
+        strategy="pgc_auto",
+        devices=4,
+        max_steps=20,
+        check_val_every_n_epoch=100,
+        strategy_kwargs={**FAST_LIVENESS, "max_stragglers": 2},
+        faults=[
+            {"kind": "NaNGradient", "rank": 1, "step": 3},
+            {"kind": "Freeze", "rank": 2, "step": 6, "seconds": 2.0},
+            {"kind": "Kill", "rank": 3, "step": 10},
+        ],
+    )
+    ranks = job["ranks"]
+    assert ranks[3] is None
+    assert len({r["checksum"] for r in ranks[:3]}) == 1 and {r["global_step"] for r in ranks[:3]} == {20}
+    assert "non-finite gradient at step 3" in job["stderr"]
+    assert re.search(r"rank 3 died at version", job["stderr"]), job["stderr"][-3000:]
+
+
+def test_a_successor_leader_keeps_the_arm_in_effect(tmp_path):
+    """Rank 3 is slow, the rule switches to ignore_stragglers s=1; the leader (rank 0) is killed at step 12: rank 1
+    takes over with the arm in effect (its window starts afresh) and the survivors finish with identical replicas."""
+    job = run_job(
+        tmp_path,
+        "failover",
+        strategy="pgc_auto",
+        devices=4,
+        max_steps=18,
+        check_val_every_n_epoch=100,
+        delay="slowranks(ranks=[3], seconds=0.3)",
+        strategy_kwargs={**FAST_LIVENESS, **QUICK, "max_stragglers": 2},
+        faults=[{"kind": "Kill", "rank": 0, "step": 12}],
+    )
+    ranks = job["ranks"]
+    assert ranks[0] is None
+    assert "takes over" in job["stderr"]
+    assert len({r["checksum"] for r in ranks[1:]}) == 1 and {r["global_step"] for r in ranks[1:]} == {18}
+    assert [r["auto_switches"] for r in ranks[1:]] == [[[ranks[1]["auto_switches"][0][0], "dgd",
+                                                         "ignore_stragglers s=1"]]] * 3
+    assert [r["auto_arm"] for r in ranks[1:]] == ["ignore_stragglers s=1"] * 3

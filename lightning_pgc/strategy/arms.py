@@ -64,7 +64,6 @@ class ArmLog:
         window (the old leader's window died with it)."""
         state = (saved or {}).get("auto")
         self.reset(DGD if state is None else Arm(str(state["arm"][0]), int(state["arm"][1])))
-        first = [True]
         options = self.strategy.auto
 
         def make(
@@ -78,14 +77,14 @@ class ArmLog:
                 patience=options.patience,
                 window=options.window,
             )
-            if rule.left_out and first[0]:
+            first = self._last_version < 0  # the fit's first leader (else a successor: this rank applied versions)
+            if rule.left_out and first:
                 log.info(
                     "PGC auto: no versions-to-target factor for %s with n=%d in the shipped table: not candidates",
                     ", ".join(a.label for a in rule.left_out),
                     world_size,
                 )
-            start = state if first[0] else {"arm": [self.arm.scheme, self.arm.s]}
-            first[0] = False
+            start = state if first and state is not None else {"arm": [self.arm.scheme, self.arm.s]}
             return AutoLeader(
                 scheme,
                 world_size,
