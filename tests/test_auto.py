@@ -294,3 +294,35 @@ def test_a_successor_leader_keeps_the_arm_in_effect() -> None:
         from lightning_pgc.codes import make_scheme
 
         AutoLeader(make_scheme("ignore", 4, 1), 4, 0, 1.0, 10)
+
+
+# ------------------------------------------------------------------------------------------ the emulator
+def test_the_emulator_runs_the_strategys_leader_and_rule() -> None:
+    """pgc_auto on the simulated clock: the same AutoLeader class and AutoRule (not a copy); a healthy cluster never
+    switches, a persistently 2x slow rank switches once, a rank slow for a while then normal switches in and out."""
+    from lightning_pgc.emulator.auto import auto_leader, switches
+    from lightning_pgc.emulator.cells import STRATEGIES, Arm as CellArm
+    from lightning_pgc.emulator.clock import Costs, simulate
+
+    assert STRATEGIES["pgc_auto"] == "auto"
+    scheme = CellArm("pgc_auto", 2).scheme(4)
+    assert isinstance(scheme, AutoScheme) and scheme.s == 1
+    costs = Costs(compute_s=0.01, overhead_s=0.002, code_s=0.001, aggregate_s=0.002)
+    out = {}
+    for name, delay in [
+        ("healthy", "lognormal(median=0.002, sigma=0.5)"),
+        ("slow", "slowranks(ranks=[3], seconds=0.01)"),
+        ("while", "slowranks(ranks=[3], seconds=0.01, steps=[50, 150])"),
+    ]:
+        lead = auto_leader(scheme, 300, costs.aggregate_s)
+        assert type(lead) is AutoLeader and type(lead.rule) is AutoRule
+        res = simulate(scheme, 300, delay, costs, leader=lead)
+        out[name] = [(s.version, s.new) for s in switches(lead)]
+        for rec in res.records:  # dgd's versions admit every rank, the others leave rank 3 out
+            assert len(rec.admitted) == (4 if lead.arm_of(rec.version) == DGD else 3)
+    assert out["healthy"] == []
+    assert [a for _, a in out["slow"]] == [IGN1]
+    assert [a for _, a in out["while"]] == [IGN1, DGD]
+    assert 50 < out["while"][0][0] < 150 < out["while"][1][0]
+    # simulate() builds the same leader itself for an AutoScheme
+    assert simulate(scheme, 60, "slowranks(ranks=[3], seconds=0.01)", costs).records[-1].admitted == [0, 1, 2]
