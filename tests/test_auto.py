@@ -326,3 +326,28 @@ def test_the_emulator_runs_the_strategys_leader_and_rule() -> None:
     assert 50 < out["while"][0][0] < 150 < out["while"][1][0]
     # simulate() builds the same leader itself for an AutoScheme
     assert simulate(scheme, 60, "slowranks(ranks=[3], seconds=0.01)", costs).records[-1].admitted == [0, 1, 2]
+
+
+# ------------------------------------------------------------------------------------------ the strategy's options
+def test_pgc_auto_is_registered_and_its_options_are_checked() -> None:
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    from lightning_pgc import PGCStrategy
+
+    entry = StrategyRegistry["pgc_auto"]
+    assert entry["strategy"] is PGCStrategy and entry["init_params"] == {"scheme": "auto"}
+    st = PGCStrategy(scheme="auto", max_stragglers=2, auto_margin=0.2, auto_patience=3, auto_window=7)
+    assert (st.auto.max_stragglers, st.auto.margin, st.auto.patience, st.auto.window) == (2, 0.2, 3, 7)
+    assert isinstance(st._make_scheme(4), AutoScheme) and st._make_scheme(4).s == 2
+    with pytest.raises(ValueError, match="s must be < n"):
+        st._make_scheme(2)
+    with pytest.raises(ValueError, match="apply to scheme='auto' only"):
+        PGCStrategy(scheme="pgc_cr", max_stragglers=2)
+    with pytest.raises(ValueError, match="auto_margin"):
+        PGCStrategy(scheme="auto", auto_margin=1.5)
+    with pytest.raises(ValueError, match="max_stragglers"):
+        PGCStrategy(scheme="auto", max_stragglers=0)
+    with pytest.raises(TypeError, match="auto_window"):
+        PGCStrategy(scheme="auto", auto_window=2.5)
+    with pytest.raises(ValueError, match="no staleness to correct"):
+        PGCStrategy(scheme="auto", staleness_correction="momentum")
