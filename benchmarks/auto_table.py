@@ -76,7 +76,8 @@ def derive(summary: dict[str, Any], records: Iterable[dict[str, Any]]) -> dict[s
                 "task": task,
                 "cells": cells[(n, task)],
                 "factors": {
-                    label: {"factor": round(statistics.median(f), 4), "cells": len(f)} for label, f in sorted(arms.items())
+                    label: {"factor": round(statistics.median(f), 4), "cells": len(f)}
+                    for label, f in sorted(arms.items())
                 },
             }
         )
@@ -96,7 +97,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args(argv)
     summary_path = Path(args.summary)
-    summary = json.loads((ROOT / summary_path).read_text() if not summary_path.is_absolute() else summary_path.read_text())
+    summary = json.loads(
+        (ROOT / summary_path).read_text() if not summary_path.is_absolute() else summary_path.read_text()
+    )
     summary["_path"] = str(args.summary)
     table = derive(summary, _records(ROOT / summary["source"]))
     Path(args.out).write_text(json.dumps(table, indent=1) + "\n")

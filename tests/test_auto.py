@@ -139,8 +139,13 @@ def test_costs_are_the_order_statistic_plus_the_all_reduce_times_the_factor() ->
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
 def test_a_healthy_window_never_switches(n: int) -> None:
     """Every jitter pattern of 0.9 / 1.0 / 1.1 s over n ranks, cycled: never a switch."""
-    r = AutoRule(n, candidates(n - 1), FactorTable(n, "t", {f"ignore_stragglers c={s + 1}": 1.1 for s in range(1, n)}),
-                 window=8, patience=2)
+    r = AutoRule(
+        n,
+        candidates(n - 1),
+        FactorTable(n, "t", {f"ignore_stragglers c={s + 1}": 1.1 for s in range(1, n)}),
+        window=8,
+        patience=2,
+    )
     patterns = list(itertools.product([0.9, 1.0, 1.1], repeat=n))
     for v, times in enumerate(patterns * 2):
         assert not feed(r, times, v)

@@ -125,6 +125,7 @@ def test_a_successor_leader_keeps_the_arm_in_effect(tmp_path):
     assert ranks[0] is None
     assert "takes over" in job["stderr"]
     assert len({r["checksum"] for r in ranks[1:]}) == 1 and {r["global_step"] for r in ranks[1:]} == {18}
-    assert [r["auto_switches"] for r in ranks[1:]] == [[[ranks[1]["auto_switches"][0][0], "dgd",
-                                                         "ignore_stragglers s=1"]]] * 3
+    assert [r["auto_switches"] for r in ranks[1:]] == [
+        [[ranks[1]["auto_switches"][0][0], "dgd", "ignore_stragglers s=1"]]
+    ] * 3
     assert [r["auto_arm"] for r in ranks[1:]] == ["ignore_stragglers s=1"] * 3

@@ -184,7 +184,9 @@ class PGCDiagnostics(Callback):
             metrics = {"pgc/train_loss": info.loss, "pgc/worker_wait_s": info.worker_wait_s}
             if self._last_end is not None:
                 metrics["pgc/step_time_s"] = now - self._last_end
-        if getattr(strategy, "scheme_name", None) == "auto":  # the arm this version ran (every version: switches are rare)
+        if (
+            getattr(strategy, "scheme_name", None) == "auto"
+        ):  # the arm this version ran (every version: switches are rare)
             metrics["pgc/auto_arm"] = float(strategy.auto_arm.code)
             metrics["pgc/auto_s"] = float(strategy.auto_arm.s)
         self._last_end = now

@@ -183,11 +183,12 @@ class StepWindow:
                     last[r] = t
         out = []
         for v in versions:
-            row = []
+            row: list[float] = []
             for r, t in enumerate(self.times[v]):
                 if t is not None:
                     last[r] = t
-                row.append(last[r] if last[r] is not None else 0.0)
+                known = last[r]
+                row.append(0.0 if known is None else known)
             out.append(row)
         return out
 

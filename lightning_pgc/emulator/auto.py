@@ -21,7 +21,9 @@ from lightning_pgc.decisions.auto_leader import AutoLeader, Switch
 __all__ = ["auto_leader", "switches"]
 
 
-def auto_leader(scheme: AutoScheme, steps: int, aggregate_s: float = 0.0, rule: Optional[AutoRule] = None) -> AutoLeader:
+def auto_leader(
+    scheme: AutoScheme, steps: int, aggregate_s: float = 0.0, rule: Optional[AutoRule] = None
+) -> AutoLeader:
     """The leader a simulated ``pgc_auto`` run drives: the strategy's defaults (``max_stragglers`` = ``scheme.s``,
     the shipped factor table's entry nearest ``n``), liveness never judged, every record kept."""
     if rule is None:
