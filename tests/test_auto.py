@@ -354,5 +354,7 @@ def test_pgc_auto_is_registered_and_its_options_are_checked() -> None:
         PGCStrategy(scheme="auto", max_stragglers=0)
     with pytest.raises(TypeError, match="auto_window"):
         PGCStrategy(scheme="auto", auto_window=2.5)
+    with pytest.raises(ValueError, match="pass max_stragglers=2, not stragglers"):
+        PGCStrategy(scheme="auto", stragglers=2)
     with pytest.raises(ValueError, match="no staleness to correct"):
         PGCStrategy(scheme="auto", staleness_correction="momentum")

@@ -76,7 +76,7 @@ def check_options(
     _check_type("data_backend", data_backend, (str, type(None)))
     if scheme not in STRATEGY_SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(STRATEGY_SCHEMES)}")
-    _check_auto(scheme, max_stragglers, auto_margin, auto_patience, auto_window)
+    _check_auto(scheme, stragglers, max_stragglers, auto_margin, auto_patience, auto_window)
     if data_backend is not None and data_backend not in DATA_BACKENDS:
         raise ValueError(f"data_backend must be one of {', '.join(DATA_BACKENDS)} or None, got {data_backend!r}")
     if stragglers < 0:
@@ -123,7 +123,7 @@ def check_options(
 AUTO_DEFAULTS: dict[str, Any] = {"max_stragglers": 1, "auto_margin": 0.1, "auto_patience": 10, "auto_window": 30}
 
 
-def _check_auto(scheme: str, max_stragglers: Any, margin: Any, patience: Any, window: Any) -> None:
+def _check_auto(scheme: str, stragglers: int, max_stragglers: Any, margin: Any, patience: Any, window: Any) -> None:
     """``scheme="auto"``'s own arguments (None: the default of :data:`AUTO_DEFAULTS`)."""
     given = {"max_stragglers": max_stragglers, "auto_margin": margin, "auto_patience": patience, "auto_window": window}
     for name, value in given.items():
@@ -131,6 +131,10 @@ def _check_auto(scheme: str, max_stragglers: Any, margin: Any, patience: Any, wi
     if scheme != "auto" and any(v is not None for v in given.values()):
         named = sorted(k for k, v in given.items() if v is not None)
         raise ValueError(f"{named} apply to scheme='auto' only (scheme={scheme!r} uses `stragglers`)")
+    if scheme == "auto" and stragglers != 1:
+        raise ValueError(
+            f"scheme='auto' chooses s itself, up to max_stragglers: pass max_stragglers={stragglers}, not stragglers"
+        )
     if max_stragglers is not None and max_stragglers < 1:
         raise ValueError(f"max_stragglers must be >= 1, got {max_stragglers}")
     if margin is not None and not 0 < margin < 1:
