@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -149,7 +148,12 @@ def overhead(rounds: int) -> dict[str, Any]:
                 ranks = launch_script(Path(__file__), argv, OUT / "overhead" / f"{key.replace('/', '_')}_{rnd}", 4)
                 s = seconds_per_step([r["times"] for r in ranks], OVERHEAD_SKIP)
                 runs.setdefault(key, []).append(
-                    {"s_per_step": s, "load1": load, "switches": len(ranks[0]["switches"]), "params": ranks[0]["params"]}
+                    {
+                        "s_per_step": s,
+                        "load1": load,
+                        "switches": len(ranks[0]["switches"]),
+                        "params": ranks[0]["params"],
+                    }
                 )
                 print(f"round {rnd} {key}: {s * 1000:.1f} ms/step (load {load:.1f})", flush=True)
     out: dict[str, Any] = {"runs": runs, "ratios": {}}
@@ -325,8 +329,12 @@ def render(res: dict[str, Any]) -> str:
             f"{', '.join(str(x) for x in s['switch_in_delay_versions']) or '-'} | "
             f"{', '.join(str(x) for x in s['switch_out_delay_versions']) or '-'} |"
         )
-    md += ["", "Switch delays count versions from the step the slowness began (or ended) to the first version run "
-           "under the new arm.", ""]
+    md += [
+        "",
+        "Switch delays count versions from the step the slowness began (or ended) to the first version run "
+        "under the new arm.",
+        "",
+    ]
     return "\n".join(md)
 
 
