@@ -90,9 +90,7 @@ def run_config(trainer: Trainer, seed: Optional[int] = None) -> dict[str, Any]:
     if isinstance(strategy, PGCStrategy):
         scheme = getattr(strategy, "scheme", None)  # built once the ranks are set up
         if scheme is None:
-            from lightning_pgc.codes import make_scheme
-
-            scheme = make_scheme(strategy.scheme_name, n, strategy.stragglers)
+            scheme = strategy._make_scheme(n)
         scheme_name, s, c = str(scheme.name), int(scheme.s), int(scheme.c)
     else:
         scheme_name, s, c = name, 0, 1

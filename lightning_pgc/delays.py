@@ -246,25 +246,42 @@ class Spikes(_RankFiltered):
 
 
 class SlowRanks(DelayModel):
-    """Persistent stragglers: the listed ``ranks`` are ``seconds`` slower on every step."""
+    """Persistent stragglers: the listed ``ranks`` are ``seconds`` slower on every step (with ``steps=[start, stop]``
+    only on the steps ``start <= step < stop``: a rank slow for a while, then normal again)."""
 
     name = "slowranks"
 
-    def __init__(self, ranks: list[int], seconds: float) -> None:
+    def __init__(self, ranks: list[int], seconds: float, steps: Optional[Sequence[int]] = None) -> None:
         self.ranks = _check_ranks(ranks, required=True)
         self.seconds = check_seconds("seconds", seconds)
+        if steps is not None:
+            if (
+                len(steps) != 2
+                or any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in steps)
+                or not 0 <= steps[0] <= steps[1]
+            ):
+                raise ValueError(f"steps must be [start, stop] with 0 <= start <= stop, got {steps!r}")
+            steps = (int(steps[0]), int(steps[1]))
+        self.steps: Optional[tuple[int, int]] = steps
 
     def sample(self, rank: int, step: int, rng: np.random.Generator) -> float:
+        if self.steps is not None and not self.steps[0] <= step < self.steps[1]:
+            return 0.0
         return self.mean_seconds(rank)
 
     def mean_seconds(self, rank: int) -> float:
+        """The delay of a slow step (``steps`` aside)."""
         return self.seconds if rank in self.ranks else 0.0  # type: ignore[operator]
 
     def scaled(self, factor: float) -> SlowRanks:
-        return SlowRanks(list(self.ranks), self.seconds * check_seconds("factor", factor))  # type: ignore[arg-type]
+        return SlowRanks(
+            list(self.ranks),  # type: ignore[arg-type]
+            self.seconds * check_seconds("factor", factor),
+            None if self.steps is None else list(self.steps),
+        )
 
     def _params(self) -> dict[str, Any]:
-        return {"ranks": self.ranks, "seconds": self.seconds}
+        return {"ranks": self.ranks, "seconds": self.seconds, "steps": None if self.steps is None else list(self.steps)}
 
 
 class SumDelay(DelayModel):

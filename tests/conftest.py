@@ -19,6 +19,7 @@ from __future__ import annotations
 import pytest
 
 REALRANK = {
+    "test_auto_ranks.py",
     "test_cli.py",
     "test_demo.py",
     "test_faults.py",

@@ -126,6 +126,7 @@ GENERATED: dict[str, set[str]] = {
     "docs/step_time_passes.md": {"*"},  # below
     "docs/gpu_check.md": {"*"},  # below
     "docs/rejoin.md": {"*"},  # below
+    "docs/auto.md": {"*"},  # below
     "docs/stall.md": {"*"},  # below
     "docs/math.md": {"table:| n | s | C(n,s) |"},  # its rows, below
     "docs/design.md": {"module-map"},  # tests/test_layout.py
@@ -981,6 +982,15 @@ def test_the_rejoin_page_is_what_its_benchmark_renders_from_its_results_file() -
 
     result = json.loads((DOCS / "results" / "rejoin.json").read_text())
     assert rejoin.render(result) == (DOCS / "rejoin.md").read_text()
+
+
+def test_the_auto_page_is_what_its_benchmark_renders_from_its_results_file() -> None:
+    """docs/auto.md (pgc_auto against ddp and the fixed arms) is rendered from docs/results/auto.json."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import auto
+
+    result = json.loads((DOCS / "results" / "auto.json").read_text())
+    assert auto.render(result) == (DOCS / "auto.md").read_text()
 
 
 @pytest.mark.parametrize("report", ["staleness", "staleness_bounded", "staleness_exponential", "staleness_stalls"])

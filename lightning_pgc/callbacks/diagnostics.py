@@ -21,6 +21,9 @@ Under ``scheme="bounded"`` the leader's rank also logs ``pgc/bounded/...``: ever
 coverage waits, widenings, table displacements, duplicated evaluations and the delay histogram ``t - s(t,i)``; at the probe cadence the
 bounded-staleness error decomposition of the aggregate with its cross terms and the stale/fresh gradient correlation, both on
 the probe batch (see :func:`lightning_pgc.codes.bounded.error_decomposition`).
+
+Under ``scheme="auto"`` every step also logs the arm the version ran: ``pgc/auto_arm`` (0 ``dgd``, 1 ``ignore``; see
+:data:`lightning_pgc.decisions.auto.ARM_CODES`) and ``pgc/auto_s``.
 """
 
 from __future__ import annotations
@@ -181,6 +184,11 @@ class PGCDiagnostics(Callback):
             metrics = {"pgc/train_loss": info.loss, "pgc/worker_wait_s": info.worker_wait_s}
             if self._last_end is not None:
                 metrics["pgc/step_time_s"] = now - self._last_end
+        if (
+            getattr(strategy, "scheme_name", None) == "auto"
+        ):  # the arm this version ran (every version: switches are rare)
+            metrics["pgc/auto_arm"] = float(strategy.auto_arm.code)
+            metrics["pgc/auto_s"] = float(strategy.auto_arm.s)
         self._last_end = now
         if self._probe_loss is not None:
             metrics["pgc/probe_loss"] = self._probe_loss

@@ -14,6 +14,7 @@ from .placements import CRPlacement, FRPlacement, OwnPlacement, Placement
 from .schemes import (
     OPTIONS,
     SCHEMES,
+    AutoScheme,
     WARMUPS,
     DGDScheme,
     GCCRScheme,
@@ -51,6 +52,7 @@ __all__ = [
     "CRPlacement",
     "DGDScheme",
     "IgnoreScheme",
+    "AutoScheme",
     "GCFRScheme",
     "GCCRScheme",
     "PGCFRScheme",

@@ -26,6 +26,7 @@ __all__ = [
     "Scheme",
     "DGDScheme",
     "IgnoreScheme",
+    "AutoScheme",
     "GCFRScheme",
     "GCCRScheme",
     "PGCFRScheme",
@@ -295,6 +296,19 @@ class IgnoreScheme(_OwnPartitionScheme):
 
     def _weights(self, ranks: list[int]) -> dict[int, float]:
         return {k: 1.0 / len(ranks) for k in ranks}
+
+
+class AutoScheme(IgnoreScheme):
+    """``scheme="auto"``: every rank evaluates its own partition; an aggregate averages the codes it admits.
+
+    ``s`` is ``max_stragglers``, the most codes an aggregate may leave out. How many it does leave out at each
+    version (0 under the ``dgd`` arm: every live rank's code, ddp's math) is the leader's choice
+    (:class:`~lightning_pgc.decisions.auto_leader.AutoLeader`); the decode is the same for every arm, ``1/|R|`` for
+    each of the ``|R|`` admitted codes, so the plan alone tells every rank what to apply. Not one of
+    :data:`SCHEMES` (``make_scheme`` does not build it): the leader, not the scheme, sets the arm.
+    """
+
+    name = "auto"
 
 
 # ------------------------------------------------------------ fractional repetition

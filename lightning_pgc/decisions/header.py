@@ -10,7 +10,9 @@ from dataclasses import dataclass
 class Header:
     """One code's announcement: ``ages`` are the ages (in versions) of the cache entries it used (``valid`` of them).
 
-    Bounded staleness: ``partition`` is the partition it carries (-1: the scheme's round robin).
+    Bounded staleness: ``partition`` is the partition it carries (-1: the scheme's round robin). ``busy_s``: the
+    seconds the sender spent on this version before sending the code, waiting excluded (-1: not measured); read by
+    ``scheme="auto"``'s leader.
     """
 
     version: int
@@ -19,3 +21,4 @@ class Header:
     ages: tuple[int, ...] = ()
     skipped: int = 0  # versions the sender applied without computing so far (for rank statistics)
     partition: int = -1
+    busy_s: float = -1.0

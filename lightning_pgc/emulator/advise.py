@@ -33,7 +33,7 @@ from lightning_pgc.delays import DelayModel
 
 __all__ = ["Advice", "ResampledDelays", "advise", "load_trace", "render"]
 
-ADVISE_ARMS = ("ignore_stragglers", "gc_cr", "pgc_fr", "pgc_cr")
+ADVISE_ARMS = ("ignore_stragglers", "gc_cr", "pgc_fr", "pgc_cr", "pgc_auto")
 
 
 def load_trace(path: str | Path) -> np.ndarray:

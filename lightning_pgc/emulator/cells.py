@@ -24,7 +24,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
-from lightning_pgc.codes import BoundedScheme, make_scheme
+from lightning_pgc.codes import AutoScheme, BoundedScheme, make_scheme
 from lightning_pgc.examples.digits import DigitsCNN, load_digits_tensors
 from lightning_pgc.emulator.cluster import Cluster
 from lightning_pgc.emulator.data import DataCondition, partition_streams
@@ -48,6 +48,7 @@ STRATEGIES: dict[str, str] = {
     "pgc_fr": "pgc_fr",
     "pgc_cr": "pgc_cr",
     "bounded_staleness": "bounded",
+    "pgc_auto": "auto",  # s = c - 1 is its max_stragglers (lightning_pgc/emulator/auto.py)
 }
 
 
@@ -159,7 +160,7 @@ class Arm:
 @functools.lru_cache(maxsize=64)
 def _scheme(name: str, n: int, s: int) -> Any:
     """Schemes are built once per (name, n, s): Tandon's code searches for a well-conditioned B, which takes long."""
-    return make_scheme(name, n, s)
+    return AutoScheme(n, s) if name == "auto" else make_scheme(name, n, s)
 
 
 #: gc_cr is left out above this n: building Tandon's code searches over received sets (about a minute at n = 64 on

@@ -30,7 +30,7 @@ from typing import Optional, Union
 
 import torch
 
-from lightning_pgc.codes import Scheme, StaleCache
+from lightning_pgc.codes import AutoScheme, Scheme, StaleCache
 from lightning_pgc.codes.bounded import BoundedScheme
 from lightning_pgc.decisions.bounded import BoundedLeader
 from lightning_pgc.decisions.leader import Leader, StepRecord
@@ -147,8 +147,12 @@ class SimResult:
         }
 
 
-def _default_leader(scheme: Scheme, steps: int) -> Leader:
+def _default_leader(scheme: Scheme, steps: int, costs: Costs) -> Leader:
     keep = max(steps + 1, 16)
+    if isinstance(scheme, AutoScheme):  # pgc_auto: the strategy's leader and switching rule
+        from lightning_pgc.emulator.auto import auto_leader
+
+        return auto_leader(scheme, steps, costs.aggregate_s)
     if isinstance(scheme, BoundedScheme):
         return BoundedLeader(scheme, scheme.n, 0, timeout=math.inf, max_lag=1 << 30, now=0.0)
     return Leader(scheme, scheme.n, 0, timeout=math.inf, max_lag=1 << 30, keep_records=keep, now=0.0)
@@ -179,7 +183,7 @@ def simulate(
         raise ValueError(f"steps must be an int >= 1, got {steps!r}")
     model = parse_delay(delay) if isinstance(delay, str) else delay
     n = scheme.n
-    lead = leader if leader is not None else _default_leader(scheme, steps)
+    lead = leader if leader is not None else _default_leader(scheme, steps, costs)
     caches = [StaleCache(scheme.partitions(k), scheme.cache_max_age) for k in range(n)]
     records: list[StepRecord] = []
     aggregate_at: list[float] = []  # when each closed version's aggregate is usable on every rank
@@ -224,7 +228,7 @@ def simulate(
             # pgc_cr_naive sends no code until its cache is full again (as the strategy does)
             if scheme.cache_max_age is not None or len(valid) == len(caches[k].partitions):
                 ages = tuple(valid.values())
-                header = Header(v, k, len(ages), ages, res.skipped[k])
+                header = Header(v, k, len(ages), ages, res.skipped[k], busy_s=busy)
                 arrive = end if k == 0 else end + costs.code_s
                 push(arrive, "code", k, v)
                 codes[(k, v)] = header

@@ -462,6 +462,9 @@ class JobRecorder(pl.Callback):
             "buffers": getattr(strategy, "buffer_stats", {}),
             "rank_stats": rank_stats() if callable(rank_stats) else None,
         }
+        if getattr(strategy, "scheme_name", None) == "auto":  # scheme="auto": the switches this rank applied
+            result["auto_switches"] = [[v, old.label, new.label] for v, old, new in strategy.auto_switches]
+            result["auto_arm"] = strategy.auto_arm.label
         meter = _find(trainer, WorkMeter)
         if meter is not None:
             result["measure"] = meter.result()

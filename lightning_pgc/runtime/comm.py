@@ -190,7 +190,9 @@ class CommLoop:
                 code.read = read
         try:
             self._busy = True
+            started = time.monotonic()
             self.group.all_reduce(buf)
+            self.allreduce_s, self.allreduces = time.monotonic() - started, self.allreduces + 1
         except Exception as exc:
             log.warning(
                 "PGC rank %d: the all-reduce of version %d failed (%r); the data group is reconfigured",

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from lightning_pgc.runtime.control import inbox, leader_box, term_key
+from lightning_pgc.decisions.auto_leader import AutoLeader
 from lightning_pgc.decisions.leader import CoordinatorError, Leader, NoDonorYet, StepRecord
 from lightning_pgc.decisions.header import Header
 
@@ -63,6 +64,7 @@ class Coordinator:
         self._issued = 0  # last collective sent to the members
         self._last_beat = 0.0
         self._missing: set[int] = set()
+        self._allreduces = 0  # all-reduces of this rank whose time the leader has read (scheme="auto")
 
     def run(self) -> None:
         rt = self.rt
@@ -157,11 +159,11 @@ class Coordinator:
     def _handle(self, item: tuple, now: float) -> None:
         leader, kind = self.leader, item[0]
         if kind == "code":
-            _, rank, version, ages, skipped, partition = item
+            _, rank, version, ages, skipped, partition, busy_s = item
             if self._stash is not None:
                 self._stash.append(item)
             elif rank in self.members:
-                leader.on_code(Header(version, rank, len(ages), tuple(ages), skipped, partition), now)
+                leader.on_code(Header(version, rank, len(ages), tuple(ages), skipped, partition, busy_s), now)
         elif kind == "beat":
             leader.on_beat(item[1], item[2], now)
         elif kind == "reject":
@@ -343,7 +345,14 @@ class Coordinator:
                     rec.version,
                 )
                 self._send_all(("detach", rec.version, r))
-            self._send_members(("decide", rec.version, _compact(rec), _table(rt, rec)))
+            if isinstance(leader, AutoLeader):
+                if rt.allreduces != self._allreduces:  # the all-reduce time this rank measured last
+                    self._allreduces = rt.allreduces
+                    leader.on_allreduce(rt.allreduce_s)
+                notes: tuple[int, ...] = leader.notes(rec.version)
+            else:
+                notes = _table(rt, rec)
+            self._send_members(("decide", rec.version, _compact(rec), notes))
         pending = [rank for rank in self.members if rank not in leader.byes]
         while self._issued + 1 in self._colls and set(pending) <= self._colls[self._issued + 1]:
             self._issued += 1

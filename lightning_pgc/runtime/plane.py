@@ -169,6 +169,7 @@ class CollectiveRuntime(CommLoop, Rejoins):
         self._group_store = store.clone()
         self._xfer_store = store.clone()  # the training thread's, for the rendezvous of state transfers
         self._start_timeout = store.timeout  # for the ranks to meet (the store's: the process group's timeout)
+        self.allreduce_s, self.allreduces = 0.0, 0  # the last all-reduce's seconds (read by scheme="auto"), how many
         self.data_bytes = 0  # bytes this rank's all-reduces sent (as many are received): a ring's 2 (m-1)/m payloads
         # comm thread state
         self.group: Optional[DataGroup] = None
@@ -324,13 +325,14 @@ class CollectiveRuntime(CommLoop, Rejoins):
         code.version = -1
         return code
 
-    def submit(self, version: int, code: Code, ages: Sequence[int], partition: int = -1) -> None:
-        """Keep ``code`` (this rank's code for ``version``) for the comm thread and announce it to the leader."""
+    def submit(self, version: int, code: Code, ages: Sequence[int], partition: int = -1, busy_s: float = -1.0) -> None:
+        """Keep ``code`` (this rank's code for ``version``) for the comm thread and announce it to the leader, with the
+        seconds this rank spent on it (``busy_s``, -1: not measured)."""
         ages = tuple(int(a) for a in ages)
         code.version = version
         if self._stream is not None:
             code.event = torch.cuda.current_stream(self.device).record_event()
-        announcement = ("code", self.rank, version, ages, self.skipped, partition)
+        announcement = ("code", self.rank, version, ages, self.skipped, partition, float(busy_s))
         with self._lock:
             old = self._codes.pop(version, None)
             if old is not None:

@@ -10,8 +10,9 @@ from lightning_pgc.codes import CHOICES, SCHEMES
 from lightning_pgc.runtime.group import DATA_BACKENDS
 from lightning_pgc.staleness import CORRECTIONS, STALE_SCHEMES, check_applies
 
-#: Scheme names PGCStrategy accepts: the coded schemes plus ``bounded`` (:class:`~lightning_pgc.codes.BoundedScheme`).
-STRATEGY_SCHEMES: tuple[str, ...] = SCHEMES + ("bounded",)
+#: Scheme names PGCStrategy accepts: the coded schemes plus ``bounded`` (:class:`~lightning_pgc.codes.BoundedScheme`)
+#: and ``auto`` (:class:`~lightning_pgc.codes.AutoScheme`: the leader chooses the arm).
+STRATEGY_SCHEMES: tuple[str, ...] = SCHEMES + ("bounded", "auto")
 
 
 def check_options(
@@ -39,6 +40,10 @@ def check_options(
     lookahead_steps: Optional[float] = None,
     dc_lambda: Optional[float] = None,
     data_backend: Optional[str] = None,
+    max_stragglers: Optional[int] = None,
+    auto_margin: Optional[float] = None,
+    auto_patience: Optional[int] = None,
+    auto_window: Optional[int] = None,
 ) -> None:
     """Check PGCStrategy's own arguments (types first, then values).
 
@@ -71,6 +76,7 @@ def check_options(
     _check_type("data_backend", data_backend, (str, type(None)))
     if scheme not in STRATEGY_SCHEMES:
         raise ValueError(f"unknown scheme {scheme!r}; choose one of {', '.join(STRATEGY_SCHEMES)}")
+    _check_auto(scheme, stragglers, max_stragglers, auto_margin, auto_patience, auto_window)
     if data_backend is not None and data_backend not in DATA_BACKENDS:
         raise ValueError(f"data_backend must be one of {', '.join(DATA_BACKENDS)} or None, got {data_backend!r}")
     if stragglers < 0:
@@ -111,6 +117,31 @@ def check_options(
     if diagnostics_every < 1:
         raise ValueError(f"diagnostics_every must be >= 1, got {diagnostics_every}")
     _check_correction(scheme, staleness_correction, lookahead_steps, dc_lambda)
+
+
+#: ``scheme="auto"``'s arguments and their defaults (``PGCStrategy`` docstring).
+AUTO_DEFAULTS: dict[str, Any] = {"max_stragglers": 1, "auto_margin": 0.1, "auto_patience": 10, "auto_window": 30}
+
+
+def _check_auto(scheme: str, stragglers: int, max_stragglers: Any, margin: Any, patience: Any, window: Any) -> None:
+    """``scheme="auto"``'s own arguments (None: the default of :data:`AUTO_DEFAULTS`)."""
+    given = {"max_stragglers": max_stragglers, "auto_margin": margin, "auto_patience": patience, "auto_window": window}
+    for name, value in given.items():
+        _check_type(name, value, (Real if name == "auto_margin" else Integral, type(None)))
+    if scheme != "auto" and any(v is not None for v in given.values()):
+        named = sorted(k for k, v in given.items() if v is not None)
+        raise ValueError(f"{named} apply to scheme='auto' only (scheme={scheme!r} uses `stragglers`)")
+    if scheme == "auto" and stragglers != 1:
+        raise ValueError(
+            f"scheme='auto' chooses s itself, up to max_stragglers: pass max_stragglers={stragglers}, not stragglers"
+        )
+    if max_stragglers is not None and max_stragglers < 1:
+        raise ValueError(f"max_stragglers must be >= 1, got {max_stragglers}")
+    if margin is not None and not 0 < margin < 1:
+        raise ValueError(f"auto_margin must be in (0, 1), got {margin}")
+    for name, value in (("auto_patience", patience), ("auto_window", window)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
 
 
 def _check_correction(scheme: str, kind: Any, lookahead_steps: Any, dc_lambda: Any) -> None:

@@ -62,7 +62,7 @@ from lightning_pgc._lightning import (
 from lightning_pgc.strategy.pipeline_checkpoint import PipelineCheckpoints
 from lightning_pgc.strategy.bounded_choice import ChoiceBook
 from lightning_pgc.strategy.gradients import Gradients
-from lightning_pgc.codes import BoundedScheme, Scheme, StaleCache, make_scheme
+from lightning_pgc.codes import AutoScheme, BoundedScheme, Scheme, StaleCache, make_scheme
 from lightning_pgc.strategy.preflight import (
     CollectiveGuard,
     PGCUnsupportedError,
@@ -75,7 +75,9 @@ from lightning_pgc.strategy.loaders import partition_loader
 from lightning_pgc.strategy.sampling import PartitionBatchSampler, select_partition, split_batch
 from lightning_pgc.strategy.leadership import Leadership
 from lightning_pgc.strategy.live_routing import ALONE, LiveRouting
-from lightning_pgc.strategy.options import STRATEGY_SCHEMES, check_options  # noqa: F401 (re-exported)
+from lightning_pgc.strategy.options import AUTO_DEFAULTS, STRATEGY_SCHEMES, check_options  # noqa: F401 (re-exported)
+from lightning_pgc.strategy.arms import ArmLog, AutoOptions
+from lightning_pgc.decisions.auto import Arm
 from lightning_pgc.decisions.bounded import BoundedLeader
 from lightning_pgc.runtime.control import host_store, open_store, run_prefix
 from lightning_pgc.runtime.group import DataBackend
@@ -94,6 +96,11 @@ REGISTERED: dict[str, tuple[str, Optional[int], str]] = {
     "gc_fr": ("gc_fr", 1, "Gradient coding with fractional repetition (s=1)"),
     "ignore_stragglers": ("ignore", 1, "Average the fastest n-1 gradients, ignore the slowest rank"),
     "dgd": ("dgd", 0, "Distributed gradient descent through the PGC runtime (waits for all ranks)"),
+    "pgc_auto": (
+        "auto",
+        None,
+        "Starts as dgd and switches to ignoring the slowest ranks (and back) from the step times it measures",
+    ),
     "bounded_staleness": (
         "bounded",
         None,
@@ -118,8 +125,10 @@ class PGCStrategy(DDPStrategy):
     """Data-parallel training that never waits for the ``stragglers`` slowest ranks.
 
     Args:
-        scheme: one of ``dgd``, ``ignore``, ``gc_fr``, ``gc_cr``, ``pgc_fr``, ``pgc_cr``, ``pgc_cr_naive``, or
-            ``bounded`` (bounded staleness, ``docs/bounded_staleness.md``: set ``replication`` and ``staleness``).
+        scheme: one of ``dgd``, ``ignore``, ``gc_fr``, ``gc_cr``, ``pgc_fr``, ``pgc_cr``, ``pgc_cr_naive``,
+            ``bounded`` (bounded staleness, ``docs/bounded_staleness.md``: set ``replication`` and ``staleness``), or
+            ``auto`` (``pgc_auto``, ``docs/guide.md``: starts as ``dgd`` and switches to ``ignore`` with ``s`` up to
+            ``max_stragglers`` and back, from the step times the leader measures; set ``max_stragglers``).
         stragglers: ``s``, how many of the slowest ranks each step may ignore (``c = s + 1`` copies per partition).
             Not used by ``bounded`` (``replication`` sets its copies).
         replication: ``bounded`` only (default 2): copies ``r`` of each partition. Raise it if
@@ -141,6 +150,10 @@ class PGCStrategy(DDPStrategy):
             ``"oldest"``, ``pgc/bounded/duplicates`` growing by about one per step means ranks compute the same
             partition for the same version (several holders chasing one stale partition, possible with
             ``r >= 3``): go back to ``"round_robin"``.
+        max_stragglers: ``auto`` only (default 1): the largest ``s`` it may switch to.
+        auto_margin: ``auto`` only (default 0.1): the least predicted gain in time per unit of progress that switches.
+        auto_patience: ``auto`` only (default 10): versions in a row the gain must hold before a switch.
+        auto_window: ``auto`` only (default 30): versions of step times the prediction reads.
         warmup: ``"full"`` evaluates every held partition at the first step (the paper), ``"gradual"`` fills
             the cache over the first ``c`` steps at no extra cost.
         timeout: seconds the job may run with fewer live ranks than a version needs (``n - s``) before every rank
@@ -237,6 +250,10 @@ class PGCStrategy(DDPStrategy):
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
         failover: Optional[bool] = None,
         data_backend: Optional[DataBackend] = None,
+        max_stragglers: Optional[int] = None,
+        auto_margin: Optional[float] = None,
+        auto_patience: Optional[int] = None,
+        auto_window: Optional[int] = None,
     ) -> None:
         check_options(
             scheme=scheme,
@@ -262,6 +279,10 @@ class PGCStrategy(DDPStrategy):
             lookahead_steps=lookahead_steps,
             dc_lambda=dc_lambda,
             data_backend=data_backend,
+            max_stragglers=max_stragglers,
+            auto_margin=auto_margin,
+            auto_patience=auto_patience,
+            auto_window=auto_window,
         )
         super().__init__(
             accelerator=accelerator,
@@ -297,6 +318,13 @@ class PGCStrategy(DDPStrategy):
         self.lookahead_steps = lookahead_steps
         self.dc_lambda = 0.04 if dc_lambda is None else float(dc_lambda)
         self._staleness = StalenessCorrection("none", 0.0)  # rebuilt for each fit (_start_runtime)
+        self.auto = AutoOptions(
+            max_stragglers=AUTO_DEFAULTS["max_stragglers"] if max_stragglers is None else int(max_stragglers),
+            margin=AUTO_DEFAULTS["auto_margin"] if auto_margin is None else float(auto_margin),
+            patience=AUTO_DEFAULTS["auto_patience"] if auto_patience is None else int(auto_patience),
+            window=AUTO_DEFAULTS["auto_window"] if auto_window is None else int(auto_window),
+        )
+        self._arms = ArmLog(self)  # scheme="auto": the arm of every version this rank applied, and the switches
         self.scheme: Optional[Scheme] = None
         self.runtime: Optional[CollectiveRuntime] = None
         self.cache: Optional[StaleCache] = None
@@ -308,6 +336,7 @@ class PGCStrategy(DDPStrategy):
         self._held: Optional[Tensor] = None  # the aggregate param.grad currently views
         self._warm_start: Optional[int] = None
         self._version = 0
+        self._step_began = 0.0
         self._evaluations: tuple[int, ...] = ()
         self._sampled: tuple[int, ...] = ()  # partitions whose mini-batches the step's batch holds (in that order)
         self.collective_guard = CollectiveGuard()  # active while the user's training_step runs (also in probes)
@@ -320,6 +349,8 @@ class PGCStrategy(DDPStrategy):
 
     # ------------------------------------------------------------------------------------------ configuration
     def _make_scheme(self, world_size: int) -> Scheme:
+        if self.scheme_name == "auto":
+            return AutoScheme(world_size, self.auto.max_stragglers, seed=self.seed)
         if self.scheme_name == "bounded":
             return BoundedScheme(
                 world_size,
@@ -464,6 +495,7 @@ class PGCStrategy(DDPStrategy):
         assert scheme is not None
         self.cache = StaleCache(scheme.partitions(self.global_rank), max_age=scheme.cache_max_age)
         self._version = trainer.global_step
+        resume_from = self._checkpoints.resume_from  # (scheme="auto" continues with the saved arm and window)
         resumed = self._checkpoints.resumed(trainer.global_step)  # this rank's stale cache from the checkpoint
         warm_start = trainer.global_step if resumed is None else resumed.warm_start
         if self._warm_start is None:
@@ -479,6 +511,8 @@ class PGCStrategy(DDPStrategy):
         if isinstance(scheme, BoundedScheme):
             window = self.max_staleness or 2 * scheme.window
             make_leader = partial(BoundedLeader, widen_after=self.widen_after, max_window=window)
+        if isinstance(scheme, AutoScheme):
+            make_leader = self._arms.leader_factory(None if resume_from is None else resume_from[1])
         max_lag = self.max_lag or int(min(1024, max(max(scheme.c, window) + 1, (512 << 20) // message_bytes)))
         self._held = None
         if resumed is not None:
@@ -589,6 +623,7 @@ class PGCStrategy(DDPStrategy):
         self._leadership.follow()  # who writes it
         state = self._checkpoints.state()
         self._checkpoints.entry(state, checkpoint, filepath)
+        self._arms.save(checkpoint)
         super().save_checkpoint(checkpoint, filepath, storage_options=storage_options)
         self._checkpoints.save(state, filepath, storage_options)
 
@@ -670,6 +705,17 @@ class PGCStrategy(DDPStrategy):
         return obj if live is ALONE else live.broadcast(obj, self._leadership.source(src))
 
     @property
+    def auto_arm(self) -> Arm:
+        """``scheme="auto"``: the arm of the last version this rank applied (``dgd`` before the first)."""
+        return self._arms.arm
+
+    @property
+    def auto_switches(self) -> list[tuple[int, Arm, Arm]]:
+        """``scheme="auto"``: every switch this rank applied in this fit, as ``(first version under the new arm, old
+        arm, new arm)``; the same list on every rank."""
+        return list(self._arms.switches)
+
+    @property
     def correction(self) -> StalenessCorrection:
         """The staleness correction of the current fit (``"none"`` outside one)."""
         return self._staleness
@@ -696,6 +742,7 @@ class PGCStrategy(DDPStrategy):
             return super().optimizer_step(optimizer, closure, model, **kwargs)
         assert self.scheme is not None
         version = self._version = self.lightning_module.trainer.global_step
+        self._step_began = time.monotonic()  # this rank's own time for the version runs from here to its code
         start = self.warm_start_step()
         self._evaluations = self.scheme.evaluations(self.global_rank, version, start=start)
         self._sampled = self._evaluations
@@ -738,7 +785,10 @@ class PGCStrategy(DDPStrategy):
             aggregate = runtime.wait(version, donate=transfer.state_tree)
         # ranks that rejoin at this version need the state before this step applies
         runtime.serve_rejoins(version, transfer.state_tree)
-        self._choices.record(version, runtime.table(version))
+        notes = runtime.table(version)
+        self._choices.record(version, notes)
+        if isinstance(self.scheme, AutoScheme):
+            self._arms.applied(version, notes)
         n_grad = self.gradients.grad_numel
         gradient, loss_value, buffers = aggregate[:n_grad], aggregate[n_grad], aggregate[n_grad + 1 :]
         self.gradients.apply(gradient)
@@ -811,7 +861,9 @@ class PGCStrategy(DDPStrategy):
             code.write(gradients.grad_numel + 1, gradients.flat_buffers(code.rows.dtype))
         sent = time.monotonic()
         partition = self._evaluations[0] if isinstance(scheme, BoundedScheme) else -1
-        runtime.submit(version, code, tuple(cache.ages(version).values()), partition=partition)
+        runtime.submit(
+            version, code, tuple(cache.ages(version).values()), partition=partition, busy_s=sent - self._step_began
+        )
         return sent
 
     # ------------------------------------------------------------------------------------------ registry

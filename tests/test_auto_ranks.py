@@ -1,0 +1,131 @@
+"""pgc_auto on real processes: 4 CPU ranks over gloo, the digits CNN. Short jobs with a small window and patience,
+so a forced slowdown is judged within a few steps."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from tests.jobs import FAST_LIVENESS, run_job
+
+#: a window of 4 versions and a gain held for 2: a slowdown of 0.3 s per step on one rank is judged within 6 steps
+QUICK = {"auto_window": 4, "auto_patience": 2}
+
+
+def _identical(job) -> None:
+    ranks = job["ranks"]
+    assert len({r["checksum"] for r in ranks}) == 1, [r["checksum"][:12] for r in ranks]
+    assert len({r["global_step"] for r in ranks}) == 1
+
+
+def test_a_forced_slowdown_switches_once_on_every_rank_at_the_same_version(tmp_path):
+    job = run_job(
+        tmp_path,
+        "slow",
+        strategy="pgc_auto",
+        devices=4,
+        max_steps=16,
+        check_val_every_n_epoch=100,
+        delay="slowranks(ranks=[3], seconds=0.3)",
+        strategy_kwargs=QUICK,
+    )
+    switches = [r["auto_switches"] for r in job["ranks"]]
+    assert len(switches[0]) == 1, switches
+    version, old, new = switches[0][0]
+    assert (old, new) == ("dgd", "ignore_stragglers s=1")
+    assert 4 <= version <= 12
+    assert all(s == switches[0] for s in switches), switches  # every rank, the same version
+    _identical(job)
+    assert "rank 3 has been" in job["stderr"] and "switching to ignore_stragglers s=1" in job["stderr"]
+    arms = [(h["step"], h["pgc/auto_arm"], h["pgc/auto_s"]) for h in job["summary"]["diagnostics"]]
+    assert {(a, s) for step, a, s in arms if step >= version} == {(1.0, 1.0)}
+    assert {(a, s) for step, a, s in arms if step < version} == {(0.0, 0.0)}
+
+
+def test_a_healthy_run_never_switches_and_runs_dgd(tmp_path):
+    job = run_job(
+        tmp_path,
+        "healthy",
+        strategy="pgc_auto",
+        devices=4,
+        max_steps=16,
+        check_val_every_n_epoch=100,
+        strategy_kwargs=QUICK,
+    )
+    assert all(r["auto_switches"] == [] and r["auto_arm"] == "dgd" for r in job["ranks"])
+    _identical(job)
+    # dgd admits every rank's code at every version
+    assert all(h["pgc/admitted"] == 4.0 for h in job["summary"]["diagnostics"])
+
+
+def test_a_resume_continues_with_the_stored_arm(tmp_path):
+    common = dict(
+        strategy="pgc_auto",
+        devices=4,
+        check_val_every_n_epoch=100,
+        delay="slowranks(ranks=[3], seconds=0.3)",
+        strategy_kwargs=QUICK,
+    )
+    a = run_job(tmp_path, "a", max_steps=12, checkpoint_every_n_steps=12, **common)
+    assert [r["auto_arm"] for r in a["ranks"]] == ["ignore_stragglers s=1"] * 4
+    ckpt = a["out"] / "checkpoints" / "epoch=0-step=12.ckpt"
+    saved = torch.load(ckpt, weights_only=False)["pgc"]["auto"]
+    assert saved["arm"] == ["ignore", 1] and len(saved["window"]["times"]) == QUICK["auto_window"]
+    b = run_job(tmp_path, "b", max_steps=16, ckpt_path=str(ckpt), **common)
+    # the first version after the resume already runs the stored arm: no switch, no dgd version in between
+    assert all(r["switches"] == [] if "switches" in r else r["auto_switches"] == [] for r in b["ranks"])
+    assert [r["auto_arm"] for r in b["ranks"]] == ["ignore_stragglers s=1"] * 4
+    first = min(h["step"] for h in b["summary"]["diagnostics"])
+    assert first == 12
+    assert all(h["pgc/auto_arm"] == 1.0 for h in b["summary"]["diagnostics"])
+    _identical(b)
+
+
+def test_a_killed_worker_a_nan_gradient_and_a_frozen_rank_are_survived_as_under_a_fixed_scheme(tmp_path):
+    """Under the dgd arm (no slow rank): rank 1's gradient is NaN at step 3 (the version closes without it), rank 2
+    freezes for 2 s at step 6 (it rejoins) and rank 3 is killed at step 10; the others finish with identical
+    replicas, and no fault made the rule switch on its own (a dead rank is no slow one)."""
+    job = run_job(
+        tmp_path,
+        "faults",
+        strategy="pgc_auto",
+        devices=4,
+        max_steps=20,
+        check_val_every_n_epoch=100,
+        strategy_kwargs={**FAST_LIVENESS, "max_stragglers": 2},
+        faults=[
+            {"kind": "NaNGradient", "rank": 1, "step": 3},
+            {"kind": "Freeze", "rank": 2, "step": 6, "seconds": 2.0},
+            {"kind": "Kill", "rank": 3, "step": 10},
+        ],
+    )
+    ranks = job["ranks"]
+    assert ranks[3] is None
+    assert len({r["checksum"] for r in ranks[:3]}) == 1 and {r["global_step"] for r in ranks[:3]} == {20}
+    assert "non-finite gradient at step 3" in job["stderr"]
+    assert re.search(r"rank 3 died at version", job["stderr"]), job["stderr"][-3000:]
+
+
+def test_a_successor_leader_keeps_the_arm_in_effect(tmp_path):
+    """Rank 3 is slow, the rule switches to ignore_stragglers s=1; the leader (rank 0) is killed at step 12: rank 1
+    takes over with the arm in effect (its window starts afresh) and the survivors finish with identical replicas."""
+    job = run_job(
+        tmp_path,
+        "failover",
+        strategy="pgc_auto",
+        devices=4,
+        max_steps=18,
+        check_val_every_n_epoch=100,
+        delay="slowranks(ranks=[3], seconds=0.3)",
+        strategy_kwargs={**FAST_LIVENESS, **QUICK, "max_stragglers": 2},
+        faults=[{"kind": "Kill", "rank": 0, "step": 12}],
+    )
+    ranks = job["ranks"]
+    assert ranks[0] is None
+    assert "takes over" in job["stderr"]
+    assert len({r["checksum"] for r in ranks[1:]}) == 1 and {r["global_step"] for r in ranks[1:]} == {18}
+    assert [r["auto_switches"] for r in ranks[1:]] == [
+        [[ranks[1]["auto_switches"][0][0], "dgd", "ignore_stragglers s=1"]]
+    ] * 3
+    assert [r["auto_arm"] for r in ranks[1:]] == ["ignore_stragglers s=1"] * 3
