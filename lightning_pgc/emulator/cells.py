@@ -164,8 +164,9 @@ def _scheme(name: str, n: int, s: int) -> Any:
     return make_scheme(name, n, s)
 
 
-#: gc_cr is left out above this n: building Tandon's code searches over received sets (about a minute at n = 64 on
-#: this machine), and its worst-case conditioning grows with n (docs/math.md)
+#: gc_cr is left out above this n where c does not divide n: Tandon's random construction searches over received
+#: sets (about a minute at n = 64 on this machine) and its worst-case conditioning grows with n (docs/math.md).
+#: Where c divides n, gc_cr uses the tiling construction (exact, built in O(n c)) at every n.
 GC_CR_MAX_N = 16
 
 
@@ -179,10 +180,10 @@ def arms_for(n: int, cs: Optional[list[int]] = None) -> tuple[list[Arm], list[st
     for c in cs:
         for strategy in ("ignore_stragglers", "gc_fr", "gc_cr", "pgc_fr", "pgc_cr"):
             arm = Arm(strategy, c)
-            if strategy == "gc_cr" and n > GC_CR_MAX_N:
+            if strategy == "gc_cr" and n > GC_CR_MAX_N and n % c:
                 skipped.append(
-                    f"{arm.label}: left out for n > {GC_CR_MAX_N} (building Tandon's code takes minutes, "
-                    "and its decoding conditions worsen with n)"
+                    f"{arm.label}: left out for n > {GC_CR_MAX_N} where c does not divide n (building Tandon's "
+                    "code takes minutes, and its decoding conditions worsen with n)"
                 )
                 continue
             try:
