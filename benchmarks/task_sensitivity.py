@@ -295,7 +295,9 @@ def main(argv: Optional[list[str]] = None) -> None:
             return
         results["tasks"].update(done)
     results["tasks"] = {t: results["tasks"][t] for t in TASKS if t in results["tasks"]}
-    results.update({"n": N, "eval_seeds": list(EVAL_SEEDS), "tuning_seeds": list(TUNING_SEEDS), "arms": [a[0] for a in ARMS]})
+    results.update(
+        {"n": N, "eval_seeds": list(EVAL_SEEDS), "tuning_seeds": list(TUNING_SEEDS), "arms": [a[0] for a in ARMS]}
+    )
     results["threads"] = int(os.environ.get("OMP_NUM_THREADS", "0") or 0)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")

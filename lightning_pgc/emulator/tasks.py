@@ -123,9 +123,7 @@ def make_task(name: str, seed: int) -> Task:
         xv, yv = xv[: s.val_size], yv[: s.val_size]
     torch.manual_seed(seed)
     model = _model(name)
-    return Task(
-        model, x, y, xv, yv, s.batch_size, optimizer=s.optimizer, weight_decay=s.weight_decay, beta2=s.beta2
-    )
+    return Task(model, x, y, xv, yv, s.batch_size, optimizer=s.optimizer, weight_decay=s.weight_decay, beta2=s.beta2)
 
 
 def task_info(name: str) -> dict[str, Any]:
@@ -150,5 +148,3 @@ def task_info(name: str) -> dict[str, Any]:
 
         out["corpus"] = corpus_info()
     return out
-
-

@@ -335,9 +335,7 @@ def emulate_grid(
     def val_loss(flat: Tensor, bufs: dict[str, Tensor], x: Tensor, y: Tensor) -> Tensor:
         return task_loss(functional_call(model, (unflat(flat), bufs), (x,)), y)
 
-    grads_fn = vmap(
-        vmap(grad_and_value(loss_fn, has_aux=True), in_dims=(None, 0, 0, 0)), in_dims=(0, 0, None, None)
-    )
+    grads_fn = vmap(vmap(grad_and_value(loss_fn, has_aux=True), in_dims=(None, 0, 0, 0)), in_dims=(0, 0, None, None))
     val_fn = vmap(val_loss, in_dims=(0, 0, None, None))
     plan = plan_for(scheme, start)
     keep = plan.keep(schedule)
