@@ -15,7 +15,7 @@ from lightning_pgc.emulator.clock import simulate
 from lightning_pgc.emulator.cluster import costs_for
 from lightning_pgc.emulator.data import DataCondition, partition_streams
 from lightning_pgc.emulator.schedule import from_records
-from lightning_pgc.emulator.tasks import make_task, spec, task_info
+from lightning_pgc.emulator.tasks import make_task, task_info
 from lightning_pgc.emulator.train import Task, emulate, emulate_grid
 from lightning_pgc.examples import stdlib_lm
 from lightning_pgc.examples.shifted_digits import ShiftedDigitsCNN, shifted_digits_tensors

@@ -19,7 +19,7 @@ ddp's runs on the tuning seeds (``benchmarks/task_sensitivity.py``), not from ev
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 from torch import nn
