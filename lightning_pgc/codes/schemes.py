@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from .placements import CRPlacement, FRPlacement, OwnPlacement, Placement, fr_suggestions
-from .tandon import best_tandon_b, solve_decoding_vector
+from .tandon import best_tandon_b, solve_decoding_vector, tiling_b, tiling_decoding_vector
 
 __all__ = [
     "SCHEMES",
@@ -436,9 +436,33 @@ class _TandonScheme(Scheme):
 
 
 class GCCRScheme(_TandonScheme):
-    """Gradient coding, CR (Tandon et al. 2017): every rank evaluates its ``c`` partitions, sends ``sum_j B[k,j] g_j``."""
+    """Gradient coding, CR (Tandon et al. 2017): every rank evaluates its ``c`` partitions, sends ``sum_j B[k,j] g_j``.
+
+    Where ``c`` divides ``n``, ``B`` is :func:`~lightning_pgc.codes.tandon.tiling_b` (unit coefficients; any
+    ``n - s`` ranks hold a whole tiling, decoded with weights 0 and 1: exact at any ``n``, built in ``O(n c)``);
+    otherwise Tandon's random construction (:func:`~lightning_pgc.codes.tandon.best_tandon_b`, a search over
+    received sets whose worst condition number grows with ``n`` and ``s``). ``construction`` says which.
+    """
 
     name = "gc_cr"
+
+    def _validate(self) -> None:
+        if self.s == 0 or self.n % (self.s + 1):
+            self.construction: str = "tandon"
+            super()._validate()
+            return
+        self.construction = "tiling"
+        B = tiling_b(self.n, self.s)
+        B.setflags(write=False)
+        self.B = B
+        self.worst_condition = 1.0  # decoding weights are 0 and 1: no amplification of the payload's rounding
+        self.b_seed = -1
+        self._decode_cache = {}
+
+    def decoding_vector(self, ranks: Sequence[int]) -> np.ndarray:
+        if self.construction == "tiling":
+            return tiling_decoding_vector(self.n, self.s, ranks)
+        return super().decoding_vector(ranks)
 
 
 class PGCCRNaiveScheme(_TandonScheme):

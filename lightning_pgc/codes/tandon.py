@@ -32,6 +32,8 @@ __all__ = [
     "worst_condition",
     "best_tandon_b",
     "solve_decoding_vector",
+    "tiling_b",
+    "tiling_decoding_vector",
 ]
 
 MAX_ENUMERATED_SUBSETS: int = 40_000
@@ -181,3 +183,49 @@ def solve_decoding_vector(
             f"> {tol:g} (B_K is numerically singular); lower s, use fewer ranks, or use pgc_cr / gc_fr"
         )
     return a
+
+
+def tiling_b(n: int, s: int) -> np.ndarray:
+    """The cyclic-repetition code with unit coefficients, for ``(s + 1) | n``: ``B[k, j] = 1`` on ``{k..k+s} mod n``.
+
+    Rank ``k``'s code is the plain sum of its ``c = s + 1`` partitions' gradients. The ranks ``o, o + c, o + 2c,
+    ...`` (one *tiling* per offset ``o < c``) hold disjoint partitions that cover all ``n``, so their codes sum to
+    the full gradient. A straggler ``k`` breaks only tiling ``k mod c``; ``s`` stragglers break at most ``s`` of the
+    ``c = s + 1`` tilings, so every received set of ``n - s`` ranks contains a whole tiling and decodes with weights
+    0 and 1 (:func:`tiling_decoding_vector`): exact, with no condition number to grow with ``n``, and built in
+    ``O(n c)``. (``B`` itself has rank ``n - s``, so a received ``B_K`` may be singular: its decode is the tiling's,
+    not a least-squares solve.)
+
+    Raises:
+        ValueError: ``s + 1`` does not divide ``n``, or ``not 0 <= s < n``.
+    """
+    if n < 1 or not 0 <= s < n:
+        raise ValueError(f"tiling_b needs n >= 1 and 0 <= s < n, got n={n}, s={s}")
+    c = s + 1
+    if n % c:
+        raise ValueError(f"the tiling construction needs c = s + 1 = {c} to divide n = {n}")
+    B = np.zeros((n, n), dtype=np.float64)
+    rows = np.repeat(np.arange(n), c)
+    cols = (rows + np.tile(np.arange(c), n)) % n
+    B[rows, cols] = 1.0
+    return B
+
+
+def tiling_decoding_vector(n: int, s: int, ranks: Sequence[int]) -> np.ndarray:
+    """``a`` (float64, aligned with ``sorted(ranks)``) with ``a^T B_K = 1`` for :func:`tiling_b`: 1 on the ranks of
+    the first whole tiling (smallest offset) among ``ranks``, 0 elsewhere.
+
+    Raises:
+        ValueError: ``ranks`` contain no whole tiling (more than ``s`` ranks missing).
+    """
+    c = s + 1
+    K = sorted(int(k) for k in ranks)
+    present = set(K)
+    for offset in range(c):
+        tiling = set(range(offset, n, c))
+        if tiling <= present:
+            return np.asarray([1.0 if k in tiling else 0.0 for k in K], dtype=np.float64)
+    raise ValueError(
+        f"cannot decode from ranks {K}: no whole tiling (ranks o, o+{c}, ... for some o < {c}) among them; "
+        f"at most s={s} of n={n} ranks may be missing"
+    )

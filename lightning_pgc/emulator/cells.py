@@ -25,12 +25,13 @@ import torch
 from torch import nn
 
 from lightning_pgc.codes import AutoScheme, BoundedScheme, make_scheme
-from lightning_pgc.examples.digits import DigitsCNN, load_digits_tensors
+from lightning_pgc.examples.digits import load_digits_tensors
 from lightning_pgc.emulator.cluster import Cluster
 from lightning_pgc.emulator.data import DataCondition, partition_streams
 from lightning_pgc.emulator.schedule import from_records
 from lightning_pgc.emulator.scoring import tuning_score
-from lightning_pgc.emulator.train import Task, emulate_grid
+from lightning_pgc.emulator.tasks import make_task
+from lightning_pgc.emulator.train import emulate_grid
 from lightning_pgc.emulator.clock import Costs, simulate
 
 __all__ = ["Arm", "Cell", "LRS", "MOMENTA", "Protocol", "arms_for", "run_arm"]
@@ -68,7 +69,8 @@ class Protocol:
 @dataclass(frozen=True)
 class Cell:
     """A cluster, a data condition and a proxy task (``mlp``: digits MLP 64-64-10, 8 samples per partition
-    evaluation; ``cnn``: the digits CNN of the real 4-rank runs, 16 samples)."""
+    evaluation; ``cnn``: the digits CNN of the real 4-rank runs, 16 samples; ``lm``, ``bncnn``: the harder tasks of
+    :mod:`~lightning_pgc.emulator.tasks`)."""
 
     n: int
     pattern: str
@@ -163,8 +165,9 @@ def _scheme(name: str, n: int, s: int) -> Any:
     return AutoScheme(n, s) if name == "auto" else make_scheme(name, n, s)
 
 
-#: gc_cr is left out above this n: building Tandon's code searches over received sets (about a minute at n = 64 on
-#: this machine), and its worst-case conditioning grows with n (docs/math.md)
+#: gc_cr is left out above this n where c does not divide n: Tandon's random construction searches over received
+#: sets (about a minute at n = 64 on this machine) and its worst-case conditioning grows with n (docs/math.md).
+#: Where c divides n, gc_cr uses the tiling construction (exact, built in O(n c)) at every n.
 GC_CR_MAX_N = 16
 
 
@@ -178,10 +181,10 @@ def arms_for(n: int, cs: Optional[list[int]] = None) -> tuple[list[Arm], list[st
     for c in cs:
         for strategy in ("ignore_stragglers", "gc_fr", "gc_cr", "pgc_fr", "pgc_cr"):
             arm = Arm(strategy, c)
-            if strategy == "gc_cr" and n > GC_CR_MAX_N:
+            if strategy == "gc_cr" and n > GC_CR_MAX_N and n % c:
                 skipped.append(
-                    f"{arm.label}: left out for n > {GC_CR_MAX_N} (building Tandon's code takes minutes, "
-                    "and its decoding conditions worsen with n)"
+                    f"{arm.label}: left out for n > {GC_CR_MAX_N} where c does not divide n (building Tandon's "
+                    "code takes minutes, and its decoding conditions worsen with n)"
                 )
                 continue
             try:
@@ -204,12 +207,9 @@ def _digits() -> tuple[torch.Tensor, ...]:
 
 
 def _model(task: str, seed: int) -> tuple[nn.Module, int]:
-    torch.manual_seed(seed)
-    if task == "mlp":
-        return nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10)), 8
-    if task == "cnn":
-        return DigitsCNN().net, 16
-    raise ValueError(f"unknown proxy task {task!r}; valid: mlp, cnn")
+    """Task ``task``'s model at seed ``seed`` and its samples per partition (:func:`~lightning_pgc.emulator.tasks.make_task`)."""
+    built = make_task(task, seed)
+    return built.model, built.batch_size
 
 
 def budget_s(cell: Cell, protocol: Protocol) -> float:
@@ -230,15 +230,16 @@ def _runs(
     cell: Cell, arm: Arm, seed: int, settings: list[tuple[float, float]], protocol: Protocol, budget: float
 ) -> list[Any]:
     scheme, schedule = _schedule(cell, arm, seed, protocol, budget)
-    x, y, xv, yv = _digits()
-    model, batch = _model(cell.task, seed)
-    streams = partition_streams(y.numpy(), cell.n, seed, cell.condition())
+    task = make_task(cell.task, seed)
+    if task.y_train.dim() != 1 and cell.data != "iid":
+        raise ValueError(f"task {cell.task!r} has no labels to skew: use data='iid'")
+    streams = partition_streams(task.y_train.numpy(), cell.n, seed, cell.condition())
     if not schedule:  # not one version within the budget
         return [None] * len(settings)
     return emulate_grid(
         scheme,
         schedule,
-        Task(model, x, y, xv, yv, batch),
+        task,
         streams,
         settings,
         stop_below=min(protocol.targets),
