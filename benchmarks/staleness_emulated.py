@@ -41,7 +41,8 @@ COMMAND = "nice -n 15 env OMP_NUM_THREADS=1 python benchmarks/staleness_emulated
 #: log-normal jitter (every worker, every step), compute-bound: where pgc_fr already matched ddp's time in the emulated
 #: map (docs/emulated_map_reduced.json), so where a correction decides whether the pipeline wins
 CELLS: list[Cell] = [Cell(n, "lognormal", "compute") for n in (16, 64, 256)]
-PROTOCOL = Protocol(eval_seeds=tuple(range(20)), lrs=tuple(sorted({*LRS, 1.6})))
+#: this round's grid: the map's learning rates, the momenta it was run with, no edge rule (its records' keys)
+PROTOCOL = Protocol(eval_seeds=tuple(range(20)), lrs=tuple(sorted({*LRS, 1.6})), momenta=(0.0, 0.5, 0.7, 0.8, 0.9), extend=False)
 #: the issue's targets: steps to target against dgd's at c = 2 and c = 4, time to target at c = 2
 TARGETS = {"steps_c2": 1.15, "steps_c4": 1.3, "time_c2": 0.8}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from lightning_pgc.emulator.cells import Cell, Protocol
 from lightning_pgc.emulator.cluster import PATTERNS
@@ -20,12 +20,15 @@ __all__ = [
     "DOCS",
     "REAL_ARMS",
     "REAL_DELAYS",
-    "REDUCED_LRS",
+    "DEFAULT_TASKS",
     "cost",
+    "full_cells",
     "is_complete",
     "mirror_cells",
     "mirror_costs",
     "protocol_for",
+    "records_path",
+    "reduced_cells",
     "rounds",
     "shipped_summary",
     "tiny_protocol",
@@ -48,9 +51,6 @@ REAL_ARMS = {
     "pgc_fr c=2": "pgc_fr_c2",
     "pgc_cr c=2": "pgc_cr_c2",
 }
-#: the learning rates the shipped reduced round was tuned over (the grid before 1.6 was added): the reduced round keeps
-#: them, so its file stays resumable and its summary regenerable
-REDUCED_LRS: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4, 0.8)
 
 
 def mirror_costs(docs: Path = DOCS) -> tuple[float, float, float, float]:
@@ -76,28 +76,42 @@ def mirror_cells(docs: Path = DOCS) -> list[Cell]:
     ]
 
 
-def rounds(docs: Path = DOCS) -> dict[str, list[Cell]]:
-    """The cells of each round: ``tiny`` (the tests'), ``reduced`` and ``full``."""
-    patterns = list(PATTERNS)
-    core = ["none", "lognormal", "slow node", "node stalls"]
-    reduced = (
-        mirror_cells(docs)
-        + [Cell(4, p, b) for b in ("compute", "comm") for p in core]
-        + [Cell(16, p, "compute") for p in core]
-        + [Cell(16, "slow node", "comm")]
-        + [Cell(16, p, "compute", data="dirichlet") for p in ("none", "slow node")]
-        + [Cell(64, "lognormal", "compute", cs=(2,))]
-    )
-    full = (
-        mirror_cells(docs)
-        + [Cell(n, p, b) for n in (4, 16, 64) for b in ("compute", "comm") for p in patterns]
-        + [Cell(n, p, "compute", data="dirichlet") for n in (16, 64) for p in ("none", "lognormal", "slow node")]
-        + [Cell(n, "lognormal", "compute") for n in (8, 32, 128)]
-        + [Cell(256, p, "compute") for p in core]
-        + [Cell(256, "lognormal", "comm")]
-    )
-    tiny = [Cell(4, "slow node", "compute"), Cell(4, "none", "compute", data="dirichlet")]
-    return {"tiny": tiny, "reduced": reduced, "full": full}
+#: the proxy tasks a round runs by default (``--tasks`` of ``benchmarks/emulated_map.py`` overrides them)
+DEFAULT_TASKS: tuple[str, ...] = ("mlp",)
+
+
+def reduced_cells(tasks: Sequence[str] = DEFAULT_TASKS) -> list[Cell]:
+    """The reduced round, per task: cells that a scheme can win at small n. n = 4: no stragglers (the control),
+    single-rank stalls (iid and Dirichlet-skewed), slow spells, a slow node (one worker: ``s = 1`` covers it);
+    n = 16: a slow node of 4 workers (``c`` 2, 4, 5 and 8: ``s`` below, at and above the node) and slow spells."""
+    cells = []
+    for task in tasks:
+        cells += [Cell(4, p, "compute", task=task) for p in ("none", "rank stalls", "slow spells", "slow node")]
+        cells += [Cell(4, "rank stalls", "compute", data="dirichlet", task=task)]
+        cells += [Cell(16, p, "compute", task=task) for p in ("slow node", "slow spells")]
+    return cells
+
+
+def full_cells(tasks: Sequence[str] = DEFAULT_TASKS) -> list[Cell]:
+    """The full round, per task: n = 4, 16, 64 x every pattern, compute-bound (and comm-bound for the patterns a
+    scheme can win: a slow node, slow spells, rank stalls), Dirichlet skew at n = 4 and 16 for no stragglers, rank
+    stalls and a slow node; n = 256 for log-normal jitter, a slow node and node stalls."""
+    cells = []
+    for task in tasks:
+        for n in (4, 16, 64):
+            cells += [Cell(n, p, "compute", task=task) for p in PATTERNS]
+            cells += [Cell(n, p, "comm", task=task) for p in ("slow node", "slow spells", "rank stalls")]
+        for n in (4, 16):
+            cells += [Cell(n, p, "compute", "dirichlet", task=task) for p in ("none", "rank stalls", "slow node")]
+        cells += [Cell(256, p, "compute", task=task) for p in ("lognormal", "slow node", "node stalls")]
+    return cells
+
+
+def rounds(docs: Path = DOCS, tasks: Sequence[str] = DEFAULT_TASKS) -> dict[str, list[Cell]]:
+    """The cells of each round: ``tiny`` (the tests'), ``reduced`` and ``full`` (:func:`reduced_cells`,
+    :func:`full_cells`), and ``mirror`` (the real 4-rank map's three cells, settings as chosen there)."""
+    tiny = [Cell(4, "slow node", "compute", cs=(2,)), Cell(4, "none", "compute", data="dirichlet", cs=(2,))]
+    return {"tiny": tiny, "reduced": reduced_cells(tasks), "full": full_cells(tasks), "mirror": mirror_cells(docs)}
 
 
 def tiny_protocol() -> Protocol:
@@ -109,17 +123,21 @@ def tiny_protocol() -> Protocol:
         eval_seeds=(0, 1, 2),
         lrs=(0.2, 0.4),
         momenta=(0.0, 0.9),
-        targets=(0.9, 0.6),
+        targets=(1.2, 0.8),
+        extend=False,
     )
 
 
 def protocol_for(round_name: str) -> Protocol:
-    """The tuning protocol of a round (the full round: the default grid, lr up to 1.6)."""
+    """The tuning protocol of a round (every round but ``tiny``: the default, 20 evaluation seeds and the edge rule)."""
     if round_name == "tiny":
         return tiny_protocol()
-    if round_name == "reduced":
-        return Protocol(lrs=REDUCED_LRS)
     return Protocol()
+
+
+def records_path(round_name: str, docs: Path = DOCS) -> Path:
+    """The round's JSON Lines file (its summary: the same name with ``.json``)."""
+    return docs / "results" / f"emulated_map_{round_name}.jsonl"
 
 
 def is_complete(summary: dict[str, Any]) -> bool:
@@ -129,10 +147,10 @@ def is_complete(summary: dict[str, Any]) -> bool:
 
 def shipped_summary(docs: Path = DOCS) -> Path:
     """The round the docs show: the full round once it is complete, else the reduced one."""
-    full = docs / "emulated_map_full.json"
+    full = records_path("full", docs).with_suffix(".json")
     if full.exists() and is_complete(json.loads(full.read_text())):
         return full
-    return docs / "emulated_map_reduced.json"
+    return records_path("reduced", docs).with_suffix(".json")
 
 
 def cost(summary: dict[str, Any], records: list[dict[str, Any]], docs: Path = DOCS) -> dict[str, Any]:
@@ -165,7 +183,8 @@ def cost(summary: dict[str, Any], records: list[dict[str, Any]], docs: Path = DO
     else:
         a, b = 0.0, float("nan")
     full = protocol_for("full")
-    items, _ = plan_items(rounds(docs)["full"], full)
+    tasks = sorted({task for _, task in means}) or list(DEFAULT_TASKS)
+    items, _ = plan_items(full_cells(tasks), full)
     total, measured_items = 0.0, 0
     for cell, _arm in items:
         key = (cell.n, cell.task)
