@@ -8,7 +8,9 @@ communication bound, and data condition (emulated: real leaders and schemes on t
 Each round appends to ONE JSON Lines file, docs/results/emulated_map_<round>.jsonl (resumable: rerun the same command;
 ``--limit`` runs it in chunks), and is summarised into docs/results/emulated_map_<round>.json (per cell: each arm's
 restricted mean time to both targets, the ratio against ddp with its interval and permutation test, Holm-corrected
-per cell, the winner at each s against its runner-up). The rounds' cells and protocols:
+per cell, the best arm at each s against its runner-up). Once every item is done, the same command runs the
+confirmation stage (lightning_pgc/emulator/confirm.py: each cell's candidate, runner-up and ddp on fresh seeds) into
+docs/results/emulated_map_<round>_confirm.jsonl, also resumable. The rounds' cells and protocols:
 ``lightning_pgc/emulator/rounds.py``; ``--tasks`` picks the proxy tasks (``lightning_pgc/emulator/cells.py``).
 """
 
@@ -18,6 +20,7 @@ import argparse
 from dataclasses import asdict
 from pathlib import Path
 
+from lightning_pgc.emulator.confirm import confirm_plan, confirm_summary
 from lightning_pgc.emulator.crossmap import plan_items, read_records, run_round
 from lightning_pgc.emulator.rounds import DEFAULT_TASKS, protocol_for, records_path, rounds
 from lightning_pgc.emulator.summary import summarize
@@ -34,17 +37,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--limit", type=int, default=None, help="run at most this many (cell, arm) items now")
     parser.add_argument("--summarize-only", action="store_true")
+    parser.add_argument("--no-confirm", action="store_true", help="skip the confirmation stage (the tests' rounds)")
     parser.add_argument("--out", type=Path, default=None, help="the round's records file (default docs/results/)")
     args = parser.parse_args(argv)
     cells = rounds(DOCS, args.tasks)[args.round]
     protocol = protocol_for(args.round)
     path = args.out if args.out is not None else records_path(args.round, DOCS)
+    ran = 0
     if not args.summarize_only:
-        run_round(path, cells, protocol, workers=args.workers, limit=args.limit)
+        ran = run_round(path, cells, protocol, workers=args.workers, limit=args.limit)
     items, skipped = plan_items(cells, protocol)
     source = path.relative_to(ROOT).as_posix() if path.resolve().is_relative_to(ROOT) else str(path)
     tasks = " ".join(args.tasks)
-    summary = summarize(read_records(path), source=source)
+    records = read_records(path)
+    summary = summarize(records, source=source)
     summary.update(
         {
             "round": args.round,
@@ -55,6 +61,30 @@ def main(argv: list[str] | None = None) -> None:
             "protocol": asdict(protocol),
         }
     )
+    if summary["items_done"] >= len(items) and not args.no_confirm:  # the screen is complete: confirm it
+        confirm_path = path.with_name(path.stem + "_confirm.jsonl")
+        plan = confirm_plan(summary, records, protocol)
+        left = None if args.limit is None else max(0, args.limit - ran)
+        for cell, arms, cell_protocol in plan:
+            if args.summarize_only or left == 0:
+                break
+            done = run_round(
+                confirm_path, [cell], cell_protocol, workers=args.workers, limit=left, arms_of=lambda _c, a=arms: a
+            )
+            left = None if left is None else left - done
+        confirmed = confirm_summary(read_records(confirm_path))
+        for cell in summary["cells"]:
+            if cell["label"] in confirmed:
+                cell["confirm"] = confirmed[cell["label"]]
+        summary.update(
+            {
+                "confirm_source": confirm_path.relative_to(ROOT).as_posix()
+                if confirm_path.resolve().is_relative_to(ROOT)
+                else str(confirm_path),
+                "confirm_planned": len(plan),
+                "confirm_done": len(confirmed),
+            }
+        )
     out = write_json(path.with_suffix(".json"), summary, newline=True)
     print(f"{summary['items_done']} of {len(items)} (cell, arm) items in {path}; summary in {out}")
 

@@ -3,7 +3,7 @@ check, and its measured cost into docs/emulator.md. Every number comes from the 
 docs/grid_map.json for the real cells). A round that is not finished is refused (resume it first).
 
     python benchmarks/emulated_render.py                  # the shipped round: full once complete, else reduced
-    python benchmarks/emulated_render.py --summary docs/emulated_map_reduced.json
+    python benchmarks/emulated_render.py --summary docs/results/emulated_map_reduced.json
 """
 
 from __future__ import annotations
@@ -234,9 +234,9 @@ def render(summary: dict[str, Any], source: str, grid: dict[str, Any]) -> str:
             "",
             n_heading(n),
             "",
-            "| task | pattern | bound | data | winner vs ddp: ratio [95 %], Holm p | runner-up at its s: ratio [95 %], p | "
-            "fastest (restricted mean) | separably slower than ddp (ratio) | bounds | detectable effect (80 % power) | "
-            "ddp lr, momentum |",
+            "| task | pattern | bound | data | screen: winner vs ddp, ratio [95 %], Holm p | screen: runner-up at its s, "
+            "ratio [95 %], p | screen: separably slower than ddp (ratio) | bounds | screen: detectable effect (80 % "
+            "power) | confirmation (fresh seeds): best arm vs ddp, ratio [95 %], Holm p | ddp lr, momentum |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for c in sorted(
@@ -249,16 +249,31 @@ def render(summary: dict[str, Any], source: str, grid: dict[str, Any]) -> str:
                 else f"{w['arm']}: {w['ratio']:.2f} [{w['low']:.2f}, {w['high']:.2f}], {w['p_holm']:.4f}"
             )
             vs = None if w is None else w["vs_runner_up"]
-            runner = "-" if vs is None else f"{w['runner_up']}: {vs['ratio']:.2f} [{vs['low']:.2f}, {vs['high']:.2f}], {vs['p']:.3f}"
+            runner = (
+                "-"
+                if vs is None
+                else f"{w['runner_up']}: {vs['ratio']:.2f} [{vs['low']:.2f}, {vs['high']:.2f}], {vs['p']:.3f}"
+            )
             arms = {a["arm"]: a for a in c["arms"]}
             slower = ", ".join(f"{a} ({arms[a]['vs_ddp_late']['ratio']:.2f})" for a in c["slower_than_ddp"]) or "none"
             data = "iid" if c["cell"]["data"] == "iid" else f"dirichlet({c['cell']['alpha']:g})"
             ddp = c["ddp"]
             power = c.get("power")
-            effect = "-" if power is None else f"{power['detectable_effect']:.0%} ({power['seeds']} seeds, {power['family']} tests)"
+            effect = (
+                "-"
+                if power is None
+                else f"{power['detectable_effect']:.0%} ({power['seeds']} seeds, {power['family']} tests)"
+            )
+            conf = c.get("confirm")
+            confirmed = (
+                "-"
+                if conf is None
+                else f"{conf['candidate']}: {conf['vs_ddp']['ratio']:.2f} [{conf['vs_ddp']['low']:.2f}, "
+                f"{conf['vs_ddp']['high']:.2f}], {conf['vs_ddp']['p_holm']:.4f} ({conf['seeds']} seeds): {conf['sure']}"
+            )
             out.append(
                 f"| {c['cell']['task']} | {c['cell']['pattern']} | {c['cell']['bound']} | {data} | {win} | {runner} | "
-                f"{c['fastest']} | {slower} | {', '.join(c.get('bounds', [])) or 'none'} | {effect} | "
+                f"{slower} | {', '.join(c.get('bounds', [])) or 'none'} | {effect} | {confirmed} | "
                 f"{ddp['lr']:g}, {ddp['momentum']:g} |"
             )
     tuned = [a for c in cells if c["cell"]["pattern"] not in REAL_CELLS for a in c["arms"]]

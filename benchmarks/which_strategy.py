@@ -5,10 +5,12 @@ and that file derived from a summary of the emulated map.
     python benchmarks/which_strategy.py --summary docs/results/emulated_map_reduced.json  # re-derive the file first
 
 ``docs/which_strategy.json`` (:func:`build`) holds one row per cell of the map: the task, ``n``, the straggler
-pattern, the bound and the data condition; the cell's winner (an arm faster than ddp after Holm's correction over the
-cell's family, never an arm whose ratio is a bound) with its ratio of restricted mean times to ddp's and the 95 %
-interval, the Holm-adjusted p, its runner-up at the same ``s`` and that comparison, and how sure the claim is; in a
-cell without a winner, ``ddp`` with the best ranked arm's ratio (how close it came). README shows the rows at the
+pattern, the bound and the data condition; the cell's winner with its ratio of restricted mean times to ddp's and
+the 95 % interval, the Holm-adjusted p, the seeds, its runner-up at the same ``s`` and that comparison, and how sure
+the claim is; in a cell without a winner, ``ddp`` with the best arm's ratio (how close it came). The decision is the
+confirmation stage's where the cell has one (:mod:`lightning_pgc.emulator.confirm`: the screen's candidate, its
+runner-up and ddp on fresh seeds), else the screen's (an arm faster than ddp after Holm's correction over the cell's
+family, never an arm whose ratio is a bound). README shows the rows at the
 largest ``n`` of each (task, pattern, bound, data); the guide shows every row. Where no pipelined scheme (``pgc_fr``,
 ``pgc_cr``) wins a cell, both pages say so, with the conditions under which one would win (docs/math.md,
 docs/theory.md).
@@ -48,6 +50,7 @@ FIELDS = (
     "low",
     "high",
     "p_holm",
+    "seeds",
     "sure",
     "runner_up",
     "vs_runner_up",
@@ -87,10 +90,50 @@ def _evidence(n: int) -> str:
     return f"docs/benchmarks.md#{slug(n_heading(n))}"
 
 
+def _confirmed_row(cell: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    conf, ddp = cell["confirm"], cell["ddp"]
+    vs, runner = conf["vs_ddp"], conf["vs_runner_up"]
+    fields = {
+        "ratio": vs["ratio"],
+        "low": vs["low"],
+        "high": vs["high"],
+        "p_holm": vs["p_holm"],
+        "seeds": conf["seeds"],
+        "sure": conf["sure"],
+        "evidence": _evidence(base["n"]),
+    }
+    if conf["wins"]:
+        return base | {
+            "arm": conf["candidate"],
+            "strategy": conf["strategy"],
+            "s": conf["s"],
+            **fields,
+            "runner_up": conf["runner_up"],
+            "vs_runner_up": None
+            if runner is None
+            else {"ratio": runner["ratio"], "low": runner["low"], "high": runner["high"], "p": runner["p_holm"]},
+            "lr": conf["lr"],
+            "momentum": conf["momentum"],
+        }
+    return base | {
+        "arm": "ddp",
+        "strategy": "ddp",
+        "s": None,
+        **fields,
+        "runner_up": conf["candidate"],
+        "vs_runner_up": None,
+        "lr": ddp["lr"],
+        "momentum": ddp["momentum"],
+    }
+
+
 def _row(cell: dict[str, Any]) -> dict[str, Any]:
+    """A cell's row: its confirmation's decision where it has one, else the screen's."""
     c = cell["cell"]
     data = "iid" if c["data"] == "iid" else "skewed"
     base = {"task": c["task"], "n": c["n"], "pattern": c["pattern"], "bound": c["bound"], "data": data}
+    if cell.get("confirm") is not None:
+        return {k: v for k, v in sorted(_confirmed_row(cell, base).items(), key=lambda kv: FIELDS.index(kv[0]))}
     win = cell["winner"]
     if win is not None:
         return base | {
@@ -101,6 +144,7 @@ def _row(cell: dict[str, Any]) -> dict[str, Any]:
             "low": win["low"],
             "high": win["high"],
             "p_holm": win["p_holm"],
+            "seeds": cell["ddp"]["seeds"],
             "sure": win["sure"],
             "runner_up": win["runner_up"],
             "vs_runner_up": win["vs_runner_up"],
@@ -125,6 +169,7 @@ def _row(cell: dict[str, Any]) -> dict[str, Any]:
         "low": None if best is None else best["vs_ddp_late"]["low"],
         "high": None if best is None else best["vs_ddp_late"]["high"],
         "p_holm": None if best is None else best["vs_ddp_late"]["p_holm"],
+        "seeds": ddp["seeds"],
         "sure": sure,
         "runner_up": None if best is None else best["arm"],
         "vs_runner_up": None,
@@ -188,16 +233,18 @@ def _use(row: dict[str, Any]) -> str:
 
 
 def _how_sure(row: dict[str, Any], alpha: float) -> str:
+    seeds = f"{row['seeds']} seeds"
     if row["strategy"] == "ddp":
-        closest = "" if row["runner_up"] is None else f" (closest: `{row['runner_up']}`)"
-        return f"{row['sure']}{closest}"
+        closest = "" if row["runner_up"] is None else f"; closest: `{row['runner_up']}`"
+        p = "" if row["p_holm"] is None else f", Holm p {row['p_holm']:.3f}"
+        return f"{row['sure']} ({seeds}{p}{closest})"
     vs = row["vs_runner_up"]
     against = (
         "no other arm at its s"
         if vs is None
         else f"vs `{row['runner_up']}` {vs['ratio']:.2f} [{vs['low']:.2f}, {vs['high']:.2f}], p {vs['p']:.3f}"
     )
-    return f"Holm p {row['p_holm']:.4f} vs ddp; {against}: {row['sure']}"
+    return f"{row['sure']} ({seeds}; Holm p {row['p_holm']:.4f} vs ddp; {against})"
 
 
 def _table(rows: list[dict[str, Any]], alpha: float, link: str) -> list[str]:
@@ -220,11 +267,12 @@ def _intro(table: dict[str, Any], where: str) -> str:
         f"From the **emulated** crossover map (round `{table['round']}`, `{table['source']}`: the real leaders and "
         "schemes on a simulated clock, real training of the proxy tasks; docs/emulator.md). Every arm (ddp, "
         "`ignore_stragglers`, gradient coding, `pgc_fr` and `pgc_cr` with each staleness correction, "
-        "`bounded_staleness`) ran in every cell on the same seeds, tuned on separate seeds. *Ratio*: restricted mean "
-        "time to the late target over ddp's, paired by seed, with its 95 % bootstrap interval. A cell names an arm "
-        f"only where it beat ddp by the paired permutation test after Holm's correction over the cell (p < "
-        f"{table['alpha']:g}); *how sure* also compares it with the runner-up at the same `s`. Where `ddp` is kept, "
-        f"the ratio is the closest arm's. {where}"
+        "`bounded_staleness`) ran in every cell on the same seeds, tuned on separate seeds; the best of them, its "
+        "runner-up at the same `s` and ddp then ran again on fresh seeds, as many as the power computation asks for "
+        "a 10 % effect (the confirmation). *Ratio*: restricted mean time to the late target over ddp's, paired by "
+        "seed, with its 95 % bootstrap interval, on the confirmation's seeds. A cell names an arm only where it beat "
+        f"ddp there by the paired permutation test after Holm's correction (p < {table['alpha']:g}); *how sure* "
+        f"also compares it with its runner-up. Where `ddp` is kept, the ratio is the best arm's. {where}"
     )
 
 

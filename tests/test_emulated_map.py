@@ -25,6 +25,7 @@ from lightning_pgc.emulator.cells import (
     run_arm,
 )
 from lightning_pgc.emulator.cluster import NODE_PATTERNS, SlowSpells, node_size
+from lightning_pgc.emulator.confirm import CONFIRM_FIRST, CONFIRM_SEEDS, confirm_plan, confirm_summary
 from lightning_pgc.emulator.crossmap import plan_items, read_records, run_round
 from lightning_pgc.emulator.rounds import tiny_protocol
 from lightning_pgc.emulator.scoring import (
@@ -181,9 +182,12 @@ def test_twenty_seeds_detect_a_real_ten_percent_effect_after_holm_over_the_cells
     assert false_alarms / (trials * (family - 1)) <= 0.01
 
 
-def _record(label: str, strategy: str, s: int, times: list[float], missed: bool = False) -> dict:
+CELL = {"n": 4, "pattern": "rank stalls", "bound": "compute", "data": "iid", "alpha": 0.1, "task": "mlp"}
+
+
+def _record(label: str, strategy: str, s: int, times: list[float], missed: bool = False, cell: dict = CELL) -> dict:
     return {
-        "cell": {"n": 4, "pattern": "rank stalls", "bound": "compute", "data": "iid", "alpha": 0.1, "task": "mlp"},
+        "cell": cell,
         "arm": {"strategy": strategy, "c": s + 1, "s": s, "label": label},
         "protocol": {"lrs": [0.1, 0.2], "momenta": [0.0, 0.5]},
         "budget_s": 100.0,
@@ -215,3 +219,79 @@ def test_the_winner_is_compared_with_its_runner_up_at_equal_s_and_bounds_are_nev
     assert win["arm"] == "pgc_fr c=2" and win["sure"] == "separated" and win["vs_runner_up"]["p"] < 0.05
     row = which_strategy._row(cell)
     assert (row["arm"], row["runner_up"], row["sure"]) == ("pgc_fr c=2", "ignore_stragglers c=2", "separated")
+
+
+def test_the_audit_command_prints_one_json_object_about_the_shipped_round():
+    """``python -m lightning_pgc.emulator.audit`` on the shipped round: one JSON object with the documented fields,
+    equal to the audit of the round's records, and the protocol's promises hold there: every arm family of the map
+    in it, at least 20 evaluation seeds per arm, every node-level cell with s at or above the node size, and every
+    arm that missed everywhere listed by the summary as a bound."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from lightning_pgc.emulator.audit import shipped_records
+    from lightning_pgc.emulator.rounds import shipped_summary
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-m", "lightning_pgc.emulator.audit"],
+        cwd=root,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (line,) = done.stdout.splitlines()
+    out = json.loads(line)
+    fields = {"tasks", "arms", "n", "min_seeds_per_arm", "edge_choices", "missed_everywhere", "node_cells_covered"}
+    assert fields <= set(out)
+    path, records = shipped_records()
+    assert {k: out[k] for k in fields} == {k: audit(records)[k] for k in fields}
+    families = {"ddp", "ignore_stragglers", "gc_fr", "gc_cr", "pgc_fr", "pgc_cr", "bounded_staleness"}
+    families |= {f"pgc_{p} {c}" for p in ("fr", "cr") for c in CORRECTIONS} | {"bounded_staleness lookahead"}
+    assert families <= set(out["arms"])
+    assert out["min_seeds_per_arm"] >= 20 and out["node_cells_covered"] and out["node_cells"] > 0
+    summary = json.loads(shipped_summary().read_text())
+    bounds = {f"{a} | {c['label']}" for c in summary["cells"] for a in c["bounds"]}
+    assert set(out["missed_everywhere"]) <= bounds
+    edges = sum(bool(a["edge"]) for c in summary["cells"] if c["cell"].get("fixed") is None for a in c["arms"])
+    assert out["edge_choices"] == edges
+
+
+def test_the_confirmation_reruns_the_candidate_its_runner_up_and_ddp_on_fresh_seeds_and_decides_there():
+    base = np.repeat(np.linspace(20, 40, 10), 2)
+    screen = [
+        _record("ddp", "ddp", 0, list(base)),
+        _record("pgc_fr c=2", "pgc_fr", 1, list(0.80 * base * np.tile([1.3, 0.7], 10))),
+        _record("ignore_stragglers c=2", "ignore_stragglers", 1, list(0.85 * base)),
+        _record("gc_fr c=3", "gc_fr", 2, list(0.90 * base)),
+    ]
+    summary = summarize(screen, source="screen")
+    protocol = Protocol()
+    ((cell, arms, confirm_protocol),) = confirm_plan(summary, screen, protocol)
+    assert [a.label for a in arms] == ["ddp", "pgc_fr c=2", "ignore_stragglers c=2"]
+    assert cell.fixed == (("ddp", 0.1, 0.0), ("pgc_fr c=2", 0.1, 0.0), ("ignore_stragglers c=2", 0.1, 0.0))
+    seeds = confirm_protocol.eval_seeds
+    assert CONFIRM_SEEDS[0] <= len(seeds) <= CONFIRM_SEEDS[1] and min(seeds) == CONFIRM_FIRST
+    assert set(seeds).isdisjoint(protocol.eval_seeds) and set(seeds).isdisjoint(protocol.tuning_seeds)
+    fixed = dict(CELL, fixed=[list(f) for f in cell.fixed])
+    fresh = np.random.default_rng(1).uniform(20, 40, len(seeds))
+
+    def confirm(candidate: float, runner: float) -> dict:
+        records = [
+            _record("ddp", "ddp", 0, list(fresh), cell=fixed),
+            _record("pgc_fr c=2", "pgc_fr", 1, list(candidate * fresh), cell=fixed),
+            _record("ignore_stragglers c=2", "ignore_stragglers", 1, list(runner * fresh), cell=fixed),
+        ]
+        (out,) = confirm_summary(records).values()
+        return out
+
+    out = confirm(0.8, 0.9)
+    assert out["wins"] and out["sure"] == "confirmed; separated from the runner-up" and out["seeds"] == len(seeds)
+    assert out["vs_ddp"]["ratio"] == pytest.approx(0.8) and out["vs_runner_up"]["ratio"] == pytest.approx(0.8 / 0.9)
+    out = confirm(0.8, 0.8)
+    assert out["wins"] and out["sure"] == "confirmed; not separated from the runner-up"
+    out = confirm(1.0, 1.1)
+    assert not out["wins"] and out["sure"].startswith("not confirmed")

@@ -76,7 +76,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     if not records:
         raise SystemExit(f"{path}: no records (run benchmarks/emulated_map.py first)")
     out = audit(records)
-    out["records"] = path.resolve().relative_to(DOCS.parent).as_posix() if path.resolve().is_relative_to(DOCS.parent) else str(path)
+    out["records"] = (
+        path.resolve().relative_to(DOCS.parent).as_posix() if path.resolve().is_relative_to(DOCS.parent) else str(path)
+    )
     print(json.dumps(out))
 
 

@@ -109,9 +109,16 @@ def full_cells(tasks: Sequence[str] = DEFAULT_TASKS) -> list[Cell]:
 
 def rounds(docs: Path = DOCS, tasks: Sequence[str] = DEFAULT_TASKS) -> dict[str, list[Cell]]:
     """The cells of each round: ``tiny`` (the tests'), ``reduced`` and ``full`` (:func:`reduced_cells`,
-    :func:`full_cells`), and ``mirror`` (the real 4-rank map's three cells, settings as chosen there)."""
+    :func:`full_cells`, each with the ``mirror`` cells: the real 4-rank map's three cells at the settings chosen there,
+    the check against real runs)."""
     tiny = [Cell(4, "slow node", "compute", cs=(2,)), Cell(4, "none", "compute", data="dirichlet", cs=(2,))]
-    return {"tiny": tiny, "reduced": reduced_cells(tasks), "full": full_cells(tasks), "mirror": mirror_cells(docs)}
+    mirror = mirror_cells(docs)
+    return {
+        "tiny": tiny,
+        "reduced": reduced_cells(tasks) + mirror,
+        "full": full_cells(tasks) + mirror,
+        "mirror": mirror,
+    }
 
 
 def tiny_protocol() -> Protocol:
@@ -141,8 +148,9 @@ def records_path(round_name: str, docs: Path = DOCS) -> Path:
 
 
 def is_complete(summary: dict[str, Any]) -> bool:
-    """Whether every planned (cell, arm) item of the summary's round has a record."""
-    return summary.get("items_planned") is not None and summary["items_done"] >= summary["items_planned"]
+    """Whether every planned (cell, arm) item of the summary's round has a record, its confirmation stage's too."""
+    screened = summary.get("items_planned") is not None and summary["items_done"] >= summary["items_planned"]
+    return screened and summary.get("confirm_done", 0) >= summary.get("confirm_planned", 0)
 
 
 def shipped_summary(docs: Path = DOCS) -> Path:

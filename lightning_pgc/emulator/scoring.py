@@ -94,7 +94,9 @@ def sign_flip_p(diffs: Sequence[float]) -> float:
     return float(np.mean(sums >= observed - 1e-12 * max(1.0, observed)))
 
 
-def ratio_permutation_p(a: Sequence[float], b: Sequence[float], resamples: int = 20000, seed: int = 0) -> float:
+def ratio_permutation_p(
+    a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray, resamples: int = 20000, seed: int = 0
+) -> float:
     """Two-sided p-value of the paired permutation test of ``sum(a) / sum(b) = 1`` (``a[i]``, ``b[i]``: the two arms'
     censored times on seed ``i``): every pattern of swaps within pairs for up to :data:`EXACT_PAIRS` pairs, else
     ``resamples`` random patterns (with the ``+1`` correction, so a p-value is never 0). 1.0 when every pair is

@@ -106,7 +106,14 @@ def _arm_summary(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _comparison(comp: Any) -> dict[str, Any]:
-    return {"ratio": comp.ratio, "low": comp.low, "high": comp.high, "p": comp.p, "seeds": comp.seeds}
+    return {
+        "ratio": comp.ratio,
+        "low": comp.low,
+        "high": comp.high,
+        "p": comp.p,
+        "seeds": comp.seeds,
+        "sd_log": comp.sd_log,
+    }
 
 
 def summarize_cell(recs: Sequence[dict[str, Any]], alpha: float = ALPHA) -> dict[str, Any]:
@@ -146,13 +153,13 @@ def summarize_cell(recs: Sequence[dict[str, Any]], alpha: float = ALPHA) -> dict
     winner: Optional[dict[str, Any]] = None
     if faster:
         w = min(faster, key=lambda a: a["vs_ddp_late"]["ratio"])
-        at_s = next(row for row in by_s if row["s"] == w["s"])
-        if at_s["best"] == w["arm"]:
-            runner_up, vs = at_s["runner_up"], at_s["vs_runner_up"]
+        own = next(row for row in by_s if row["s"] == w["s"])
+        if own["best"] == w["arm"]:
+            runner_up, vs = own["runner_up"], own["vs_runner_up"]
         else:  # an arm of the same s has a smaller mean but is not separably faster than ddp: that is the runner-up
-            best = by_label[at_s["best"]]
+            best = by_label[own["best"]]
             comp = compare(by_label[w["arm"]]["eval"]["time_late"], best["eval"]["time_late"], budget)
-            runner_up, vs = at_s["best"], _comparison(comp)
+            runner_up, vs = own["best"], _comparison(comp)
         separated = vs is not None and vs["ratio"] < 1 and vs["p"] < alpha
         winner = {k: w[k] for k in ("arm", "strategy", "s", "c", "correction", "lr", "momentum")} | {
             "ratio": w["vs_ddp_late"]["ratio"],
