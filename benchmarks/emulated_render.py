@@ -316,21 +316,36 @@ def render_cost(c: dict[str, Any], source: str) -> str:
         rows,
         "",
     ]
+    confirm = c.get("per_confirmed_cell_cpu_s", {})
+    if confirm:
+        head += [
+            f"The confirmation stage took {c['confirm_cpu_s_total'] / 60:.0f} CPU minutes; per confirmed cell (three "
+            "arms on its fresh seeds): "
+            + ", ".join(f"{k} {v['mean']:.0f} s ({v['cells']} cells)" for k, v in confirm.items())
+            + ".",
+            "",
+        ]
     if c["round"] == "full":
         tail = [
-            f"On {CORES} cores with `--workers {CORES}` that is at least {c['cpu_s_total'] / 3600 / CORES:.2f} "
-            "hours of wall time (both cores busy throughout).",
+            f"On {CORES} cores with `--workers {CORES}` that is at least "
+            f"{(c['cpu_s_total'] + c['confirm_cpu_s_total']) / 3600 / CORES:.2f} hours of wall time (both cores busy "
+            "throughout).",
         ]
     else:
+        total = c["cpu_s_total"] + c["confirm_cpu_s_total"]
         tail = [
-            f"The wall time of this round on {CORES} cores with `--workers {CORES}` is at least "
-            f"{c['cpu_s_total'] / 60 / CORES:.0f} minutes when nothing else runs. The full round (`python "
+            f"This round, confirmation included, is {total / 3600:.2f} CPU hours: at least {total / 60 / CORES:.0f} "
+            f"minutes on {CORES} cores with `--workers {CORES}` when nothing else runs. The full round (`python "
             f"benchmarks/emulated_map.py --round full --workers {CORES} --limit 100`, rerun until done: resumable in "
-            f"chunks) has {c['full_items']} items for the same tasks, {c['full_items_at_measured_n']} of them at an n "
-            f"this round measured; the others are priced by the line {c['line_a_s']:.1f} s + "
-            f"{c['line_b_s_per_worker']:.2f} s x n through the measured means (an extrapolation). Estimate: "
-            f"{c['full_cpu_s_estimate'] / 3600:.1f} CPU hours, {c['full_cpu_s_estimate'] / 3600 / CORES:.1f} hours "
-            f"on {CORES} cores when nothing else runs.",
+            f"chunks) has {c['full_items']} screen items and {c['full_cells']} cells to confirm for the same tasks; "
+            f"{c['full_items_at_measured_n']} of the items are at an (n, task) this round measured, the others are "
+            f"priced by the first map's measured cost per item at that n ([emulated_map_first_full.json]"
+            f"(results/emulated_map_first_full.json), `cost`) times {c['first_map_scale']:.2f}, the median ratio of "
+            "this round's cost per item to the first map's where both measured; a confirmation costs "
+            f"{c['confirm_cell_over_item']:.1f} screen items of its cell. Estimate: "
+            f"{c['full_cpu_s_estimate'] / 3600:.1f} CPU hours ({c['full_confirm_cpu_s_estimate'] / 3600:.1f} of them "
+            f"the confirmation), {c['full_cpu_s_estimate'] / 3600 / CORES:.1f} hours on {CORES} cores when nothing "
+            "else runs.",
         ]
     return "\n".join(head + tail + ["", COST_END])
 
@@ -360,7 +375,8 @@ def main(argv: list[str] | None = None) -> None:
     text = render(summary, str(args.summary), grid)
     update_block(args.doc, text, BEGIN, END, title=TITLE, heading=HEADING)
     summary["agreement"] = agreement(summary, grid)
-    summary["cost"] = cost(summary, read_records(ROOT / summary["source"]), DOCS)
+    confirm = read_records(ROOT / summary["confirm_source"]) if summary.get("confirm_source") else []
+    summary["cost"] = cost(summary, read_records(ROOT / summary["source"]), DOCS, confirm)
     write_json(args.summary, summary, newline=True)
     emu = DOCS / "emulator.md"
     if emu.exists() and COST_BEGIN in emu.read_text():

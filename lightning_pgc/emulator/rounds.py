@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from lightning_pgc.emulator.cells import Cell, Protocol
 from lightning_pgc.emulator.cluster import PATTERNS
@@ -21,6 +21,7 @@ __all__ = [
     "REAL_ARMS",
     "REAL_DELAYS",
     "DEFAULT_TASKS",
+    "FIRST_MAP",
     "cost",
     "full_cells",
     "is_complete",
@@ -161,15 +162,44 @@ def shipped_summary(docs: Path = DOCS) -> Path:
     return records_path("reduced", docs).with_suffix(".json")
 
 
-def cost(summary: dict[str, Any], records: list[dict[str, Any]], docs: Path = DOCS) -> dict[str, Any]:
-    """The round's measured CPU seconds (each item's process time, summed; per item by n and task) and, for a round
-    other than the full one, an estimate of the full round: measured means where the round measured that n, else a
-    least-squares line ``a + b n`` through the measured MLP means."""
+#: the first map's full round (30 settings x 2 tuning seeds + 10 evaluation seeds, c = 2 and n / 8, no corrections):
+#: its summary keeps that round's measured CPU seconds per item at every n up to 256 (``cost.per_item_cpu_s``), the
+#: shape by which :func:`cost` prices the n a round did not measure
+FIRST_MAP = "results/emulated_map_first_full.json"
+
+
+def _per_item(records: list[dict[str, Any]]) -> dict[tuple[int, str], list[float]]:
     per: dict[tuple[int, str], list[float]] = {}
     for r in records:
         per.setdefault((r["cell"]["n"], r["cell"]["task"]), []).append(r["cpu_s"])
+    return per
+
+
+def cost(
+    summary: dict[str, Any],
+    records: list[dict[str, Any]],
+    docs: Path = DOCS,
+    confirm_records: Optional[list[dict[str, Any]]] = None,
+) -> dict[str, Any]:
+    """The round's measured CPU seconds (each item's process time, summed; per item by n and task; the confirmation
+    stage's per cell) and, for a round other than the full one, an estimate of the full round: measured means where
+    the round measured that (n, task); elsewhere the first map's measured mean at that n (:data:`FIRST_MAP`) times the
+    median ratio of this round's means to the first map's at the n both measured."""
+    tuned = [r for r in records if r["cell"].get("fixed") is None]
+    per = _per_item(records)
     means = {k: sum(v) / len(v) for k, v in per.items()}
-    settings = {len(r["protocol"]["lrs"]) * len(r["protocol"]["momenta"]) for r in records}
+    settings = {len(r["protocol"]["lrs"]) * len(r["protocol"]["momenta"]) for r in tuned}
+    confirm_records = confirm_records or []
+    confirm_cells: dict[str, float] = {}
+    for r in confirm_records:
+        key = json.dumps(
+            [r["cell"]["n"], r["cell"]["task"], r["cell"]["pattern"], r["cell"]["bound"], r["cell"]["data"]]
+        )
+        confirm_cells[key] = confirm_cells.get(key, 0.0) + r["cpu_s"]
+    per_confirm: dict[tuple[int, str], list[float]] = {}
+    for key, total in confirm_cells.items():
+        n, task = json.loads(key)[:2]
+        per_confirm.setdefault((n, task), []).append(total)
     out: dict[str, Any] = {
         "round": summary.get("round"),
         "items": len(records),
@@ -179,36 +209,43 @@ def cost(summary: dict[str, Any], records: list[dict[str, Any]], docs: Path = DO
         "per_item_cpu_s": {
             f"n={n} {task}": {"mean": m, "items": len(per[(n, task)])} for (n, task), m in sorted(means.items())
         },
+        "confirm_cpu_s_total": sum(r["cpu_s"] for r in confirm_records),
+        "per_confirmed_cell_cpu_s": {
+            f"n={n} {task}": {"mean": sum(v) / len(v), "cells": len(v)} for (n, task), v in sorted(per_confirm.items())
+        },
     }
     if summary.get("round") == "full":
         return out
-    pts = [(n, m) for (n, task), m in means.items() if task == "mlp"]
-    if len(pts) >= 2:
-        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
-        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-        a = my - b * mx
-    else:
-        a, b = 0.0, float("nan")
+    first = json.loads((docs / FIRST_MAP).read_text())["cost"]["per_item_cpu_s"]
+    first_mean = {int(k.split()[0][2:]): v["mean"] for k, v in first.items() if k.endswith(" mlp")}
+    tuned_means = {k: sum(v) / len(v) for k, v in _per_item(tuned).items()}
+    ratios = sorted(m / first_mean[n] for (n, _), m in tuned_means.items() if n in first_mean)
+    scale = ratios[len(ratios) // 2] if ratios else float("nan")
+    confirm_ratio = sorted((sum(v) / len(v)) / tuned_means[k] for k, v in per_confirm.items() if k in tuned_means)
+    confirm_scale = confirm_ratio[len(confirm_ratio) // 2] if confirm_ratio else 0.0
+
+    def item_s(n: int, task: str) -> float:
+        if (n, task) in tuned_means:
+            return tuned_means[(n, task)]
+        nearest = min(first_mean, key=lambda m: abs(m - n))  # the first map measured n = 4 to 256
+        return first_mean[nearest] * scale
+
     full = protocol_for("full")
-    tasks = sorted({task for _, task in means}) or list(DEFAULT_TASKS)
-    items, _ = plan_items(full_cells(tasks), full)
-    total, measured_items = 0.0, 0
-    for cell, _arm in items:
-        key = (cell.n, cell.task)
-        if key in means:
-            total += means[key]
-            measured_items += 1
-        else:
-            total += a + b * cell.n
+    tasks = sorted({task for _, task in tuned_means}) or list(DEFAULT_TASKS)
+    cells = full_cells(tasks)
+    items, _ = plan_items(cells, full)
+    screen = sum(item_s(cell.n, cell.task) for cell, _ in items if cell.fixed is None)
+    confirm = sum(item_s(cell.n, cell.task) * confirm_scale for cell in cells if cell.fixed is None)
     out.update(
         {
-            "line_a_s": a,
-            "line_b_s_per_worker": b,
+            "first_map_scale": scale,
+            "confirm_cell_over_item": confirm_scale,
             "full_items": len(items),
-            "full_items_at_measured_n": measured_items,
+            "full_items_at_measured_n": sum((cell.n, cell.task) in tuned_means for cell, _ in items),
+            "full_cells": sum(cell.fixed is None for cell in cells),
             "full_tuning_settings": len(full.lrs) * len(full.momenta),
-            "full_cpu_s_estimate": total,
+            "full_cpu_s_estimate": screen + confirm,
+            "full_confirm_cpu_s_estimate": confirm,
         }
     )
     return out
