@@ -116,7 +116,6 @@ GENERATED: dict[str, set[str]] = {
     "docs/bounded_staleness.md": {"bounded", "bounded-choice"},  # below
     "docs/simulation.md": {"sim", "simgrid"},  # below
     "docs/demo.md": {"*"},  # below
-    "docs/demo_correction.md": {"*"},  # below
     "docs/staleness_emulated.md": {"*"},  # below
     "docs/staleness.md": {"*"},  # below
     "docs/staleness_bounded.md": {"*"},  # below
@@ -867,14 +866,6 @@ def test_demo_page_is_what_the_demo_renders_from_demo_json() -> None:
     args.__dict__.update(saved["settings"])
     outcomes = demo.read_outcomes(saved["results"])
     assert demo.page(outcomes, args, saved["command"]) == (DOCS / "demo.md").read_text()
-
-
-def test_demo_correction_page_is_what_the_demo_renders_from_its_json() -> None:
-    from lightning_pgc import demo_correction as dc
-
-    saved = json.loads((DOCS / "demo_correction.json").read_text())
-    page = dc.page(dc.read_saved(saved["results"]), dc.measured(), saved["command"])
-    assert page == (DOCS / "demo_correction.md").read_text()
 
 
 def test_staleness_emulated_page_is_what_its_script_renders_from_its_json() -> None:

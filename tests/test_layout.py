@@ -16,6 +16,7 @@ RESEARCH = (
     "lightning_pgc.emulator",
     "lightning_pgc.experiments",
     "lightning_pgc.demo",
+    "lightning_pgc.demo_cells",
 )
 
 
@@ -37,6 +38,7 @@ def test_the_research_code_is_where_it_was_left_out_from() -> None:
     """The modules the check above keeps out exist, so a rename cannot make it pass vacuously."""
     loaded = _loaded("import " + ", ".join(m for m in RESEARCH if m != "lightning_pgc.demo"))
     assert set(RESEARCH) - {"lightning_pgc.demo"} <= set(loaded)
+    assert "lightning_pgc.demo_cells" in _loaded("import lightning_pgc.demo")
 
 
 def test_public_names_are_importable_from_the_package_and_its_callbacks() -> None:

@@ -1,0 +1,213 @@
+"""The demo's race: its arms, each at its own tuned setting, its two cells of the map grid, and how a race is judged
+(the winner of the run, the map's verdict over its seeds, the guide's row). No Lightning, nothing run here:
+:mod:`lightning_pgc.demo` runs the race and prints it."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+#: the map grid's rendered results, when this is a checkout (not part of an installed package)
+MAP = ROOT / "docs" / "grid_map.json"
+#: the staleness benchmark's results: the tuning of the corrected arm, which the map grid does not sweep
+STALENESS = ROOT / "docs" / "staleness.json"
+#: the recipe's SGD momentum (``DigitsModule``): not written into a job's model arguments, as in the map grid
+RECIPE_MOMENTUM = 0.9
+#: the map grid's cost of both cells: simulated compute per gradient evaluation
+COMPUTE_S_PER_EVAL = 0.025
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One strategy of the race, at the learning rate and momentum its tuning chose."""
+
+    key: str  # what ``--only`` names
+    label: str
+    strategy: str
+    stragglers: Optional[int]  # s of a coded scheme (``staleness`` for bounded_staleness); None for ddp
+    lr: float
+    momentum: float
+    map_arm: str  # the map grid's arm key (``crossover.Arm.key``): its setting, or the uncorrected arm's
+    tuned_by: str  # where ``lr`` and ``momentum`` come from
+    correction: dict[str, Any] = field(default_factory=dict, hash=False)  # ``staleness_correction`` and its k
+
+    def strategy_kwargs(self, seed: int) -> dict[str, Any]:
+        if self.strategy == "ddp":
+            return {}
+        if self.strategy == "bounded_staleness":
+            assert self.stragglers is not None
+            return {"seed": seed, "replication": 2, "staleness": self.stragglers + 1}
+        return {"seed": seed, "stragglers": self.stragglers, **self.correction}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A cell of the map grid the demo races in, and what the map and the guide say of it."""
+
+    key: str  # what ``--settings`` names
+    title: str
+    map_cell: str
+    delay: str  # the straggler model (``sim_grid.DELAYS``, for 4 ranks)
+    why: str  # what this cell shows, from the map
+    guide_row: str  # the README "Which strategy" row for this kind of cluster
+    guide_note: str  # how the guide's row relates to this 4-rank cell
+
+    @property
+    def headline(self) -> str:
+        return f"{self.title} (map cell {self.map_cell})"
+
+
+GRID = "the map grid's sweep (docs/grid_map.json)"
+ARMS: tuple[Arm, ...] = (
+    Arm("ddp", "ddp", "ddp", None, 0.1, 0.9, "ddp", GRID),
+    Arm("ignore", "ignore_stragglers c=2", "ignore_stragglers", 1, 0.5, 0.0, "ignore_c2", GRID),
+    Arm("gc", "gc_fr c=2", "gc_fr", 1, 0.1, 0.9, "gc_fr_c2", GRID),
+    Arm("pgc", "pgc_fr c=2", "pgc_fr", 1, 0.5, 0.0, "pgc_fr_c2", GRID),
+    Arm(
+        "pgc_lookahead",
+        "pgc_fr c=2 + lookahead k=1",
+        "pgc_fr",
+        1,
+        0.1,
+        0.9,
+        "pgc_fr_c2",
+        "the staleness benchmark's sweep (docs/staleness.json)",
+        {"staleness_correction": "lookahead", "lookahead_steps": 1.0},
+    ),
+    Arm("bounded", "bounded_staleness r=2 c=2", "bounded_staleness", 1, 0.05, 0.9, "bounded_c2", GRID),
+)
+SETTINGS: dict[str, Setting] = {
+    s.key: s
+    for s in (
+        Setting(
+            "slow",
+            "one slow rank",
+            "slowrank-sleep",
+            "lognormal(median=0.02, sigma=0.5) + slowranks(ranks=[3], seconds=0.1)",
+            "rank 3 is 0.1 s slower on every step. Every tolerant arm stops waiting for it; the exact ones (gc_fr) "
+            "pay a second gradient per step, the others pay with dropped or one-version-old gradients. 4 ranks "
+            "share 2 cores: the sleeping rank frees a core, which flatters every arm that does not wait for it.",
+            "one node is persistently slower",
+            "the guide's row comes from the emulated map at 16 to 256 workers, where a whole node is slow; this "
+            "cell is one of 4 real ranks",
+        ),
+        Setting(
+            "rare",
+            "stragglers are rare",
+            "stalls-sleep",
+            "lognormal(median=0.02, sigma=0.5) + spikes(prob=0.002, low=1.0, high=3.0)",
+            "small jitter and a 1-3 s stall with probability 0.002 per rank and step: there is little waiting to "
+            "hide, so what a tolerant arm saves per step is about what its dropped or stale gradients cost in steps.",
+            "single workers stall for 10-30 s now and then",
+            "the guide's row comes from the emulated map at 16 to 256 workers with longer stalls; this cell is one "
+            "of 4 real ranks with 1-3 s stalls",
+        ),
+    )
+}
+
+
+@dataclass
+class Outcome:
+    """One strategy's result in one setting, read from the files its job wrote."""
+
+    label: str
+    wall_s: float
+    steps: int
+    time_to_target: Optional[float]  # wall seconds at the first crossing of the target validation loss (linear)
+    steps_to_target: Optional[float]  # the step at that crossing (fractional)
+    val_acc: float
+    final_loss: float  # the last validation loss
+    curve: list[tuple[float, int, float]]  # (wall, step, decoded training loss): not used for the target
+    skipped: list[int]
+    identical: bool
+    val_curve: list[tuple[float, int, float]] = field(default_factory=list)  # (wall, step, validation loss)
+    setting: str = ""  # a key of SETTINGS
+    key: str = ""  # the arm's key
+    lr: float = math.nan
+    momentum: float = math.nan
+    #: the map's paired ratio to ddp over its seeds (estimate, low, high, seeds), when docs/grid_map.json is there
+    map_vs_ddp: Optional[dict[str, Any]] = None
+
+    @property
+    def s_per_step(self) -> Optional[float]:
+        """Seconds per step up to the target (the map grid's per-step split)."""
+        if self.time_to_target is None or not self.steps_to_target:
+            return None
+        return self.time_to_target / self.steps_to_target
+
+
+def map_reference(path: Path = MAP) -> dict[tuple[str, str], dict[str, Any]]:
+    """(cell, arm) -> the map's paired ratio of time to target against ddp, from ``grid_map.json`` (empty if
+    absent)."""
+    if not path.is_file():
+        return {}
+    cells = json.loads(path.read_text())["cells"]
+    return {
+        (cell, a["arm"]): {k: a["vs_ddp"][k] for k in ("estimate", "low", "high", "seeds")}
+        for cell, c in cells.items()
+        for a in c["arms"]
+        if a.get("vs_ddp")
+    }
+
+
+def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def split_vs_ddp(o: Outcome, outcomes: list[Outcome]) -> tuple[Optional[float], Optional[float], Optional[float]]:
+    """(time, steps, seconds per step) to the target as ratios to ddp's in the same setting (None: not reached,
+    or ddp not run)."""
+    ddp = next((d for d in outcomes if d.setting == o.setting and d.key == "ddp"), None)
+    if ddp is None:
+        return None, None, None
+    return (
+        _ratio(o.time_to_target, ddp.time_to_target),
+        _ratio(o.steps_to_target, ddp.steps_to_target),
+        _ratio(o.s_per_step, ddp.s_per_step),
+    )
+
+
+def map_winner(setting: Setting, path: Path = MAP) -> Optional[tuple[Arm, dict[str, Any]]]:
+    """The race's arm the map finds fastest against ddp in this cell (smallest paired ratio), with that ratio;
+    None without the map's file."""
+    reference = map_reference(path)
+    rated = [
+        (a, reference[(setting.map_cell, a.map_arm)])
+        for a in ARMS
+        if not a.correction and a.key != "ddp" and (setting.map_cell, a.map_arm) in reference
+    ]
+    return min(rated, key=lambda ar: ar[1]["estimate"]) if rated else None
+
+
+def verdict(setting: Setting, outcomes: list[Outcome], path: Path = MAP) -> str:
+    """The winner of this run in ``setting`` (and its ratio to ddp, split into steps and seconds per step), the
+    map's verdict over its seeds, whether the two disagree, and the guide's row."""
+    mine = [o for o in outcomes if o.setting == setting.key]
+    reached = [o for o in mine if o.time_to_target is not None]
+    if not reached:
+        text = "This run: no arm reached the target."
+        best = None
+    else:
+        best = min(reached, key=lambda o: o.time_to_target or math.inf)
+        text = f"This run: {best.label} reached the target first, in {best.time_to_target:.1f} s"
+        time, steps, per_step = split_vs_ddp(best, outcomes)
+        if best.key != "ddp" and time is not None and steps is not None and per_step is not None:
+            text += f" ({time:.2f}x ddp's time: {steps:.2f}x its steps at {per_step:.2f}x its seconds per step)"
+        text += "."
+    found = map_winner(setting, path)
+    if found is not None:
+        arm, m = found
+        text += f" The map over {m['seeds']} seeds: {arm.label} is fastest at {m['estimate']:.2f}x ddp's time "
+        text += f"[{m['low']:.2f}, {m['high']:.2f}]"
+        if m["high"] < 1:
+            text += "."
+            if best is not None and best.key != arm.key:
+                text += " This run disagrees with the map: one seed on a shared 2-core machine, where the map has 5."
+        else:
+            text += ", and no arm is separably faster than ddp: a different winner in one seed is noise."
+    text += f' The guide\'s row: "{setting.guide_row}" ({setting.guide_note}).'
+    return text
