@@ -295,3 +295,35 @@ def test_the_confirmation_reruns_the_candidate_its_runner_up_and_ddp_on_fresh_se
     assert out["wins"] and out["sure"] == "confirmed; not separated from the runner-up"
     out = confirm(1.0, 1.1)
     assert not out["wins"] and out["sure"].startswith("not confirmed")
+
+
+def test_the_guide_rows_state_task_n_pattern_arm_ratio_and_how_sure_and_say_so_where_pgc_wins_nowhere():
+    base = np.repeat(np.linspace(20, 40, 10), 2)
+    records = [
+        _record("ddp", "ddp", 0, list(base)),
+        _record("pgc_fr c=2", "pgc_fr", 1, list(0.70 * base * np.tile([1.3, 0.7], 10))),
+        _record("ignore_stragglers c=2", "ignore_stragglers", 1, list(0.95 * base)),
+    ]
+    summary = summarize(records, source="docs/results/x.json") | {"round": "reduced"}
+    table = which_strategy.build(summary, "docs/results/x.json")
+    which_strategy.check(table, {"pgc_fr", "ignore_stragglers"})
+    (row,) = table["rows"]
+    assert (row["task"], row["n"], row["pattern"], row["arm"], row["seeds"]) == (
+        "mlp",
+        4,
+        "rank stalls",
+        "pgc_fr c=2",
+        20,
+    )
+    assert table["pipelined_wins"] == 1
+    readme, guide = which_strategy.render(table), which_strategy.render_guide(table)
+    for block in (readme, guide):
+        assert which_strategy.NO_PGC.split("**")[1] not in block
+        line = next(x for x in block.splitlines() if x.startswith("| mlp | 4 |"))
+        assert "`pgc_fr c=2`" in line and f"{row['ratio']:.2f} [{row['low']:.2f}, {row['high']:.2f}]" in line
+        assert "separated" in line and "20 seeds" in line
+    records[1] = _record("pgc_fr c=2", "pgc_fr", 1, list(1.2 * base))  # now slower: ignore_stragglers or ddp remain
+    table = which_strategy.build(summarize(records, source="x") | {"round": "reduced"}, "x")
+    assert table["pipelined_wins"] == 0
+    assert which_strategy.NO_PGC in which_strategy.render(table)
+    assert which_strategy.NO_PGC.replace("(docs/", "(") in which_strategy.render_guide(table)
