@@ -21,9 +21,9 @@ from dataclasses import asdict
 from pathlib import Path
 
 from lightning_pgc.emulator.confirm import confirm_plan, confirm_summary
-from lightning_pgc.emulator.crossmap import plan_items, read_records, run_round
-from lightning_pgc.emulator.rounds import DEFAULT_TASKS, protocol_for, records_path, rounds
-from lightning_pgc.emulator.summary import summarize
+from lightning_pgc.emulator.crossmap import item_key, plan_items, read_records, run_round
+from lightning_pgc.emulator.rounds import DEFAULT_TASKS, protocol_for, records_path, rounds, summary_path
+from lightning_pgc.emulator.summary import cell_label, summarize
 from lightning_pgc.experiments.report import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     items, skipped = plan_items(cells, protocol)
     source = path.relative_to(ROOT).as_posix() if path.resolve().is_relative_to(ROOT) else str(path)
     tasks = " ".join(args.tasks)
-    records = read_records(path)
+    planned = {item_key(c, a, protocol) for c, a in items}
+    records = [r for r in read_records(path) if r.get("key") in planned]  # a shared file holds other rounds' too
     summary = summarize(records, source=source)
     summary.update(
         {
@@ -72,7 +73,8 @@ def main(argv: list[str] | None = None) -> None:
                 confirm_path, [cell], cell_protocol, workers=args.workers, limit=left, arms_of=lambda _c, a=arms: a
             )
             left = None if left is None else left - done
-        confirmed = confirm_summary(read_records(confirm_path))
+        labels = {cell_label(asdict(c)) for c in cells}  # a shared file holds other rounds' cells too
+        confirmed = {k: v for k, v in confirm_summary(read_records(confirm_path)).items() if k in labels}
         for cell in summary["cells"]:
             if cell["label"] in confirmed:
                 cell["confirm"] = confirmed[cell["label"]]
@@ -85,7 +87,8 @@ def main(argv: list[str] | None = None) -> None:
                 "confirm_done": len(confirmed),
             }
         )
-    out = write_json(path.with_suffix(".json"), summary, newline=True)
+    target = summary_path(args.round, DOCS) if args.out is None else path.with_suffix(".json")
+    out = write_json(target, summary, newline=True)
     print(f"{summary['items_done']} of {len(items)} (cell, arm) items in {path}; summary in {out}")
 
 

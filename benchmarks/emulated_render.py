@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from lightning_pgc.emulator import rounds
-from lightning_pgc.emulator.crossmap import read_records
 from lightning_pgc.emulator.rounds import cost, is_complete
 from lightning_pgc.emulator.summary import CHECK_HEADING, SCHEMES_HEADING, n_heading
 from lightning_pgc.experiments.report import update_block, write_json
@@ -375,8 +374,8 @@ def main(argv: list[str] | None = None) -> None:
     text = render(summary, str(args.summary), grid)
     update_block(args.doc, text, BEGIN, END, title=TITLE, heading=HEADING)
     summary["agreement"] = agreement(summary, grid)
-    confirm = read_records(ROOT / summary["confirm_source"]) if summary.get("confirm_source") else []
-    summary["cost"] = cost(summary, read_records(ROOT / summary["source"]), DOCS, confirm)
+    confirm = rounds.round_records(summary, DOCS, confirm=True)
+    summary["cost"] = cost(summary, rounds.round_records(summary, DOCS), DOCS, confirm)
     write_json(args.summary, summary, newline=True)
     emu = DOCS / "emulator.md"
     if emu.exists() and COST_BEGIN in emu.read_text():

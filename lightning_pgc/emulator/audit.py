@@ -19,7 +19,7 @@ from typing import Any, Optional, Sequence
 
 from lightning_pgc.emulator.cluster import NODE_PATTERNS, node_size
 from lightning_pgc.emulator.crossmap import read_records
-from lightning_pgc.emulator.rounds import DOCS, shipped_summary
+from lightning_pgc.emulator.rounds import DOCS, round_records, shipped_summary
 from lightning_pgc.emulator.summary import cell_label
 
 __all__ = ["arm_family", "audit", "main", "shipped_records"]
@@ -59,10 +59,9 @@ def audit(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def shipped_records(docs: Path = DOCS) -> tuple[Path, list[dict[str, Any]]]:
-    """The records file of the round the docs show, and its records."""
-    summary = shipped_summary(docs)
-    path = summary.with_suffix(".jsonl")
-    return path, read_records(path)
+    """The records file of the round the docs show, and the round's records in it."""
+    summary = json.loads(shipped_summary(docs).read_text())
+    return docs.parent / summary["source"], round_records(summary, docs)
 
 
 def main(argv: Optional[list[str]] = None) -> None:

@@ -156,7 +156,7 @@ def confirm_summary(records: Sequence[dict[str, Any]], alpha: float = ALPHA) -> 
             "wins": wins,
             "sure": sure,
             "detectable_effect": detectable_effect(
-                max(r["sd_log"] for r in rows), vs_ddp["seeds"], len(rows), alpha, POWER
+                max(t.sd_log for t in tests), tests[0].seeds, len(tests), alpha, POWER
             ),
         }
     return out

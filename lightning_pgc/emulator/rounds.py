@@ -14,7 +14,8 @@ from typing import Any, Optional, Sequence
 
 from lightning_pgc.emulator.cells import Cell, Protocol
 from lightning_pgc.emulator.cluster import PATTERNS
-from lightning_pgc.emulator.crossmap import plan_items
+from lightning_pgc.emulator.crossmap import plan_items, read_records
+from lightning_pgc.emulator.summary import cell_label
 
 __all__ = [
     "DOCS",
@@ -30,8 +31,11 @@ __all__ = [
     "protocol_for",
     "records_path",
     "reduced_cells",
+    "round_records",
     "rounds",
+    "SHARED_FILES",
     "shipped_summary",
+    "summary_path",
     "tiny_protocol",
 ]
 
@@ -111,11 +115,14 @@ def full_cells(tasks: Sequence[str] = DEFAULT_TASKS) -> list[Cell]:
 def rounds(docs: Path = DOCS, tasks: Sequence[str] = DEFAULT_TASKS) -> dict[str, list[Cell]]:
     """The cells of each round: ``tiny`` (the tests'), ``reduced`` and ``full`` (:func:`reduced_cells`,
     :func:`full_cells`, each with the ``mirror`` cells: the real 4-rank map's three cells at the settings chosen there,
-    the check against real runs)."""
+    the check against real runs), and ``pilot``, the reduced round's iid cells at n = 4 (a prefix of its items, in its
+    file: what a loaded shared machine finishes in an hour)."""
     tiny = [Cell(4, "slow node", "compute", cs=(2,)), Cell(4, "none", "compute", data="dirichlet", cs=(2,))]
     mirror = mirror_cells(docs)
+    pilot = [c for c in reduced_cells(tasks) if c.n == 4 and c.data == "iid"]
     return {
         "tiny": tiny,
+        "pilot": pilot,
         "reduced": reduced_cells(tasks) + mirror,
         "full": full_cells(tasks) + mirror,
         "mirror": mirror,
@@ -143,9 +150,18 @@ def protocol_for(round_name: str) -> Protocol:
     return Protocol()
 
 
+#: rounds whose items are a part of another round's, kept in that round's records file
+SHARED_FILES = {"pilot": "reduced"}
+
+
 def records_path(round_name: str, docs: Path = DOCS) -> Path:
-    """The round's JSON Lines file (its summary: the same name with ``.json``)."""
-    return docs / "results" / f"emulated_map_{round_name}.jsonl"
+    """The round's JSON Lines file (a round of :data:`SHARED_FILES`: the other round's)."""
+    return docs / "results" / f"emulated_map_{SHARED_FILES.get(round_name, round_name)}.jsonl"
+
+
+def summary_path(round_name: str, docs: Path = DOCS) -> Path:
+    """The round's summary, ``docs/results/emulated_map_<round>.json``."""
+    return docs / "results" / f"emulated_map_{round_name}.json"
 
 
 def is_complete(summary: dict[str, Any]) -> bool:
@@ -154,12 +170,24 @@ def is_complete(summary: dict[str, Any]) -> bool:
     return screened and summary.get("confirm_done", 0) >= summary.get("confirm_planned", 0)
 
 
+def round_records(summary: dict[str, Any], docs: Path = DOCS, confirm: bool = False) -> list[dict[str, Any]]:
+    """The records of a summary's round (or of its confirmation stage): its records file's, of the round's cells
+    only (a file of :data:`SHARED_FILES` holds other rounds' too)."""
+    field = "confirm_source" if confirm else "source"
+    if not summary.get(field):
+        return []
+    labels = {cell["label"] for cell in summary["cells"]}
+    return [r for r in read_records(docs.parent / summary[field]) if cell_label(r["cell"]) in labels]
+
+
 def shipped_summary(docs: Path = DOCS) -> Path:
-    """The round the docs show: the full round once it is complete, else the reduced one."""
-    full = records_path("full", docs).with_suffix(".json")
-    if full.exists() and is_complete(json.loads(full.read_text())):
-        return full
-    return records_path("reduced", docs).with_suffix(".json")
+    """The round the docs show: the full round once it is complete, else the reduced one once it is, else the
+    pilot."""
+    for name in ("full", "reduced"):
+        path = summary_path(name, docs)
+        if path.exists() and is_complete(json.loads(path.read_text())):
+            return path
+    return summary_path("pilot", docs)
 
 
 #: the first map's full round (30 settings x 2 tuning seeds + 10 evaluation seeds, c = 2 and n / 8, no corrections):
