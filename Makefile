@@ -42,11 +42,14 @@ bench: $(STAMP)
 bench-grid: $(STAMP)
 	$(PY) benchmarks/grid.py
 
-# the whole emulated crossover map (resumable; its cost: docs/emulator.md), its tables and the guide rows
+# the emulated crossover map (resumable: rerun to resume; ROUND=reduced for the reduced round, TASKS= the proxy
+# tasks; its cost: docs/emulator.md), its tables, README's table and the guide's map section
+ROUND ?= full
+TASKS ?= mlp
 emulated-map: $(STAMP)
-	OMP_NUM_THREADS=1 $(PY) benchmarks/emulated_map.py --round full --workers 2
-	$(PY) benchmarks/emulated_render.py --summary docs/emulated_map_full.json
-	$(PY) benchmarks/which_strategy.py --summary docs/emulated_map_full.json
+	OMP_NUM_THREADS=1 nice -n 10 $(PY) benchmarks/emulated_map.py --round $(ROUND) --tasks $(TASKS) --workers 2
+	$(PY) benchmarks/emulated_render.py --summary docs/results/emulated_map_$(ROUND).json
+	$(PY) benchmarks/which_strategy.py --summary docs/results/emulated_map_$(ROUND).json
 
 clean:
 	rm -rf $(VENV) outputs lightning_logs wandb

@@ -3,7 +3,7 @@ check, and its measured cost into docs/emulator.md. Every number comes from the 
 docs/grid_map.json for the real cells). A round that is not finished is refused (resume it first).
 
     python benchmarks/emulated_render.py                  # the shipped round: full once complete, else reduced
-    python benchmarks/emulated_render.py --summary docs/emulated_map_reduced.json
+    python benchmarks/emulated_render.py --summary docs/results/emulated_map_reduced.json
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from lightning_pgc.emulator import rounds
-from lightning_pgc.emulator.crossmap import read_records
 from lightning_pgc.emulator.rounds import cost, is_complete
 from lightning_pgc.emulator.summary import CHECK_HEADING, SCHEMES_HEADING, n_heading
 from lightning_pgc.experiments.report import update_block, write_json
@@ -106,30 +105,36 @@ def _times(x: float) -> str:
     return f"{x:.2f}x"
 
 
+def _ranked(arm: dict[str, Any]) -> bool:
+    return bool(arm.get("vs_ddp_late")) and arm["vs_ddp_late"]["p_holm"] is not None
+
+
 def scheme_lines(summary: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
-    """Plain words per scheme: the cells it wins (ratio and interval against ddp), where it is separably slower and by
-    how much, where neither, and how its verdicts in the mirror cells agree with the real runs."""
+    """Plain words per scheme (corrections included): the cells it wins (ratio and interval against ddp), where it is
+    separably slower and by how much, where neither, where its ratio is only a bound, and how its verdicts in the
+    mirror cells agree with the real runs."""
     cells = [c for c in summary["cells"] if c["cell"]["pattern"] not in REAL_CELLS and c["complete"]]
+    alpha = summary["alpha"]
     out = []
-    for strategy in ("ignore_stragglers", "gc_fr", "gc_cr", "pgc_fr", "pgc_cr"):
+    for strategy in ("ignore_stragglers", "gc_fr", "gc_cr", "pgc_fr", "pgc_cr", "bounded_staleness"):
         ran = [(c, a) for c in cells for a in c["arms"] if a["strategy"] == strategy]
         if not ran:
             continue
+        ranked = [(c, a) for c, a in ran if _ranked(a)]
+        bounds = len(ran) - len(ranked)
         in_cells = {c["label"] for c, _ in ran}
         wins = [c for c in cells if c["winner"] and c["winner"]["strategy"] == strategy]
-        faster = [
-            (c, a) for c, a in ran if a["vs_ddp_late"]["ratio"] < 1 and a["vs_ddp_late"]["p_holm"] < summary["alpha"]
-        ]
+        faster = [(c, a) for c, a in ranked if a["vs_ddp_late"]["ratio"] < 1 and a["vs_ddp_late"]["p_holm"] < alpha]
         slower = sorted(
-            ((a["vs_ddp_late"]["ratio"], c, a) for c, a in ran if a["arm"] in c["slower_than_ddp"]),
+            ((a["vs_ddp_late"]["ratio"], c, a) for c, a in ranked if a["arm"] in c["slower_than_ddp"]),
             key=lambda t: -t[0],
         )
         win_text = "; ".join(
             f"{_tag(c)} ({c['winner']['arm']}: {c['winner']['ratio']:.2f} [{c['winner']['low']:.2f}, "
-            f"{c['winner']['high']:.2f}])"
+            f"{c['winner']['high']:.2f}], {c['winner']['sure']})"
             for c in sorted(wins, key=lambda c: c["winner"]["ratio"])
         )
-        line = f"- **`{strategy}`** ran in {len(in_cells)} cells ({len(ran)} arm-cells with its `c` values)"
+        line = f"- **`{strategy}`** ran in {len(in_cells)} cells ({len(ran)} arm-cells with its `c` and corrections)"
         if strategy == "gc_cr":
             from lightning_pgc.emulator.cells import GC_CR_MAX_N
 
@@ -150,9 +155,11 @@ def scheme_lines(summary: dict[str, Any], rows: list[dict[str, Any]]) -> list[st
             )
         else:
             line += " Never separably slower than ddp."
-        tied = len(ran) - len(faster) - len(slower)
+        tied = len(ranked) - len(faster) - len(slower)
         if tied:
             line += f" Not separated from ddp in {tied} arm-cell(s)."
+        if bounds:
+            line += f" In {bounds} arm-cell(s) it missed the late target everywhere: a bound, not ranked."
         mine = [r for r in rows if r["arm"].split(" ")[0] == strategy and "agree" in r]
         if mine:
             line += (
@@ -166,14 +173,17 @@ def scheme_lines(summary: dict[str, Any], rows: list[dict[str, Any]]) -> list[st
 def render(summary: dict[str, Any], source: str, grid: dict[str, Any]) -> str:
     out = [BEGIN, ""]
     cells = summary["cells"]
+    seeds = sorted({a["seeds"] for c in cells for a in c["arms"]})
     out.append(
         f"**Emulated** (real leaders and schemes on the simulated clock, real training of the proxy task; "
         f"docs/emulator.md). Round `{summary.get('round', '?')}`: {summary['items_done']} of "
         f"{summary.get('items_planned', '?')} (cell, arm) items, {summary['cpu_s_total'] / 60:.0f} CPU minutes, "
         f"command `{summary.get('command', '')}`; every number below is in [{Path(source).name}]"
-        f"({Path(source).name}). Ratios are restricted mean time to the late target (validation loss "
-        f"{_targets(cells)}) over ddp's on the same 10 evaluation seeds, misses counted at the budget, with "
-        f"95 % bootstrap intervals; a winner needs p < {summary['alpha']} after {summary['correction']}."
+        f"(results/{Path(source).name}). Ratios are restricted mean time to the late target over ddp's on the same "
+        f"{' or '.join(str(k) for k in seeds)} evaluation seeds, misses counted at the budget, with 95 % bootstrap "
+        f"intervals; a winner needs p < {summary['alpha']} by the paired permutation test after "
+        f"{summary['correction']}, and is compared with its runner-up at the same s. An arm that missed the late "
+        "target everywhere has a bound for a ratio, marked *bound*, and is never ranked."
     )
     rows = agreement(summary, grid)
     out += ["", SCHEMES_HEADING, ""]
@@ -223,34 +233,58 @@ def render(summary: dict[str, Any], source: str, grid: dict[str, Any]) -> str:
             "",
             n_heading(n),
             "",
-            "| pattern | bound | data | winner vs ddp: ratio [95 %], Holm p | fastest (restricted mean) | "
-            "separably slower than ddp (ratio) | ddp lr, momentum |",
-            "|---|---|---|---|---|---|---|",
+            "| task | pattern | bound | data | screen: winner vs ddp, ratio [95 %], Holm p | screen: runner-up at its s, "
+            "ratio [95 %], p | screen: separably slower than ddp (ratio) | bounds | screen: detectable effect (80 % "
+            "power) | confirmation (fresh seeds): best arm vs ddp, ratio [95 %], Holm p | ddp lr, momentum |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for c in sorted(by_n[n], key=lambda c: (c["cell"]["pattern"], c["cell"]["bound"], c["cell"]["data"])):
+        for c in sorted(
+            by_n[n], key=lambda c: (c["cell"]["task"], c["cell"]["pattern"], c["cell"]["bound"], c["cell"]["data"])
+        ):
             w = c["winner"]
             win = (
                 "ddp holds"
                 if w is None
-                else f"{w['arm']}: {w['ratio']:.2f} [{w['low']:.2f}, {w['high']:.2f}], {w['p_holm']:.3f}"
+                else f"{w['arm']}: {w['ratio']:.2f} [{w['low']:.2f}, {w['high']:.2f}], {w['p_holm']:.4f}"
+            )
+            vs = None if w is None else w["vs_runner_up"]
+            runner = (
+                "-"
+                if vs is None
+                else f"{w['runner_up']}: {vs['ratio']:.2f} [{vs['low']:.2f}, {vs['high']:.2f}], {vs['p']:.3f}"
             )
             arms = {a["arm"]: a for a in c["arms"]}
             slower = ", ".join(f"{a} ({arms[a]['vs_ddp_late']['ratio']:.2f})" for a in c["slower_than_ddp"]) or "none"
             data = "iid" if c["cell"]["data"] == "iid" else f"dirichlet({c['cell']['alpha']:g})"
             ddp = c["ddp"]
+            power = c.get("power")
+            effect = (
+                "-"
+                if power is None
+                else f"{power['detectable_effect']:.0%} ({power['seeds']} seeds, {power['family']} tests)"
+            )
+            conf = c.get("confirm")
+            confirmed = (
+                "-"
+                if conf is None
+                else f"{conf['candidate']}: {conf['vs_ddp']['ratio']:.2f} [{conf['vs_ddp']['low']:.2f}, "
+                f"{conf['vs_ddp']['high']:.2f}], {conf['vs_ddp']['p_holm']:.4f} ({conf['seeds']} seeds): {conf['sure']}"
+            )
             out.append(
-                f"| {c['cell']['pattern']} | {c['cell']['bound']} | {data} | {win} | {c['fastest']} | {slower} | "
+                f"| {c['cell']['task']} | {c['cell']['pattern']} | {c['cell']['bound']} | {data} | {win} | {runner} | "
+                f"{slower} | {', '.join(c.get('bounds', [])) or 'none'} | {effect} | {confirmed} | "
                 f"{ddp['lr']:g}, {ddp['momentum']:g} |"
             )
     tuned = [a for c in cells if c["cell"]["pattern"] not in REAL_CELLS for a in c["arms"]]
     if tuned:
-        largest = max(summary["protocol"]["lrs"]) if "protocol" in summary else max(a["lr"] for a in tuned)
-        edge = [a for a in tuned if a["lr"] == largest]
+        edge = [a for a in tuned if a.get("edge")]
+        momenta = sorted({a["momentum"] for a in tuned})
         out += [
             "",
-            f"Tuning edge: {len(edge)} of {len(tuned)} tuned arms chose the largest learning rate of the grid "
-            f"({largest:g}), ddp among them in {sum(a['strategy'] == 'ddp' for a in edge)} of "
-            f"{sum(a['strategy'] == 'ddp' for a in tuned)} cells: there the grid, not the arm, may cap the speed.",
+            f"Tuning edge: after the edge rule (docs/emulator.md), {len(edge)} of {len(tuned)} tuned arms chose a "
+            f"setting still on an edge of their grid. Chosen momenta: "
+            + ", ".join(f"{m:g} ({sum(a['momentum'] == m for a in tuned)})" for m in momenta)
+            + ".",
         ]
     out += ["", END]
     return "\n".join(out)
@@ -260,8 +294,8 @@ COST_BEGIN, COST_END = (
     "<!-- emulated-cost:begin (generated by benchmarks/emulated_render.py) -->",
     "<!-- emulated-cost:end -->",
 )
-#: the budget the whole map must fit in: hours on this machine's 2 cores
-BUDGET_HOURS, CORES = 4, 2
+#: the cores the rounds' wall times are stated for (this machine's)
+CORES = 2
 
 
 def render_cost(c: dict[str, Any], source: str) -> str:
@@ -270,33 +304,47 @@ def render_cost(c: dict[str, Any], source: str) -> str:
     head = [
         COST_BEGIN,
         "",
-        f"Measured in the `{c['round']}` round ([{Path(source).name}]({Path(source).name}), `cost` field): "
+        f"Measured in the `{c['round']}` round ([{Path(source).name}](results/{Path(source).name}), `cost` field): "
         f"{c['items']} (cell, arm) items, **{c['cpu_s_total'] / 3600:.2f} CPU hours** in all (the sum of every "
-        f"item's process time; one torch thread; each item is {settings} tuning settings x 2 tuning seeds + 10 "
-        f"evaluation seeds, the mirror cells' items only the 10 evaluation seeds). The largest item took {c['largest_item_cpu_s']:.0f} CPU seconds. CPU seconds per item:",
+        f"item's process time; one torch thread; each item tunes {settings} settings on the starting grid, more where "
+        f"the edge rule extends it, on 2 tuning seeds, then runs its evaluation seeds). The largest item took "
+        f"{c['largest_item_cpu_s']:.0f} CPU seconds. CPU seconds per item:",
         "",
         "| n, task | items | CPU s per item |",
         "|---|---|---|",
         rows,
         "",
     ]
+    confirm = c.get("per_confirmed_cell_cpu_s", {})
+    if confirm:
+        head += [
+            f"The confirmation stage took {c['confirm_cpu_s_total'] / 60:.0f} CPU minutes; per confirmed cell (three "
+            "arms on its fresh seeds): "
+            + ", ".join(f"{k} {v['mean']:.0f} s ({v['cells']} cells)" for k, v in confirm.items())
+            + ".",
+            "",
+        ]
     if c["round"] == "full":
         tail = [
-            f"On {CORES} cores with `--workers {CORES}` that is at least {c['cpu_s_total'] / 3600 / CORES:.2f} "
-            f"hours of wall time (both cores busy throughout; the map's budget: {BUDGET_HOURS} hours on {CORES} "
-            "cores). docs/benchmarks.md shows this round's map.",
+            f"On {CORES} cores with `--workers {CORES}` that is at least "
+            f"{(c['cpu_s_total'] + c['confirm_cpu_s_total']) / 3600 / CORES:.2f} hours of wall time (both cores busy "
+            "throughout).",
         ]
     else:
+        total = c["cpu_s_total"] + c["confirm_cpu_s_total"]
         tail = [
-            f"The map shown is the `{c['round']}` round's; the full round (`python benchmarks/emulated_map.py "
-            f"--round full --workers {CORES}`, resumable) has {c['full_items']} items, {c['full_items_at_measured_n']} "
-            f"of them at an n this round measured; the others are priced by the line {c['line_a_s']:.1f} s + "
-            f"{c['line_b_s_per_worker']:.2f} s x n through the measured MLP means (an extrapolation). Estimate: "
-            f"{c['full_cpu_s_estimate'] / 3600:.1f} CPU hours, {c['full_cpu_s_estimate'] / 3600 / CORES:.1f} hours "
-            f"on {CORES} cores when nothing else runs. It is too low: the full round tunes "
-            f"{c['full_tuning_settings']} settings per arm, and its arms with `c = n / 8` (n >= 32), which this "
-            "round did not run, cost more per item than its `c = 2` arms (each version combines gradients of up to "
-            "`c + 1` model versions).",
+            f"This round, confirmation included, is {total / 3600:.2f} CPU hours: at least {total / 60 / CORES:.0f} "
+            f"minutes on {CORES} cores with `--workers {CORES}` when nothing else runs. The full round (`python "
+            f"benchmarks/emulated_map.py --round full --workers {CORES} --limit 100`, rerun until done: resumable in "
+            f"chunks) has {c['full_items']} screen items and {c['full_cells']} cells to confirm for the same tasks; "
+            f"{c['full_items_at_measured_n']} of the items are at an (n, task) this round measured, the others are "
+            f"priced by the first map's measured cost per item at that n ([emulated_map_first_full.json]"
+            f"(results/emulated_map_first_full.json), `cost`) times {c['first_map_scale']:.2f}, the median ratio of "
+            "this round's cost per item to the first map's where both measured; a confirmation costs "
+            f"{c['confirm_cell_over_item']:.1f} screen items of its cell. Estimate: "
+            f"{c['full_cpu_s_estimate'] / 3600:.1f} CPU hours ({c['full_confirm_cpu_s_estimate'] / 3600:.1f} of them "
+            f"the confirmation), {c['full_cpu_s_estimate'] / 3600 / CORES:.1f} hours on {CORES} cores when nothing "
+            "else runs.",
         ]
     return "\n".join(head + tail + ["", COST_END])
 
@@ -326,7 +374,8 @@ def main(argv: list[str] | None = None) -> None:
     text = render(summary, str(args.summary), grid)
     update_block(args.doc, text, BEGIN, END, title=TITLE, heading=HEADING)
     summary["agreement"] = agreement(summary, grid)
-    summary["cost"] = cost(summary, read_records(ROOT / summary["source"]), DOCS)
+    confirm = rounds.round_records(summary, DOCS, confirm=True)
+    summary["cost"] = cost(summary, rounds.round_records(summary, DOCS), DOCS, confirm)
     write_json(args.summary, summary, newline=True)
     emu = DOCS / "emulator.md"
     if emu.exists() and COST_BEGIN in emu.read_text():

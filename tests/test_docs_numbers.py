@@ -110,6 +110,7 @@ RUN_AS_PASTED: dict[str, set[str]] = {"README.md": {"## A complete example"}}  #
 #: Blocks checked by exact regeneration instead: page -> the marker names of its generated blocks ("*": the page)
 GENERATED: dict[str, set[str]] = {
     "README.md": {"which"},  # tests/test_readme.py
+    "docs/guide.md": {"which-guide"},  # tests/test_readme.py
     "docs/benchmarks.md": {"gridmap", "grid", "emulated"},  # tests/test_grid_map.py; below
     "docs/emulator.md": {"emulated-cost"},  # below
     "docs/bounded_staleness.md": {"bounded", "bounded-choice"},  # below

@@ -1,6 +1,6 @@
-"""README.md can be acted on: its example runs as pasted, its "Which strategy should I use" table is what
-benchmarks/which_strategy.py renders from docs/which_strategy.json (and that file follows the map it names), and the
-error messages docs/troubleshooting.md quotes are the ones the code raises."""
+"""README.md can be acted on: its example runs as pasted, its "Which strategy should I use" table (and the guide's map
+section) is what benchmarks/which_strategy.py renders from docs/which_strategy.json (and that file follows the map it
+names), and the error messages docs/troubleshooting.md quotes are the ones the code raises."""
 
 from __future__ import annotations
 
@@ -45,23 +45,6 @@ def test_the_readme_keeps_the_fresh_machine_commands():
     assert "make demo   #" in README and "make test   #" in README
 
 
-def test_the_which_strategy_table_is_rendered_from_its_file():
-    table = json.loads((ROOT / "docs" / "which_strategy.json").read_text())
-    from lightning_pgc.strategy import REGISTERED
-
-    which_strategy.check(table, set(REGISTERED))
-    begin, end = README.index(which_strategy.MARK_BEGIN), README.index(which_strategy.MARK_END)
-    assert README[begin : end + len(which_strategy.MARK_END)] == which_strategy.render(table)
-    for row in [*table["rows"], table["default"]]:  # every evidence link lands on a heading of its page
-        path, anchor = row["evidence"].split("#")
-        slugs = {
-            re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
-            for line in (ROOT / path).read_text().splitlines()
-            if line.startswith("#")
-        }
-        assert anchor in slugs, row["evidence"]
-
-
 def _heading_slugs(path: str) -> set[str]:
     return {
         re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
@@ -70,33 +53,54 @@ def _heading_slugs(path: str) -> set[str]:
     }
 
 
-def test_a_guide_built_from_the_shipped_emulated_round_links_every_row_to_a_heading_of_the_rendered_map():
-    """Switching README to the emulated map is one command: the rows built from the round the docs show link to
-    headings that the renderer wrote (its per-n tables and its per-scheme section), and the block renders."""
-    from lightning_pgc.emulator.rounds import shipped_summary
-    from lightning_pgc.emulator.summary import n_heading, slug
-
-    shipped = shipped_summary()
-    summary = json.loads(shipped.read_text())
-    table = which_strategy.build(summary, shipped.relative_to(ROOT).as_posix())
+def test_the_which_strategy_table_and_the_guides_section_are_rendered_from_its_file():
+    """README's block and docs/guide.md's are what the renderer makes of docs/which_strategy.json; every row states
+    the task, n, pattern, arm, ratio with interval and how sure, and its evidence link lands on a heading; where no
+    pipelined scheme wins a cell, both pages say so in plain words."""
+    table = json.loads((ROOT / "docs" / "which_strategy.json").read_text())
     from lightning_pgc.strategy import REGISTERED
 
     which_strategy.check(table, set(REGISTERED))
-    ns = {c["cell"]["n"] for c in summary["cells"]}
-    assert {row["evidence"] for row in table["rows"]} <= {f"docs/benchmarks.md#{slug(n_heading(n))}" for n in ns}
-    for row in [*table["rows"], table["default"]]:
+    begin, end = README.index(which_strategy.MARK_BEGIN), README.index(which_strategy.MARK_END)
+    assert README[begin : end + len(which_strategy.MARK_END)] == which_strategy.render(table)
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    begin, end = guide.index(which_strategy.GUIDE_BEGIN), guide.index(which_strategy.GUIDE_END)
+    assert guide[begin : end + len(which_strategy.GUIDE_END)] == which_strategy.render_guide(table)
+    block = which_strategy.render_guide(table)
+    assert block.count("\n| ") == len(table["rows"]) + 1  # the header and one line per row
+    for row in table["rows"]:
+        assert row["task"] and row["n"] >= 2 and row["pattern"] and row["sure"]
+        if row["strategy"] != "ddp":
+            assert row["low"] <= row["ratio"] <= row["high"] < 1 and row["p_holm"] < table["alpha"]
         path, anchor = row["evidence"].split("#")
         assert anchor in _heading_slugs(path), row["evidence"]
-    block = which_strategy.render(table)
-    assert "**emulated**" in block and block.count("](docs/benchmarks.md#") == len(table["rows"]) + 2
+    said = which_strategy.NO_PGC in which_strategy.render(table)
+    assert said == (table["pipelined_wins"] == 0)
+    assert said == (which_strategy.NO_PGC.replace("(docs/", "(") in guide)
+
+
+def test_the_no_pipelined_win_statement_cites_the_theory_it_rests_on():
+    for page, anchor in (("docs/theory.md", "1-what-the-paper-claims"), ("docs/math.md", "the-schemes")):
+        assert f"({page}#{anchor})" in which_strategy.NO_PGC
+        assert anchor in _heading_slugs(page)
+
+
+def test_the_which_strategy_file_follows_the_map_it_was_derived_from():
+    """The file is exactly what the rule derives from the emulated map summary it names (the round the docs show)."""
+    from lightning_pgc.emulator.rounds import shipped_summary
+
+    table = json.loads((ROOT / "docs" / "which_strategy.json").read_text())
+    assert table["source"] == shipped_summary().relative_to(ROOT).as_posix()
+    source = json.loads((ROOT / table["source"]).read_text())
+    assert table == which_strategy.build(source, table["source"])
 
 
 def test_a_round_that_is_not_finished_is_neither_rendered_nor_turned_into_the_guide(tmp_path):
     import emulated_render
 
-    from lightning_pgc.emulator.rounds import is_complete
+    from lightning_pgc.emulator.rounds import is_complete, shipped_summary
 
-    summary = json.loads((ROOT / "docs" / "emulated_map_reduced.json").read_text())
+    summary = json.loads(shipped_summary().read_text())
     assert is_complete(summary)
     partial = dict(summary, items_planned=summary["items_done"] + 1, round="full")
     path = tmp_path / "emulated_map_full.json"
@@ -108,40 +112,6 @@ def test_a_round_that_is_not_finished_is_neither_rendered_nor_turned_into_the_gu
     with pytest.raises(SystemExit, match="resume it"):
         which_strategy.main(["--summary", str(path)])
     assert doc.read_text() == "untouched\n"
-
-
-def test_the_which_strategy_file_follows_the_map_it_was_derived_from():
-    """The file is exactly what its rule derives from the map it names: the real map (``derive``) or a summary of
-    the emulated map (``build``)."""
-    table = json.loads((ROOT / "docs" / "which_strategy.json").read_text())
-    source = json.loads((ROOT / table["source"]).read_text())
-    if table["source"] == "docs/grid_map.json":
-        assert table == which_strategy.derive(source)
-    else:
-        assert table["source"].startswith("docs/emulated_map_"), table["source"]
-        assert table == which_strategy.build(source, table["source"])
-
-
-def test_the_rule_recommends_only_an_arm_separated_from_ddp_and_dgd_in_every_cell():
-    def arm(name, t, dgd_high, ddp_high):
-        return {"arm": name, "time_to_target_s": t, "vs_dgd": {"high": dgd_high}, "vs_ddp": {"high": ddp_high}}
-
-    cells = {
-        "slowrank-sleep": {
-            "status": "complete",
-            "arms": [arm("gc_fr_c2", 5.0, 0.9, 0.9), arm("pgc_cr_c2", 4.0, 0.9, 1.1)],
-        },
-        "slowrank-real": {
-            "status": "complete",
-            "arms": [arm("gc_fr_c2", 6.0, 0.8, 0.8), arm("pgc_cr_c2", 3.0, 0.5, 0.5)],
-        },
-    }
-    settings = {"sleep/gc_fr_c2": {"lr": 0.1, "momentum": 0.9}, "real/gc_fr_c2": {"lr": 0.1, "momentum": 0.9}}
-    rows = which_strategy.derive({"cells": cells, "chosen_setting": settings})["rows"]
-    assert [(r["strategy"], r["s"], r["lr"]) for r in rows] == [("gc_fr", 1, 0.1)]
-    cells["slowrank-real"]["arms"][0]["vs_ddp"]["high"] = 1.0  # not separated from ddp in one cell: keep ddp
-    rows = which_strategy.derive({"cells": cells, "chosen_setting": settings})["rows"]
-    assert [(r["strategy"], r["s"], r["lr"]) for r in rows] == [("ddp", None, None)]
 
 
 def test_every_error_troubleshooting_quotes_is_raised_by_the_code():

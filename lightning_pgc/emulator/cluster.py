@@ -16,6 +16,7 @@ Pure: numpy only (no Lightning at run time, no torch.distributed).
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -27,14 +28,17 @@ from lightning_pgc.delays import DelayModel, LogNormal, NoDelay, SlowRanks, Spik
 
 __all__ = [
     "COMPUTE_S",
+    "NODE_PATTERNS",
     "NODE_SIZE",
     "PATTERNS",
     "RATIOS",
     "Cluster",
     "NodeStalls",
     "Pareto",
+    "SlowSpells",
     "costs_for",
     "delay_model",
+    "node_size",
 ]
 
 COMPUTE_S = 0.1  #: seconds of one partition gradient's compute
@@ -101,6 +105,52 @@ class NodeStalls(DelayModel):
         return {"prob": self.prob, "seconds": self.seconds, "node_size": self.node_size, "seed": self.seed}
 
 
+class SlowSpells(DelayModel):
+    """Temporally correlated slowness: every worker alternates between normal spells (mean ``normal_steps`` steps)
+    and slow spells (mean ``slow_steps``) in which it is ``seconds`` slower on every step; spell lengths are
+    geometric. The spells of a worker depend on ``(seed, worker)`` only (drawn once, then read per step), so a
+    slow spell lasts across steps as a degraded machine or a noisy neighbour does, and every scheme sees the same
+    spells."""
+
+    name = "slowspells"
+
+    def __init__(self, normal_steps: float, slow_steps: float, seconds: float, seed: int = 0) -> None:
+        for label, value in (("normal_steps", normal_steps), ("slow_steps", slow_steps)):
+            if not (math.isfinite(value) and value >= 1):
+                raise ValueError(f"slowspells {label} must be a finite number >= 1 step, got {value!r}")
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"slowspells seconds must be finite and >= 0, got {seconds!r}")
+        self.normal_steps, self.slow_steps = float(normal_steps), float(slow_steps)
+        self.seconds, self.seed = float(seconds), int(seed)
+        self._bounds: dict[int, list[int]] = {}  # worker -> ends of its spells so far (normal first, alternating)
+
+    def slow(self, rank: int, step: int) -> bool:
+        """Whether ``rank`` is in a slow spell at ``step``."""
+        bounds = self._bounds.setdefault(rank, [])
+        while not bounds or bounds[-1] <= step:  # spell i's length: a function of (seed, rank, i) only
+            mean = self.normal_steps if len(bounds) % 2 == 0 else self.slow_steps
+            rng = np.random.default_rng([self.seed, 7727, rank, len(bounds)])
+            bounds.append((bounds[-1] if bounds else 0) + int(rng.geometric(1.0 / mean)))
+        return bisect.bisect_right(bounds, step) % 2 == 1
+
+    def sample(self, rank: int, step: int, rng: np.random.Generator) -> float:
+        return self.seconds if self.slow(rank, step) else 0.0
+
+    def mean_seconds(self, rank: int) -> float:
+        return self.seconds * self.slow_steps / (self.normal_steps + self.slow_steps)
+
+    def scaled(self, factor: float) -> "SlowSpells":
+        return SlowSpells(self.normal_steps, self.slow_steps, self.seconds * factor, self.seed)
+
+    def _params(self) -> dict[str, Any]:
+        return {
+            "normal_steps": self.normal_steps,
+            "slow_steps": self.slow_steps,
+            "seconds": self.seconds,
+            "seed": self.seed,
+        }
+
+
 #: Straggler patterns (user words -> what :func:`delay_model` builds; seconds, with 0.1 s per gradient).
 PATTERNS: dict[str, str] = {
     "none": "no delay",
@@ -112,7 +162,19 @@ PATTERNS: dict[str, str] = {
     "with probability 0.02 per step",
     "lognormal + stalls": "jitter (median 0.02 s, sigma 0.5) + 10-30 s stalls of single workers, probability "
     "0.0005 per worker and step",
+    "rank stalls": "jitter (median 0.02 s, sigma 0.5) + 1-3 s stalls of single workers, probability 0.01 per "
+    "worker and step",
+    "slow spells": "jitter (median 0.02 s, sigma 0.5) + every worker alternates between normal spells (mean 300 "
+    "steps) and slow spells (mean 100 steps) in which it is 0.3 s slower every step",
 }
+#: the patterns whose slowness is a node's (min(8, n/4) workers at once): a scheme bypasses them only with s at or
+#: above the node size
+NODE_PATTERNS: tuple[str, ...] = ("slow node", "node stalls")
+
+
+def node_size(n: int) -> int:
+    """Workers per node in a cluster of ``n``: ``min(NODE_SIZE, n / 4)``, at least 1."""
+    return max(1, min(NODE_SIZE, n // 4))
 
 
 def _jitter(sigma: float = 0.5) -> LogNormal:
@@ -127,7 +189,7 @@ def delay_model(pattern: str, n: int, seed: int = 0) -> DelayModel:
     """
     if n < 2:
         raise ValueError(f"n must be >= 2 workers, got {n}")
-    node = max(1, min(NODE_SIZE, n // 4))
+    node = node_size(n)
     if pattern == "none":
         return NoDelay()
     if pattern == "lognormal":
@@ -140,6 +202,10 @@ def delay_model(pattern: str, n: int, seed: int = 0) -> DelayModel:
         return SumDelay([_jitter(), NodeStalls(prob=0.02, seconds=1.0, node_size=node, seed=seed)])
     if pattern == "lognormal + stalls":
         return SumDelay([_jitter(), Spikes(prob=0.0005, low=10.0, high=30.0)])
+    if pattern == "rank stalls":
+        return SumDelay([_jitter(), Spikes(prob=0.01, low=1.0, high=3.0)])
+    if pattern == "slow spells":
+        return SumDelay([_jitter(), SlowSpells(normal_steps=300, slow_steps=100, seconds=0.3, seed=seed)])
     raise ValueError(f"unknown straggler pattern {pattern!r}; valid: {', '.join(PATTERNS)}")
 
 

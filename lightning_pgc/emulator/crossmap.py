@@ -23,11 +23,14 @@ def item_key(cell: Cell, arm: Arm, protocol: Protocol) -> str:
     """What identifies a work item (a record with the same key is not run again)."""
     fields = arm.correction_fields()  # empty for an uncorrected arm: its key is as before corrections existed
     replication = [arm.replication] if arm.bounded else []  # bounded staleness only: the other keys are unchanged
+    proto = asdict(protocol)
+    if not proto["extend"]:  # a protocol without the edge rule keeps the key it had before the rule existed
+        del proto["extend"]
     return json.dumps(
         {
             "cell": asdict(cell),
             "arm": [arm.strategy, arm.c, *replication, *fields.values()],
-            "protocol": asdict(protocol),
+            "protocol": proto,
         },
         sort_keys=True,
         default=list,
@@ -63,7 +66,9 @@ def plan_items(
         if arms_of is not None:
             items.extend((cell, arm) for arm in arms_of(cell))
             continue
-        arms, why = arms_for(cell.n, None if cell.cs is None else list(cell.cs))
+        arms, why = arms_for(cell.n, None if cell.cs is None else list(cell.cs), cell.pattern)
+        if cell.fixed is not None:  # a cell with the settings of real runs: the arms those runs had
+            arms = [arm for arm in arms if arm.label in {label for label, _, _ in cell.fixed}]
         items.extend((cell, arm) for arm in arms)
         skipped.extend(f"n={cell.n}: {w}" for w in why)
     return items, sorted(set(skipped))
