@@ -9,12 +9,12 @@ compute per gradient), one seed, in two cells of the map grid (docs/benchmarks.m
   to hide.
 
 The race (:data:`ARMS`): ``ddp``; ``ignore_stragglers`` c = 2; the map's best GC; PGC without and with its best
-staleness correction; ``bounded_staleness``. Each arm runs at the learning rate and momentum its own tuning chose
-(the map grid's sweep; the corrected arm's, which the map grid does not sweep, from the staleness benchmark,
+staleness correction; ``bounded_staleness``; ``pgc_auto``. Each arm runs at the learning rate and momentum its own tuning chose
+(the map grid's sweep, ``dgd``'s for ``pgc_auto``, which starts as ``dgd``; the corrected arm's, which the map grid does not sweep, from the staleness benchmark,
 docs/staleness.json); every job is otherwise the map's own job for its cell, arm and seed (tests/test_demo.py
 checks the specs against ``benchmarks/grid_map.py`` and the choices against the shipped results).
 
-Why digits, not the map's harder tasks: a race of 6 arms in 2 cells is 12 jobs of 4 ranks; on 2 cores that fits
+Why digits, not the map's harder tasks: a race of 7 arms in 2 cells is 14 jobs of 4 ranks; on 2 cores that fits
 the demo's budget of about 10 minutes only with the small digits CNN.
 
 Prints, per cell, a table of every arm (time and steps to the target validation loss, seconds per step, the ratio
@@ -150,7 +150,7 @@ def run_all(args: argparse.Namespace) -> list[Outcome]:
             progress.update(task, completed=args.steps, status="[green]done")
             o = outcome(arm.label, result, args)
             o.setting, o.key, o.lr, o.momentum = setting.key, arm.key, arm.lr, arm.momentum
-            if not arm.correction:  # the map grid has no corrected arm
+            if arm.in_map:
                 o.map_vs_ddp = reference.get((setting.map_cell, arm.map_arm))
             outcomes.append(o)
     return outcomes

@@ -35,12 +35,19 @@ class Arm:
     tuned_by: str  # where ``lr`` and ``momentum`` come from
     correction: dict[str, Any] = field(default_factory=dict, hash=False)  # ``staleness_correction`` and its k
 
+    @property
+    def in_map(self) -> bool:
+        """Whether the map grid ran this arm itself (not a corrected arm, not ``pgc_auto``)."""
+        return not self.correction and self.strategy != "pgc_auto"
+
     def strategy_kwargs(self, seed: int) -> dict[str, Any]:
         if self.strategy == "ddp":
             return {}
         if self.strategy == "bounded_staleness":
             assert self.stragglers is not None
             return {"seed": seed, "replication": 2, "staleness": self.stragglers + 1}
+        if self.strategy == "pgc_auto":
+            return {"seed": seed, "max_stragglers": self.stragglers}
         return {"seed": seed, "stragglers": self.stragglers, **self.correction}
 
 
@@ -79,6 +86,8 @@ ARMS: tuple[Arm, ...] = (
         {"staleness_correction": "lookahead", "lookahead_steps": 1.0},
     ),
     Arm("bounded", "bounded_staleness r=2 c=2", "bounded_staleness", 1, 0.05, 0.9, "bounded_c2", GRID),
+    # starts as dgd and keeps the user's optimizer: dgd's tuned setting
+    Arm("auto", "pgc_auto max_stragglers=1", "pgc_auto", 1, 0.1, 0.9, "dgd", GRID),
 )
 SETTINGS: dict[str, Setting] = {
     s.key: s
@@ -178,7 +187,7 @@ def map_winner(setting: Setting, path: Path = MAP) -> Optional[tuple[Arm, dict[s
     rated = [
         (a, reference[(setting.map_cell, a.map_arm)])
         for a in ARMS
-        if not a.correction and a.key != "ddp" and (setting.map_cell, a.map_arm) in reference
+        if a.in_map and a.key != "ddp" and (setting.map_cell, a.map_arm) in reference
     ]
     return min(rated, key=lambda ar: ar[1]["estimate"]) if rated else None
 

@@ -59,6 +59,7 @@ def test_the_race_has_every_arm_a_user_would_weigh():
     assert strategies[0] == ("ddp", None)
     assert {s for s, _ in strategies} >= {"ddp", "ignore_stragglers", "gc_fr", "pgc_fr", "bounded_staleness"}
     assert ("pgc_fr", None) in strategies and ("pgc_fr", "lookahead") in strategies
+    assert ("pgc_auto", None) in strategies
     assert {s.map_cell for s in demo.SETTINGS.values()} == {"slowrank-sleep", "stalls-sleep"}
     assert len(demo.selected(demo.parse_args([]))) == len(demo.ARMS) * len(demo.SETTINGS)
 
@@ -86,6 +87,8 @@ def test_every_demo_job_is_the_map_grids_job_for_its_cell_arm_and_seed():
             mine = demo.job_spec(setting, arm, args, Path("x"))
             assert mine["wandb"] is None
             theirs["strategy_kwargs"] = {**theirs["strategy_kwargs"], **arm.correction}
+            if arm.strategy == "pgc_auto":  # dgd's job under the strategy that starts as dgd
+                theirs["strategy"], theirs["strategy_kwargs"] = "pgc_auto", {"seed": 3, "max_stragglers": 1}
             assert {k: v for k, v in mine.items() if k not in drop} == {
                 k: v for k, v in theirs.items() if k not in drop
             }, (setting.key, arm.key)
@@ -124,7 +127,7 @@ def test_with_wandb_every_demo_job_is_an_offline_run_grouped_by_setting():
     setting = demo.SETTINGS["rare"]
     spec = demo.job_spec(setting, demo.ARMS[-1], args, Path("x"))
     assert spec["wandb"]["offline"] and spec["wandb"]["group"] == "demo-rare"
-    assert spec["wandb"]["name"] == "rare__bounded" and "stalls-sleep" in spec["wandb"]["tags"]
+    assert spec["wandb"]["name"] == "rare__auto" and "stalls-sleep" in spec["wandb"]["tags"]
 
 
 def _outcome(setting: str, key: str, time: float | None, steps: float | None) -> demo.Outcome:

@@ -116,6 +116,7 @@ GENERATED: dict[str, set[str]] = {
     "docs/bounded_staleness.md": {"bounded", "bounded-choice"},  # below
     "docs/simulation.md": {"sim", "simgrid"},  # below
     "docs/demo.md": {"*"},  # below
+    "docs/tasks.md": {"*"},  # below
     "docs/staleness_emulated.md": {"*"},  # below
     "docs/staleness.md": {"*"},  # below
     "docs/staleness_bounded.md": {"*"},  # below
@@ -876,6 +877,14 @@ def test_staleness_emulated_page_is_what_its_script_renders_from_its_json() -> N
     summary = json.loads((DOCS / "staleness_emulated.json").read_text())
     assert se.render(summary) == (DOCS / "staleness_emulated.md").read_text()
     assert se.summarize(se.read_records(se.RECORDS)) == summary  # the summary is the records'
+
+
+def test_tasks_page_is_what_its_script_renders_from_its_json() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import task_sensitivity as ts
+
+    results = json.loads((DOCS / "results" / "task_sensitivity.json").read_text())
+    assert ts.render(results) == (DOCS / "tasks.md").read_text()
 
 
 def test_math_conditioning_table_is_tandon_conditions_json() -> None:
