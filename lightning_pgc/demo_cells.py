@@ -101,8 +101,8 @@ SETTINGS: dict[str, Setting] = {
             "pay a second gradient per step, the others pay with dropped or one-version-old gradients. 4 ranks "
             "share 2 cores: the sleeping rank frees a core, which flatters every arm that does not wait for it.",
             "one node is persistently slower",
-            "the guide's row comes from the emulated map at 16 to 256 workers, where a whole node is slow; this "
-            "cell is one of 4 real ranks",
+            "the guide's row for 4 workers (docs/guide.md, emulated on the digits MLP) recommends pgc_cr c=2 with "
+            "look-ahead; this race has pgc_fr c=2, the map grid's fastest PGC here, with and without look-ahead",
         ),
         Setting(
             "rare",
@@ -111,9 +111,10 @@ SETTINGS: dict[str, Setting] = {
             "lognormal(median=0.02, sigma=0.5) + spikes(prob=0.002, low=1.0, high=3.0)",
             "small jitter and a 1-3 s stall with probability 0.002 per rank and step: there is little waiting to "
             "hide, so what a tolerant arm saves per step is about what its dropped or stale gradients cost in steps.",
-            "single workers stall for 10-30 s now and then",
-            "the guide's row comes from the emulated map at 16 to 256 workers with longer stalls; this cell is one "
-            "of 4 real ranks with 1-3 s stalls",
+            "single workers stall for 1-3 s now and then",
+            "the guide's row for 4 workers (docs/guide.md, emulated on the digits MLP) recommends pgc_cr c=2 with "
+            "look-ahead under its own stall model (docs/emulator.md, rank stalls); this cell's stalls come with "
+            "probability 0.002 per rank and step",
         ),
     )
 }

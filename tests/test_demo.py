@@ -122,6 +122,14 @@ def test_every_arm_is_at_its_own_tuning_and_the_gc_is_the_maps_best():
         assert min(gcs, key=lambda a: a["vs_ddp"]["estimate"])["arm"] == gc.map_arm
 
 
+def test_every_settings_guide_row_is_a_row_of_the_guides_map_table():
+    guide = (ROOT / "docs" / "guide.md").read_text()
+    block = guide[guide.index("<!-- which-guide:begin") : guide.index("<!-- which-guide:end")]
+    patterns = {line.split("|")[3].strip() for line in block.splitlines() if line.startswith("| ")}
+    for setting in demo.SETTINGS.values():
+        assert setting.guide_row in patterns, (setting.key, sorted(patterns))
+
+
 def test_with_wandb_every_demo_job_is_an_offline_run_grouped_by_setting():
     args = demo.parse_args(["--wandb"])
     setting = demo.SETTINGS["rare"]
