@@ -111,7 +111,7 @@ def test_placements() -> None:
         ("dgd", 4, 1, {}, "use 'ignore' or a coded scheme"),
         ("pgc_fr", 4, 1, {"warmup": "lazy"}, "warmup must be one of ['full', 'gradual']"),
         ("pgc_cr_naive", 6, 2, {"warmup": "gradual"}, "use warmup='full'"),
-        ("gc_cr", 8, 3, {"max_condition": 10.0}, "raise max_condition knowingly"),
+        ("gc_cr", 9, 3, {"max_condition": 10.0}, "raise max_condition knowingly"),  # c does not divide n: Tandon
         ("pgc_cr_naive", 8, 3, {"max_condition": 10.0}, "use pgc_cr / gc_fr"),
         ("gc_cr", 8, 3, {"max_condition": 0.5}, "max_condition must be a finite number >= 1"),
         ("gc_cr", 8, 3, {"seed": 1.5}, "seed must be an int"),
