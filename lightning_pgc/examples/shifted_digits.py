@@ -130,4 +130,4 @@ class ShiftedDigitsCNN(pl.LightningModule):
         self.log("val_loss", F.cross_entropy(self(x), y), sync_dist=True, prog_bar=True)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=self.hparams.momentum)
+        return torch.optim.SGD(self.parameters(), lr=self.hparams["lr"], momentum=self.hparams["momentum"])

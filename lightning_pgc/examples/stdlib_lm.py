@@ -196,4 +196,6 @@ class StdlibLM(pl.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         h = self.hparams
-        return torch.optim.AdamW(self.parameters(), lr=h.lr, betas=(h.beta1, h.beta2), weight_decay=h.weight_decay)
+        return torch.optim.AdamW(
+            self.parameters(), lr=h["lr"], betas=(h["beta1"], h["beta2"]), weight_decay=h["weight_decay"]
+        )
