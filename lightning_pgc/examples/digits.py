@@ -30,21 +30,23 @@ def load_digits_tensors(val_fraction: float = 0.2, seed: int = 0) -> tuple[Tenso
     return TensorDataset(x[train], y[train]), TensorDataset(x[val], y[val])
 
 
-class DigitsDataModule(pl.LightningDataModule):
-    """scikit-learn's digits, split once with a fixed seed (the same split on every rank)."""
+class TensorDataModule(pl.LightningDataModule):
+    """A training and a validation :class:`TensorDataset` loaded once (the same on every rank); a subclass says how
+    (:meth:`load`). Validation batches are 256."""
 
-    def __init__(self, batch_size: int = 32, val_fraction: float = 0.2, seed: int = 0, num_workers: int = 0) -> None:
+    def __init__(self, batch_size: int, num_workers: int = 0) -> None:
         super().__init__()
         self.batch_size = batch_size
-        self.val_fraction = val_fraction
-        self.seed = seed
         self.num_workers = num_workers
         self.train_set: Optional[TensorDataset] = None
         self.val_set: Optional[TensorDataset] = None
 
+    def load(self) -> tuple[TensorDataset, TensorDataset]:
+        raise NotImplementedError
+
     def setup(self, stage: str) -> None:
         if self.train_set is None:
-            self.train_set, self.val_set = load_digits_tensors(self.val_fraction, self.seed)
+            self.train_set, self.val_set = self.load()
 
     def train_dataloader(self) -> DataLoader:
         assert self.train_set is not None, "setup() loads the data"
@@ -53,6 +55,18 @@ class DigitsDataModule(pl.LightningDataModule):
     def val_dataloader(self) -> DataLoader:
         assert self.val_set is not None, "setup() loads the data"
         return DataLoader(self.val_set, batch_size=256, num_workers=self.num_workers)
+
+
+class DigitsDataModule(TensorDataModule):
+    """scikit-learn's digits, split once with a fixed seed (the same split on every rank)."""
+
+    def __init__(self, batch_size: int = 32, val_fraction: float = 0.2, seed: int = 0, num_workers: int = 0) -> None:
+        super().__init__(batch_size, num_workers)
+        self.val_fraction = val_fraction
+        self.seed = seed
+
+    def load(self) -> tuple[TensorDataset, TensorDataset]:
+        return load_digits_tensors(self.val_fraction, self.seed)
 
 
 class DigitsCNN(pl.LightningModule):

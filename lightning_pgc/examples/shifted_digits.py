@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import Any, Optional
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import TensorDataset
+
+from lightning_pgc.examples.digits import TensorDataModule
 
 __all__ = [
     "DATA_SEED",
@@ -83,27 +85,15 @@ class BNCNN(nn.Sequential):
         )
 
 
-class ShiftedDigitsDataModule(pl.LightningDataModule):
+class ShiftedDigitsDataModule(TensorDataModule):
     """The perturbed digits (the same on every rank)."""
 
     def __init__(self, batch_size: int = 32, num_workers: int = 0) -> None:
-        super().__init__()
-        self.batch_size, self.num_workers = batch_size, num_workers
-        self.train_set: Optional[TensorDataset] = None
-        self.val_set: Optional[TensorDataset] = None
+        super().__init__(batch_size, num_workers)
 
-    def setup(self, stage: str) -> None:
-        if self.train_set is None:
-            x, y, xv, yv = shifted_digits_tensors()
-            self.train_set, self.val_set = TensorDataset(x, y), TensorDataset(xv, yv)
-
-    def train_dataloader(self) -> DataLoader:
-        assert self.train_set is not None, "setup() loads the data"
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, num_workers=self.num_workers)
-
-    def val_dataloader(self) -> DataLoader:
-        assert self.val_set is not None, "setup() loads the data"
-        return DataLoader(self.val_set, batch_size=256, num_workers=self.num_workers)
+    def load(self) -> tuple[TensorDataset, TensorDataset]:
+        x, y, xv, yv = shifted_digits_tensors()
+        return TensorDataset(x, y), TensorDataset(xv, yv)
 
 
 class ShiftedDigitsCNN(pl.LightningModule):
