@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from lightning_pgc.experiments.timing_model import TimingMLP
 from lightning_pgc.experiments.curves import at_index, first_crossing
 from lightning_pgc.experiments.launch import launch, launch_script
 from lightning_pgc.experiments.report import write_report
@@ -75,25 +76,12 @@ def run_worker(args: argparse.Namespace) -> None:
     """One fit of part 1 (this process is rank 0; Lightning re-launches the command for the other ranks)."""
     import lightning.pytorch as pl
     import torch
-    from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
     import lightning_pgc  # noqa: F401  (registers the strategy names)
 
     torch.set_num_threads(1)
     d_in, hidden, classes, batch = MODELS[args.model]
-
-    class MLP(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, classes))
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            return nn.functional.cross_entropy(self.net(x), y)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.01)
 
     class Clock(pl.Callback):
         def __init__(self) -> None:
@@ -124,7 +112,7 @@ def run_worker(args: argparse.Namespace) -> None:
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
-    trainer.fit(MLP(), DataLoader(data, batch_size=batch, shuffle=True))
+    trainer.fit(TimingMLP(d_in, hidden, classes), DataLoader(data, batch_size=batch, shuffle=True))
     st = trainer.strategy
     result = {
         "rank": trainer.global_rank,

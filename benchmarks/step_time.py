@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lightning_pgc.experiments.timing_model import TimingMLP
 from lightning_pgc.experiments.launch import launch_script
 from lightning_pgc.experiments.report import write_report
 from lightning_pgc.experiments.stats import seconds_per_step
@@ -60,7 +61,6 @@ def run_worker(args: argparse.Namespace) -> None:
     """One fit (this process is rank 0 and Lightning re-launches the same command for the other ranks)."""
     import lightning.pytorch as pl
     import torch
-    from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
 
     import lightning_pgc  # noqa: F401  (registers the strategy names)
@@ -69,18 +69,6 @@ def run_worker(args: argparse.Namespace) -> None:
 
     torch.set_num_threads(1)
     d_in, hidden, classes, batch = MODELS[args.model] or (64, 0, 10, 4)
-
-    class MLP(pl.LightningModule):
-        def __init__(self) -> None:
-            super().__init__()
-            self.net = nn.Sequential(nn.Linear(d_in, hidden), nn.ReLU(), nn.Linear(hidden, classes))
-
-        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-            x, y = batch
-            return nn.functional.cross_entropy(self.net(x), y)
-
-        def configure_optimizers(self) -> torch.optim.Optimizer:
-            return torch.optim.SGD(self.parameters(), lr=0.01)
 
     g = torch.Generator().manual_seed(0)
     samples = batch * args.devices * 8
@@ -134,7 +122,7 @@ def run_worker(args: argparse.Namespace) -> None:
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
-    module = DigitsCNN(hidden=8192, sync_train_loss=False) if args.model == "comm" else MLP()
+    module = DigitsCNN(hidden=8192, sync_train_loss=False) if args.model == "comm" else TimingMLP(d_in, hidden, classes)
     trainer.fit(module, DataLoader(data, batch_size=batch, shuffle=True))
     rank = trainer.global_rank
     st = trainer.strategy
