@@ -215,7 +215,10 @@ def verdict(setting: Setting, outcomes: list[Outcome], path: Path = MAP) -> str:
         text += f"[{m['low']:.2f}, {m['high']:.2f}]"
         if m["high"] < 1:
             text += "."
-            if best is not None and best.key != arm.key:
+            winner = next((a for a in ARMS if best is not None and a.key == best.key), None)
+            if winner is not None and not winner.in_map:
+                text += f" The map grid did not run {winner.label}, so it has no verdict on this run's winner."
+            elif best is not None and best.key != arm.key:
                 text += " This run disagrees with the map: one seed on a shared 2-core machine, where the map has 5."
         else:
             text += ", and no arm is separably faster than ddp: a different winner in one seed is noise."

@@ -180,6 +180,9 @@ def test_the_verdict_names_the_winner_the_maps_verdict_and_the_guides_row(tmp_pa
     assert f'The guide\'s row: "{slow.guide_row}"' in text and "disagrees" not in text
     runs[2].time_to_target = 4.0
     assert "disagrees with the map" in demo.verdict(slow, runs, path)
+    runs.append(_outcome("slow", "pgc_lookahead", 3.0, 60))  # not an arm of the map grid: no verdict on it
+    text = demo.verdict(slow, runs, path)
+    assert "did not run pgc_fr c=2 + lookahead k=1" in text and "disagrees" not in text
     rare = demo.SETTINGS["rare"]
     path = _map(tmp_path, {rare.map_cell: {"pgc_fr_c2": (1.08, 0.71, 1.65), "ignore_c2": (1.25, 0.8, 1.9)}})
     runs = [_outcome("rare", "ddp", 5.0, 70), _outcome("rare", "ignore", 4.0, 90)]
