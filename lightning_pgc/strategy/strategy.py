@@ -771,6 +771,11 @@ class PGCStrategy(DDPStrategy):
         assert runtime is not None and cache is not None and scheme is not None
         gradients = self.gradients
         gradients.begin_step()  # param.grad may view the previous aggregate: never accumulate into it
+        if self._held is not None:  # nothing views the previous aggregate now: this version's all-reduce reuses it
+            runtime.release(self._held)
+            self._held = None
+        for p in self._evaluations:  # replaced by this step's gradients: freed before backward allocates those
+            cache.discard(p)
         self._staleness.begin_step(version, gradients.params)  # beta_version (not recorded while catching up)
         with self._staleness.shifted(version, gradients.params):  # look-ahead: computed at an extrapolated point
             closure()
