@@ -814,12 +814,14 @@ class PGCStrategy(DDPStrategy):
             for p in bad:
                 cache.discard(p)
             runtime.reject(version)  # a straggler for this version: no code
+            cache.evict(version + 1)
             return time.monotonic()
         if gradients.buffers:
             code.write(gradients.grad_numel + 1, gradients.flat_buffers(code.rows.dtype))
         sent = time.monotonic()
         partition = self._evaluations[0] if isinstance(scheme, BoundedScheme) else -1
         runtime.submit(version, code, tuple(cache.ages(version).values()), partition=partition)
+        cache.evict(version + 1)  # entries no later version can use: freed now, not when they are replaced
         return sent
 
     # ------------------------------------------------------------------------------------------ registry
