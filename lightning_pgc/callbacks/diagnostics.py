@@ -46,6 +46,7 @@ from lightning_pgc.callbacks.probe import (
     loss_gradient,
     probe_loss,
     reduced_gradient,
+    squared_norm,
     swapped_params,
 )
 from lightning_pgc.callbacks.theory_metrics import TheoryMeter
@@ -199,7 +200,7 @@ class PGCDiagnostics(Callback):
         total = [0.0]
 
         def reduce(i: int, g: Tensor) -> None:
-            total[0] += float(torch.linalg.vector_norm(g, dtype=torch.float64)) ** 2
+            total[0] += squared_norm(g)
             parts[i] = sample.of(i, g, params[i])
 
         loss = reduced_gradient(pl_module, self._probe, reduce)
@@ -234,7 +235,7 @@ class PGCDiagnostics(Callback):
         pending = getattr(self, "_pending_probe", None)
         aggregate_sq = 0.0
         if pending is not None:  # a full pass over the gradient: only at the probe cadence, not every step
-            aggregate_sq = float(torch.linalg.vector_norm(info.aggregate, dtype=torch.float64)) ** 2
+            aggregate_sq = squared_norm(info.aggregate)
             metrics["pgc/agg_sqnorm"] = aggregate_sq
 
         runtime = strategy.runtime

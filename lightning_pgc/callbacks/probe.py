@@ -30,6 +30,7 @@ __all__ = [
     "loss_gradient",
     "partition_loader",
     "reduced_gradient",
+    "squared_norm",
     "probe_loss",
     "swapped_params",
     "untouched",
@@ -87,6 +88,12 @@ def reduced_gradient(pl_module: LightningModule, batch: Any, reduce: Callable[[i
         for handle in handles:
             handle.remove()
     return float(loss.detach())
+
+
+def squared_norm(t: Tensor, chunk: int = 1 << 20) -> float:
+    """``|t|^2`` accumulated in float64, a chunk at a time (no float64 copy of the whole tensor)."""
+    flat = t.detach().reshape(-1)
+    return sum(float(torch.linalg.vector_norm(piece, dtype=torch.float64)) ** 2 for piece in flat.split(chunk))
 
 
 class CoordinateSample:

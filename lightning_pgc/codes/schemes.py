@@ -493,8 +493,9 @@ def _linear_combination(out: Tensor, terms: Sequence[tuple[Tensor, float]]) -> T
     """``out = sum_i a_i t_i`` in ``out``'s dtype and shape, in the given order, in place.
 
     The first term is written (copy or multiply) rather than added to zeros: one pass less over a payload-sized
-    buffer, same bits (``0 + a t`` rounds like ``a t``). A first term of weight 1 and the second are written by one
-    ``add`` (``t_0 + a_1 t_1``, the kernel that adding ``t_1`` to a copy of ``t_0`` runs): one pass less again.
+    buffer, same bits (``0 + a t`` rounds like ``a t``). A first term of weight 1 and the second, both of ``out``'s
+    dtype, are written by one ``add`` (``t_0 + a_1 t_1``, the kernel that adding ``t_1`` to a copy of ``t_0`` runs):
+    one pass less again. Terms of another dtype are converted one at a time.
     """
     if not terms:
         return out.zero_()
@@ -504,7 +505,7 @@ def _linear_combination(out: Tensor, terms: Sequence[tuple[Tensor, float]]) -> T
 
     t0, a0 = terms[0]
     start = 1
-    if a0 == 1.0 and len(terms) > 1:
+    if a0 == 1.0 and len(terms) > 1 and t0.dtype == out.dtype and terms[1][0].dtype == out.dtype:
         torch.add(shaped(t0), shaped(terms[1][0]), alpha=terms[1][1], out=out)
         start = 2
     elif a0 == 1.0:

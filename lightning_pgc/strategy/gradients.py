@@ -26,7 +26,10 @@ from torch import Tensor
 from lightning_pgc.codes.schemes import _linear_combination
 from lightning_pgc.runtime.aggregates import payload_dtype_for
 
-__all__ = ["Gradients", "PartitionGradient", "flat_like", "grad_view"]
+__all__ = ["CONVERT_CHUNK", "Gradients", "PartitionGradient", "flat_like", "grad_view"]
+
+#: elements converted at a time when a code's dtype differs from the gradients' (no payload-sized temporary)
+CONVERT_CHUNK = 1 << 20
 
 
 class PartitionGradient:
@@ -135,8 +138,10 @@ class Gradients:
             for e, j in zip(parts, order):
                 g = e.tensors[i]  # type: ignore[union-attr]
                 if g is not None:
-                    terms.append((flat_like(g, p), coefficients[j]))
-            _linear_combination(head[o : o + n], terms)
+                    terms.append((flat_like(g, p).to(head.device), coefficients[j]))
+            step = n if all(t.dtype == out.dtype for t, _ in terms) else CONVERT_CHUNK
+            for lo in range(0, n, step):  # (a conversion, e.g. to Tandon's float64, a chunk at a time)
+                _linear_combination(head[o + lo : o + min(n, lo + step)], [(t[lo : lo + step], a) for t, a in terms])
         losses = [
             (torch.tensor([e.loss], dtype=out.dtype, device=out.device), coefficients[j])  # type: ignore[union-attr]
             for e, j in zip(parts, order)
