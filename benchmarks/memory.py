@@ -2,6 +2,7 @@
 
     python benchmarks/memory.py                                   # 10 M and 100 M parameters (about 25 min on 2 cores)
     python benchmarks/memory.py --sizes 10 --schemes pgc_cr       # one size, one scheme (and ddp)
+    python benchmarks/memory.py --sizes 100 --schemes pgc_cr gc_cr --merge   # add 100 M rows to the results file
     python benchmarks/memory.py --from-json                       # only rewrite docs/memory.md
 
 Each run is one ``Trainer.fit`` of an MLP ``1024-H-4`` (H = 10 000: 10 M parameters; H = 100 000: 100 M) on 4 CPU
@@ -117,6 +118,7 @@ def main() -> None:
     p.add_argument("--schemes", nargs="+", default=SCHEMES, choices=SCHEMES)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--diagnostics-every", type=int, default=4)
+    p.add_argument("--merge", action="store_true", help="keep the results file's rows of the other sizes")
     p.add_argument("--from-json", action="store_true", help="only rewrite docs/memory.md from its results file")
     args = p.parse_args()
     if args.worker:
@@ -147,13 +149,20 @@ def main() -> None:
                     "load": os.getloadavg()[0],
                 }
             )
+    commands = ["python benchmarks/memory.py " + " ".join(sys.argv[1:])]
+    minutes = (time.time() - started) / 60
+    if args.merge and (RESULTS / "memory.json").exists():
+        old = json.loads((RESULTS / "memory.json").read_text())
+        rows = [r for r in old["runs"] if r["size_m"] not in args.sizes] + rows
+        commands = old.get("commands", [old.get("command", "")]) + commands
+        minutes += old["minutes"]
     result = {
-        "command": "python benchmarks/memory.py " + " ".join(sys.argv[1:]),
+        "commands": commands,
         "machine": f"{os.cpu_count()} CPU cores shared with other jobs, gloo, {RANKS} ranks",
-        "minutes": (time.time() - started) / 60,
+        "minutes": minutes,
         "steps": args.steps,
         "diagnostics_every": args.diagnostics_every,
-        "runs": add_goals(rows),
+        "runs": add_goals(sorted(rows, key=lambda r: r["size_m"])),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "memory.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -179,7 +188,8 @@ def render(res: dict) -> str:
     md = [
         "# Memory: peak resident size of every rank, ddp and each scheme",
         "",
-        f"Produced by `{res['command'].strip()}` ({res['machine']}; {res['minutes']:.0f} min); every number below is "
+        f"Produced by {' and '.join(f'`{c.strip()}`' for c in res['commands'])} ({res['machine']}; "
+        f"{res['minutes']:.0f} min); every number below is "
         "in [results/memory.json](results/memory.json). Each run is one fit of an MLP 1024-H-4 on 4 CPU ranks, "
         f"{res['steps']} steps of plain SGD, the probe diagnostics (when on) every {res['diagnostics_every']} steps. "
         "Peak RSS is the process's high-water mark (transient copies included), in MB; rank 0 is the leader. "

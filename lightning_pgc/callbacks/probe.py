@@ -19,7 +19,6 @@ from lightning.pytorch import LightningModule, Trainer
 from torch import Tensor
 from torch.utils.data import default_collate
 
-from lightning_pgc.strategy.gradients import flat_like
 
 __all__ = [
     "CoordinateSample",
@@ -92,8 +91,11 @@ def reduced_gradient(pl_module: LightningModule, batch: Any, reduce: Callable[[i
 
 def squared_norm(t: Tensor, chunk: int = 1 << 20) -> float:
     """``|t|^2`` accumulated in float64, a chunk at a time (no float64 copy of the whole tensor)."""
-    flat = t.detach().reshape(-1)
-    return sum(float(torch.linalg.vector_norm(piece, dtype=torch.float64)) ** 2 for piece in flat.split(chunk))
+    t = t.detach()
+    if t.dim() == 0 or t.numel() <= chunk:
+        return float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2
+    rows = max(1, chunk // max(1, t[0].numel()))  # (views along the first dimension: any layout, no copy)
+    return sum(float(torch.linalg.vector_norm(piece, dtype=torch.float64)) ** 2 for piece in t.split(rows))
 
 
 class CoordinateSample:
@@ -116,16 +118,19 @@ class CoordinateSample:
             else np.sort(np.random.default_rng(seed).choice(self.numel, size=self.size, replace=False))
         )
         bounds = np.cumsum([0, *numels])
-        self._local: list[Optional[Tensor]] = []  # per parameter: its sampled coordinates (None: all of them)
-        for lo, hi in zip(bounds[:-1], bounds[1:]):
-            part = index[np.searchsorted(index, lo) : np.searchsorted(index, hi)] - lo
-            self._local.append(None if len(part) == hi - lo else torch.from_numpy(part.astype(np.int64)))
+        # per parameter: its sampled coordinates as an index per dimension (None: all of them), so any layout of a
+        # value or a gradient is read in place
+        self._local: list[Optional[tuple[Tensor, ...]]] = []
+        for p, lo, hi in zip(params, bounds[:-1], bounds[1:]):
+            part = torch.from_numpy(index[np.searchsorted(index, lo) : np.searchsorted(index, hi)] - lo)
+            whole = len(part) == hi - lo
+            self._local.append(None if whole else tuple(torch.unravel_index(part, tuple(p.shape))))
 
     def of(self, i: int, t: Tensor, p: Tensor) -> Tensor:
         """The sampled coordinates of ``t`` (parameter ``i`` ``p``'s value or gradient), float64 on the CPU."""
-        flat = flat_like(t.detach(), p)
+        t = t.detach()
         local = self._local[i]
-        part = flat if local is None else flat[local.to(flat.device)]
+        part = t.reshape(-1) if local is None else t[tuple(ix.to(t.device) for ix in local)]
         return part.to(device="cpu", dtype=torch.float64)
 
     def of_params(self, params: Sequence[Tensor]) -> Tensor:
