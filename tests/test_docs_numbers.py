@@ -129,6 +129,7 @@ GENERATED: dict[str, set[str]] = {
     "docs/gpu_check.md": {"*"},  # below
     "docs/rejoin.md": {"*"},  # below
     "docs/auto.md": {"*"},  # below
+    "docs/memory.md": {"*"},  # below
     "docs/stall.md": {"*"},  # below
     "docs/math.md": {"table:| n | s | C(n,s) |"},  # its rows, below
     "docs/design.md": {"module-map"},  # tests/test_layout.py
@@ -1001,6 +1002,16 @@ def test_the_auto_page_is_what_its_benchmark_renders_from_its_results_file() -> 
 
     result = json.loads((DOCS / "results" / "auto.json").read_text())
     assert auto.render(result) == (DOCS / "auto.md").read_text()
+
+
+def test_the_memory_page_is_what_its_benchmark_renders_from_its_results_file() -> None:
+    """docs/memory.md (every rank's peak RSS under ddp and each scheme) is rendered from docs/results/memory.json."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import memory
+
+    result = json.loads((DOCS / "results" / "memory.json").read_text())
+    assert memory.render(result) == (DOCS / "memory.md").read_text()
+    assert memory.add_goals([dict(r) for r in result["runs"]]) == result["runs"]  # (the goals follow from the runs)
 
 
 @pytest.mark.parametrize("report", ["staleness", "staleness_bounded", "staleness_exponential", "staleness_stalls"])

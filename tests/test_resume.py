@@ -81,9 +81,8 @@ def _strategy(rank: int = 1, world_size: int = 4, step: int = 7, **kwargs) -> PG
 
 def _fill(strategy: PGCStrategy, entries: dict[int, int]) -> None:
     for partition, version in entries.items():
-        slot = strategy.gradients.slot(partition)
-        slot.copy_(torch.randn(slot.numel()))
-        strategy.cache.put(partition, slot, version, copy=False)
+        entry = strategy.gradients.entry_of(torch.randn(GRAD_NUMEL + 1))
+        strategy.cache.put(partition, entry, version, copy=False)
 
 
 def test_every_rank_saves_its_cache_next_to_the_checkpoint_and_a_resume_reloads_it_bit_for_bit(tmp_path):
@@ -111,9 +110,9 @@ def test_every_rank_saves_its_cache_next_to_the_checkpoint_and_a_resume_reloads_
     assert state is not None and state.warm_start == 0
     resumed._checkpoints.fill(state)
     assert resumed.cache.versions() == {1: 6, 2: 5}  # expired entries too: as they were
-    for p, (_, flat) in resumed.cache.entries().items():  # in this rank's slots; gradient and loss slot bit for bit
-        assert flat.data_ptr() == resumed.gradients.slots[p].data_ptr()
-        assert torch.equal(flat[: GRAD_NUMEL + 1], saver.gradients.slots[p][: GRAD_NUMEL + 1])
+    saved = saver.cache.entries()
+    for p, (_, entry) in resumed.cache.entries().items():  # gradient and loss bit for bit
+        assert torch.equal(resumed.gradients.flat(entry), saver.gradients.flat(saved[p][1]))
     assert resumed._checkpoints.resume_from is None  # used once
 
     # ModelCheckpoint dropping the checkpoint: every rank removes its own file, the last one the folder

@@ -9,7 +9,11 @@ is named. Every ``loss_every_n_steps`` steps: the current model's loss on a fixe
 one model version, unlike the decoded loss, which mixes versions ``t..t-c+1``). Every ``every_n_steps`` steps, on
 the probe batch: the squared norm of the aggregate, the parameter displacement to the oldest version in use and the
 smoothness estimate between two probe measurements ``pgc/L_hat_probe = |g(b_t) - g(b_u)| / (|b_t - b_u| + eps)``,
-so the staleness term ``L_hat^2 * displacement`` can be compared with ``|g_hat|^2``.
+so the staleness term ``L_hat^2 * displacement`` can be compared with ``|g_hat|^2``. The displacement and
+``L_hat`` are measured on a fixed, seeded sample of ``sample_coordinates`` parameter coordinates (every coordinate
+when the model has fewer): the leader keeps no model-sized vector for them, and logs each estimate's relative
+standard error (``pgc/displacement_sq_rse``, ``pgc/L_hat_probe_rse``; see
+:class:`~lightning_pgc.callbacks.probe.CoordinateSample`). The probe gradient's squared norm is exact.
 
 Optionally (``theory_every_n_steps``, off by default) the leader's rank also measures what the convergence
 theory of the paper only assumes (``docs/theory.md``): the staleness bias ``gamma_hat``, the noise ratio ``xi_hat``,
@@ -38,11 +42,14 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor
 
 from lightning_pgc.callbacks.probe import (
+    CoordinateSample,
     flat_params,
     log_at,
     loss_and_gradient,
     loss_gradient,
     probe_loss,
+    reduced_gradient,
+    squared_norm,
     swapped_params,
 )
 from lightning_pgc.callbacks.theory_metrics import TheoryMeter
@@ -73,6 +80,10 @@ class PGCDiagnostics(Callback):
         theory_window: how many recent leader records form the empirical straggler pattern.
         theory_max_patterns: received sets enumerated exactly up to this many, sampled beyond.
         theory_chunk: samples per forward pass when computing ``grad F_j``.
+        sample_coordinates: parameter coordinates the displacement and ``L_hat`` are measured on (a fixed, seeded
+            subset); ``None`` measures every coordinate. The theory measurements and, under ``scheme="bounded"``,
+            the error decomposition evaluate gradients at past parameters, so with either the leader keeps full
+            parameter snapshots of the versions in use (one model-sized vector each).
     """
 
     def __init__(
@@ -88,6 +99,7 @@ class PGCDiagnostics(Callback):
         theory_window: int = 64,
         theory_max_patterns: int = 5000,
         theory_chunk: int = 512,
+        sample_coordinates: Optional[int] = 65536,
     ) -> None:
         for name, value in (
             ("every_n_steps", every_n_steps),
@@ -105,6 +117,9 @@ class PGCDiagnostics(Callback):
             raise ValueError(f"theory_probe_per_partition must be >= 1 or None, got {theory_probe_per_partition}")
         if theory_window < 1 or theory_max_patterns < 1 or theory_chunk < 1:
             raise ValueError("theory_window, theory_max_patterns and theory_chunk must be >= 1")
+        if sample_coordinates is not None and (isinstance(sample_coordinates, bool) or sample_coordinates < 2):
+            raise ValueError(f"sample_coordinates must be an integer >= 2 or None, got {sample_coordinates!r}")
+        self.sample_coordinates = sample_coordinates
         self.every_n_steps = every_n_steps
         self.per_rank = per_rank
         self.eps = eps
@@ -117,10 +132,13 @@ class PGCDiagnostics(Callback):
         self.loss_every_n_steps = loss_every_n_steps
         self.history: deque[dict[str, float]] = deque(maxlen=history_size)  # the newest logged rows
         self._last_end: Optional[float] = None
+        # version -> parameters: sampled coordinates, or (theory, bounded) every coordinate
         self._snapshots: deque[tuple[int, Tensor]] = deque()
+        self._sample: Optional[CoordinateSample] = None  # None: full snapshots
         self._probe: Any = None
-        self._last_probe: Optional[tuple[int, Tensor, Tensor]] = None  # (version, params, probe gradient)
+        self._last_probe: Optional[tuple[int, Tensor, Tensor]] = None  # (version, params, probe gradient), sampled
         self._pending_probe: Optional[tuple[int, Optional[Tensor], Tensor]] = None
+        self._probe_sq = 0.0  # the pending probe gradient's exact squared norm
         self._probe_loss: Optional[float] = None
         self._theory = TheoryMeter(theory_probe_per_partition, theory_window, theory_max_patterns, theory_chunk)
         self._delay_counts: dict[int, int] = {}  # bounded staleness: t - s(t,i) over every closed version
@@ -133,7 +151,11 @@ class PGCDiagnostics(Callback):
         self._theory.reset()
         self.history.clear()
         self._delay_counts = {}
-        if isinstance(getattr(trainer.strategy, "scheme", None), BoundedScheme) and self.theory_every_n_steps:
+        bounded = isinstance(getattr(trainer.strategy, "scheme", None), BoundedScheme)
+        full = bounded or self.theory_every_n_steps is not None or self.sample_coordinates is None
+        params = list(pl_module.parameters())
+        self._sample = None if full else CoordinateSample(params, self.sample_coordinates or 0)
+        if bounded and self.theory_every_n_steps:
             raise ValueError(
                 "PGCDiagnostics(theory_every_n_steps=...) measures the coded schemes' theory; under "
                 "scheme='bounded' the error decomposition is logged as pgc/bounded/err_* instead: "
@@ -148,20 +170,46 @@ class PGCDiagnostics(Callback):
             self._probe = apply_to_collection(batch, Tensor, lambda t: t.detach().clone())
         version = trainer.global_step
         c = max(getattr(strategy.scheme, "c", 1), getattr(strategy.runtime.leader, "max_window", 1))
-        params = flat_params(pl_module) if self._snapshot_needed(version, c) else None
+        params = self._params(pl_module) if self._snapshot_needed(version, c) else None
         if params is not None:
             self._snapshots.append((version, params))
         while self._snapshots and self._snapshots[0][0] < version - max(c, 1) - 16:  # older than any use
             self._snapshots.popleft()
         self._probe_loss = None
         if version % self.every_n_steps == 0:
-            loss, gradient = loss_and_gradient(pl_module, self._probe)
+            loss, gradient = self._gradient(pl_module)
             self._pending_probe = (version, params, gradient)
             self._probe_loss = loss
         else:
             self._pending_probe = None
             if version % self.loss_every_n_steps == 0:
                 self._probe_loss = probe_loss(pl_module, self._probe)
+
+    def _params(self, pl_module: LightningModule) -> Tensor:
+        """The parameters as the measurements keep them: the sampled coordinates, or all (float64, CPU)."""
+        if self._sample is None:
+            return flat_params(pl_module)
+        return self._sample.of_params(list(pl_module.parameters()))
+
+    def _gradient(self, pl_module: LightningModule) -> tuple[float, Tensor]:
+        """The probe batch's loss and gradient as the measurements keep it (sampled coordinates, or all); sets
+        :attr:`_probe_sq` to its exact squared norm (reduced parameter by parameter as backward produces it)."""
+        if self._sample is None:
+            loss, gradient = loss_and_gradient(pl_module, self._probe)
+            self._probe_sq = float(gradient.pow(2).sum())
+            return loss, gradient
+        sample, params = self._sample, list(pl_module.parameters())
+        parts: dict[int, Tensor] = {}
+        total = [0.0]
+
+        def reduce(i: int, g: Tensor) -> None:
+            total[0] += squared_norm(g)
+            parts[i] = sample.of(i, g, params[i])
+
+        loss = reduced_gradient(pl_module, self._probe, reduce)
+        self._probe_sq = total[0]
+        zeros = {i: sample.of(i, torch.zeros(()).expand_as(p), p) for i, p in enumerate(params) if i not in parts}
+        return loss, torch.cat([parts[i] if i in parts else zeros[i] for i in range(len(params))])
 
     def _snapshot_needed(self, version: int, c: int) -> bool:
         """Copy the parameters only at versions a coming measurement can look back to (not every step)."""
@@ -195,7 +243,7 @@ class PGCDiagnostics(Callback):
         pending = getattr(self, "_pending_probe", None)
         aggregate_sq = 0.0
         if pending is not None:  # a full pass over the gradient: only at the probe cadence, not every step
-            aggregate_sq = float(torch.linalg.vector_norm(info.aggregate, dtype=torch.float64)) ** 2
+            aggregate_sq = squared_norm(info.aggregate)
             metrics["pgc/agg_sqnorm"] = aggregate_sq
 
         runtime = strategy.runtime
@@ -260,18 +308,32 @@ class PGCDiagnostics(Callback):
         self, pending: tuple[int, Tensor, Tensor], max_age: int, aggregate_sq: float
     ) -> dict[str, float]:
         version, params, gradient = pending
-        out: dict[str, float] = {"pgc/probe_grad_sqnorm": float(gradient.pow(2).sum())}
+        out: dict[str, float] = {"pgc/probe_grad_sqnorm": self._probe_sq}
+        sq, rse = self._sq, self._rse
         oldest = next((p for v, p in self._snapshots if v == version - max_age), None)
-        displacement = float((params - oldest).pow(2).sum()) if oldest is not None else 0.0
+        displacement = sq(params - oldest) if oldest is not None else 0.0
         out["pgc/displacement_sq"] = displacement
+        if oldest is not None and self._sample is not None:
+            out["pgc/displacement_sq_rse"] = rse(params - oldest)
         if self._last_probe is not None:
             _, old_params, old_gradient = self._last_probe
-            l_hat = float((gradient - old_gradient).norm() / ((params - old_params).norm() + self.eps))
+            l_hat = sq(gradient - old_gradient) ** 0.5 / (sq(params - old_params) ** 0.5 + self.eps)
             out["pgc/L_hat_probe"] = l_hat
+            if self._sample is not None:  # (delta method: each norm's error is half its square's)
+                out["pgc/L_hat_probe_rse"] = (
+                    0.5 * (rse(gradient - old_gradient) ** 2 + rse(params - old_params) ** 2) ** 0.5
+                )
             out["pgc/staleness_term"] = l_hat**2 * displacement
             out["pgc/staleness_ratio"] = l_hat**2 * displacement / max(aggregate_sq, self.eps)
         self._last_probe = pending
         return out
+
+    def _sq(self, x: Tensor) -> float:
+        """Squared norm of a parameter-space vector as kept (estimated from the sampled coordinates)."""
+        return float(x.pow(2).sum()) if self._sample is None else self._sample.sq(x)
+
+    def _rse(self, x: Tensor) -> float:
+        return 0.0 if self._sample is None else self._sample.rse(x)
 
     def _bounded_record_metrics(self, strategy: Any, record: BoundedRecord) -> dict[str, float]:
         """The table's view of one closed version (``pgc/bounded/...``), plus the generic age and arrival metrics."""

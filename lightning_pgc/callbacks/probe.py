@@ -9,7 +9,9 @@ it was taken.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
+
+import numpy as np
 
 import torch
 from lightning.fabric.utilities.apply_func import apply_to_collection
@@ -17,13 +19,17 @@ from lightning.pytorch import LightningModule, Trainer
 from torch import Tensor
 from torch.utils.data import default_collate
 
+
 __all__ = [
+    "CoordinateSample",
     "collate",
     "flat_params",
     "log_at",
     "loss_and_gradient",
     "loss_gradient",
     "partition_loader",
+    "reduced_gradient",
+    "squared_norm",
     "probe_loss",
     "swapped_params",
     "untouched",
@@ -58,6 +64,92 @@ def loss_and_gradient(pl_module: LightningModule, batch: Any) -> tuple[float, Te
         grads = dict(zip(map(id, trainable), torch.autograd.grad(loss, trainable, allow_unused=True)))
     flat = [_or_zeros(grads.get(id(p)), p) for p in params]
     return float(loss.detach()), torch.cat([g.detach().reshape(-1).double().cpu() for g in flat])
+
+
+def reduced_gradient(pl_module: LightningModule, batch: Any, reduce: Callable[[int, Tensor], None]) -> float:
+    """``training_step(batch)``'s loss; ``reduce(i, g)`` receives parameter ``i``'s gradient ``g`` as backward
+    produces it, which is then dropped: no model-sized buffer is held (``param.grad`` is untouched; a parameter
+    without a gradient is not passed). Leaves no trace, as :func:`loss_and_gradient`."""
+    params = list(pl_module.parameters())
+    trainable = [(i, p) for i, p in enumerate(params) if p.requires_grad]
+
+    def hook(i: int, g: Tensor) -> Tensor:
+        reduce(i, g)
+        return g.new_zeros(()).expand_as(g)  # what autograd.grad returns: no memory
+
+    handles = [p.register_hook(lambda g, i=i: hook(i, g)) for i, p in trainable]
+    batch = apply_to_collection(batch, Tensor, lambda t: t.to(pl_module.device))
+    try:
+        with untouched(pl_module), torch.enable_grad():
+            loss = _loss_of(pl_module.training_step(batch, 0))
+            torch.autograd.grad(loss, [p for _, p in trainable], allow_unused=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return float(loss.detach())
+
+
+def squared_norm(t: Tensor, chunk: int = 1 << 20) -> float:
+    """``|t|^2`` accumulated in float64, a chunk at a time (no float64 copy of the whole tensor)."""
+    t = t.detach()
+    if t.dim() == 0 or t.numel() <= chunk:
+        return float(torch.linalg.vector_norm(t, dtype=torch.float64)) ** 2
+    rows = max(1, chunk // max(1, t[0].numel()))  # (views along the first dimension: any layout, no copy)
+    return sum(float(torch.linalg.vector_norm(piece, dtype=torch.float64)) ** 2 for piece in t.split(rows))
+
+
+class CoordinateSample:
+    """A fixed, seeded subset of ``size`` of the ``N`` coordinates of a module's parameters, for norms of model-sized
+    differences without holding model-sized vectors.
+
+    ``sq(x)`` estimates ``|d|^2`` from ``x``, the sampled coordinates of ``d``, as ``N/k sum x_i^2``: unbiased
+    (sampling without replacement), with the relative standard error ``rse(x)`` estimated from the sample itself,
+    ``sqrt((1 - k/N) var(x_i^2) / k) / mean(x_i^2)``. With ``size >= N`` every coordinate is taken: exact, error 0.
+    """
+
+    def __init__(self, params: Sequence[Tensor], size: int, seed: int = 0) -> None:
+        numels = [p.numel() for p in params]
+        self.numel = sum(numels)
+        self.size = min(int(size), self.numel)
+        self.exact = self.size == self.numel
+        index = (
+            np.arange(self.numel)
+            if self.exact
+            else np.sort(np.random.default_rng(seed).choice(self.numel, size=self.size, replace=False))
+        )
+        bounds = np.cumsum([0, *numels])
+        # per parameter: its sampled coordinates as an index per dimension (None: all of them), so any layout of a
+        # value or a gradient is read in place
+        self._local: list[Optional[tuple[Tensor, ...]]] = []
+        for p, lo, hi in zip(params, bounds[:-1], bounds[1:]):
+            part = torch.from_numpy(index[np.searchsorted(index, lo) : np.searchsorted(index, hi)] - lo)
+            whole = len(part) == hi - lo
+            self._local.append(None if whole else tuple(torch.unravel_index(part, tuple(p.shape))))
+
+    def of(self, i: int, t: Tensor, p: Tensor) -> Tensor:
+        """The sampled coordinates of ``t`` (parameter ``i`` ``p``'s value or gradient), float64 on the CPU."""
+        t = t.detach()
+        local = self._local[i]
+        part = t.reshape(-1) if local is None else t[tuple(ix.to(t.device) for ix in local)]
+        return part.to(device="cpu", dtype=torch.float64)
+
+    def of_params(self, params: Sequence[Tensor]) -> Tensor:
+        """The sampled coordinates of every parameter's value."""
+        return torch.cat([self.of(i, p, p) for i, p in enumerate(params)])
+
+    def sq(self, x: Tensor) -> float:
+        """The estimate of the squared norm of the vector whose sampled coordinates are ``x``."""
+        return float(x.pow(2).sum()) * self.numel / max(self.size, 1)
+
+    def rse(self, x: Tensor) -> float:
+        """The estimated relative standard error of :meth:`sq` (0 when exact)."""
+        if self.exact or self.size < 2:
+            return 0.0
+        y = x.pow(2)
+        mean = float(y.mean())
+        if mean <= 0:
+            return 0.0
+        return float((1 - self.size / self.numel) ** 0.5 * float(y.std()) / (self.size**0.5) / mean)
 
 
 def _or_zeros(grad: Optional[Tensor], param: Tensor) -> Tensor:

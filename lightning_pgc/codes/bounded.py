@@ -184,17 +184,15 @@ class BoundedScheme(Scheme):
     def _copy_weights(self, worker: int) -> dict[int, float]:
         return {j: 1.0 for j in self.partitions(worker)}
 
-    def encode(self, worker: int, grads: Mapping[int, Tensor], out: Tensor | None = None) -> Tensor:
+    def code_coefficients(self, worker: int, present: Sequence[int]) -> dict[int, float]:
         """The single fresh gradient, uncoded.
 
         Raises:
             ValueError: not exactly one held partition given.
         """
-        self.placement.check_worker(worker)
-        present = self._check_grads(worker, grads)
         if len(present) != 1:
             raise ValueError(f"bounded: a code carries exactly one partition gradient, got {list(present)}")
-        return self._weighted_sum(grads, {present[0]: 1.0}, out)
+        return {present[0]: 1.0}
 
     def admits(self, received: Sequence[int]) -> bool:
         """Whether the *partitions* ``received`` cover every partition."""

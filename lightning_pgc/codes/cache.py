@@ -2,12 +2,15 @@
 
 A pipelined rank evaluates one partition per step and re-uses its other
 ``c-1`` cached partition gradients. Entries older than ``max_age - 1`` steps
-are not valid (bounded staleness); memory is one tensor per held partition.
+are not valid (bounded staleness); memory is one gradient per held partition.
+
+An entry is a tensor, or any object with an ``nbytes`` (e.g. the per-parameter gradients backward produced, kept
+without a copy: :class:`~lightning_pgc.strategy.gradients.PartitionGradient`).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 from torch import Tensor
 
@@ -30,20 +33,23 @@ class StaleCache:
             raise ValueError(f"max_age must be an int >= 1 (or None for unbounded), got {max_age!r}")
         self.partitions: tuple[int, ...] = parts
         self.max_age: int | None = None if max_age is None else int(max_age)
-        self._grads: dict[int, Tensor] = {}
+        self._grads: dict[int, Any] = {}
         self._versions: dict[int, int] = {}
 
-    def put(self, partition: int, grad: Tensor, version: int, *, copy: bool = True) -> None:
+    def put(self, partition: int, grad: Any, version: int, *, copy: bool = True) -> None:
         """Store ``grad`` as the newest gradient of ``partition``, computed at model ``version``.
 
-        Replaces the previous entry (one tensor per partition). With ``copy=True``
-        (default) the cache keeps its own detached copy, so later in-place changes
-        by the caller (e.g. zeroed ``.grad``) cannot corrupt it.
+        Replaces the previous entry (one per partition). With ``copy=True``
+        (default, tensors only) the cache keeps its own detached copy, so later in-place changes
+        by the caller (e.g. zeroed ``.grad``) cannot corrupt it; with ``copy=False`` it keeps ``grad`` itself (a
+        tensor, or an object with ``nbytes``), which the caller must not change.
         """
         if partition not in self.partitions:
             raise ValueError(f"partition {partition!r} is not held by this rank (holds {list(self.partitions)})")
-        if not isinstance(grad, Tensor):
-            raise ValueError(f"grad must be a torch.Tensor, got {type(grad).__name__}")
+        if not isinstance(grad, Tensor) and (copy or not hasattr(grad, "nbytes")):
+            raise ValueError(
+                f"grad must be a torch.Tensor (or, with copy=False, an object with nbytes), got {type(grad).__name__}"
+            )
         if isinstance(version, bool) or int(version) != version or version < 0:
             raise ValueError(f"version must be an int >= 0, got {version!r}")
         version = int(version)
@@ -53,7 +59,7 @@ class StaleCache:
                 f"partition {partition}: refusing version {version} older than the cached version {old} "
                 "(the cache keeps the newest gradient)"
             )
-        stored = grad.detach()
+        stored = grad.detach() if isinstance(grad, Tensor) else grad
         if copy:
             stored = stored.clone()
         self._grads.pop(partition, None)  # free the old tensor before keeping the new one
@@ -71,7 +77,7 @@ class StaleCache:
     def _is_valid(self, partition: int, step: int) -> bool:
         return self.max_age is None or self._age(partition, step) < self.max_age
 
-    def valid(self, step: int) -> dict[int, Tensor]:
+    def valid(self, step: int) -> dict[int, Any]:
         """Entries usable at ``step`` (``step - version < max_age``), in held order. Tensors are not copied."""
         return {p: self._grads[p] for p in self.partitions if p in self._grads and self._is_valid(p, step)}
 
@@ -79,7 +85,7 @@ class StaleCache:
         """Model version of every stored entry (valid or not), in held order."""
         return {p: self._versions[p] for p in self.partitions if p in self._versions}
 
-    def entries(self) -> dict[int, tuple[int, Tensor]]:
+    def entries(self) -> dict[int, tuple[int, Any]]:
         """Every stored entry (valid or not) as ``partition -> (version, tensor)``, in held order; not copied
         (what a checkpoint saves)."""
         return {p: (self._versions[p], self._grads[p]) for p in self.partitions if p in self._grads}
@@ -109,7 +115,9 @@ class StaleCache:
     @property
     def nbytes(self) -> int:
         """Bytes held by cached tensors (at most one per held partition)."""
-        return sum(t.numel() * t.element_size() for t in self._grads.values())
+        return sum(
+            t.numel() * t.element_size() if isinstance(t, Tensor) else int(t.nbytes) for t in self._grads.values()
+        )
 
     def __len__(self) -> int:
         return len(self._grads)

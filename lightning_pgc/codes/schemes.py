@@ -187,6 +187,17 @@ class Scheme(ABC):
     def _copy_weights(self, worker: int) -> dict[int, float]:
         """Coefficient of each held partition in ``worker``'s code, assuming a full cache."""
 
+    def code_coefficients(self, worker: int, present: Sequence[int]) -> dict[int, float]:
+        """The coefficient of each held partition in ``worker``'s code when the partitions ``present`` (held order)
+        are given: the code is ``sum_j a_j g_j``. A caller that lays the gradients out itself (e.g. one tensor per
+        parameter) encodes with these; :meth:`encode` is the same sum over flat gradients.
+
+        Raises:
+            ValueError: the scheme cannot encode from ``present`` (e.g. a classic code needs every held partition).
+        """
+        self._require_all(worker, tuple(present))
+        return self._copy_weights(worker)
+
     def encode(self, worker: int, grads: Mapping[int, Tensor], out: Tensor | None = None) -> Tensor:
         """Rank ``worker``'s code from ``grads`` (partition -> newest 1-D gradient); dtype ``payload_dtype``.
 
@@ -194,8 +205,7 @@ class Scheme(ABC):
         """
         self.placement.check_worker(worker)
         present = self._check_grads(worker, grads)
-        self._require_all(worker, present)
-        return self._weighted_sum(grads, self._copy_weights(worker), out)
+        return self._weighted_sum(grads, self.code_coefficients(worker, present), out)
 
     # -------------------------------------------------------------- decoding
     def _check_received(self, received: Iterable[int]) -> list[int]:
@@ -379,9 +389,9 @@ class PGCFRScheme(_FRScheme):
             return held
         return (held[((worker % self.c) + step) % self.c],)
 
-    def encode(self, worker: int, grads: Mapping[int, Tensor], out: Tensor | None = None) -> Tensor:
+    def code_coefficients(self, worker: int, present: Sequence[int]) -> dict[int, float]:
         """``(c/m) * sum`` of the ``m`` given held gradients (``m < c`` only in gradual warm-up or after expiry)."""
-        return _pipelined_encode(self, worker, grads, out)
+        return _pipelined_coefficients(self, worker, present)
 
 
 # --------------------------------------------------------------- cyclic repetition
@@ -503,9 +513,9 @@ class PGCCRScheme(Scheme):
     def evaluations(self, worker: int, step: int, start: int = 0) -> tuple[int, ...]:
         return _cr_rotation(self, worker, step, start)
 
-    def encode(self, worker: int, grads: Mapping[int, Tensor], out: Tensor | None = None) -> Tensor:
+    def code_coefficients(self, worker: int, present: Sequence[int]) -> dict[int, float]:
         """``(c/m) * sum`` of the ``m`` given held gradients (``m < c`` only in gradual warm-up or after expiry)."""
-        return _pipelined_encode(self, worker, grads, out)
+        return _pipelined_coefficients(self, worker, present)
 
     def mu(self, num_received: int) -> float:
         """``mu = n / (|R| c)``; ``n / ((n-s) c)`` when exactly ``n-s`` codes are received."""
@@ -521,18 +531,27 @@ def _linear_combination(out: Tensor, terms: Sequence[tuple[Tensor, float]]) -> T
     """``out = sum_i a_i t_i`` in ``out``'s dtype and shape, in the given order, in place.
 
     The first term is written (copy or multiply) rather than added to zeros: one pass less over a payload-sized
-    buffer, same bits (``0 + a t`` rounds like ``a t``).
+    buffer, same bits (``0 + a t`` rounds like ``a t``). A first term of weight 1 and the second, both of ``out``'s
+    dtype, are written by one ``add`` (``t_0 + a_1 t_1``, the kernel that adding ``t_1`` to a copy of ``t_0`` runs):
+    one pass less again. Terms of another dtype are converted one at a time.
     """
     if not terms:
         return out.zero_()
-    for i, (t, a) in enumerate(terms):
-        t = t.reshape(-1).to(out.dtype).view(out.shape)
-        if i > 0:
-            out.add_(t, alpha=a)
-        elif a == 1.0:
-            out.copy_(t)
-        else:
-            torch.mul(t, a, out=out)
+
+    def shaped(t: Tensor) -> Tensor:  # (one term converted at a time: no payload-sized temporaries held at once)
+        return t.reshape(-1).to(out.dtype).view(out.shape)
+
+    t0, a0 = terms[0]
+    start = 1
+    if a0 == 1.0 and len(terms) > 1 and t0.dtype == out.dtype and terms[1][0].dtype == out.dtype:
+        torch.add(shaped(t0), shaped(terms[1][0]), alpha=terms[1][1], out=out)
+        start = 2
+    elif a0 == 1.0:
+        out.copy_(shaped(t0))
+    else:
+        torch.mul(shaped(t0), a0, out=out)
+    for t, a in terms[start:]:
+        out.add_(shaped(t), alpha=a)
     return out
 
 
@@ -546,18 +565,15 @@ def _cr_rotation(scheme: Scheme, worker: int, step: int, start: int) -> tuple[in
     return (held[step % scheme.c],)
 
 
-def _pipelined_encode(scheme: Scheme, worker: int, grads: Mapping[int, Tensor], out: Tensor | None = None) -> Tensor:
-    """``(c/m) * sum`` of the ``m >= 1`` given cached gradients; the rescale keeps the code on the full-sum scale."""
-    scheme.placement.check_worker(worker)
-    present = scheme._check_grads(worker, grads)
+def _pipelined_coefficients(scheme: Scheme, worker: int, present: Sequence[int]) -> dict[int, float]:
+    """``c/m`` for each of the ``m >= 1`` given cached gradients; the rescale keeps the code on the full-sum scale."""
     if not present:
         raise ValueError(
             f"{scheme.name}: rank {worker} has no gradient to encode; give at least one of "
             f"{list(scheme.partitions(worker))}"
         )
-    m = len(present)
-    scale = scheme.c / m
-    return scheme._weighted_sum(grads, {j: scale for j in present}, out)
+    scale = scheme.c / len(present)
+    return {j: scale for j in present}
 
 
 _CLASSES: dict[str, type[Scheme]] = {

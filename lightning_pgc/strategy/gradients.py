@@ -1,35 +1,65 @@
-"""Gradients: the flat payload layout of one fit, the stale cache's slots, and moving gradients in and out of it.
+"""Gradients: the flat payload layout of one fit, the stale cache's entries, and moving gradients in and out of it.
 
 A rank's payload is one flat tensor: every parameter's gradient in the parameters' order (each in its parameter's
-memory order, so a ``channels_last`` weight is copied without a permute), then the loss, then the buffers
-(BatchNorm statistics, averaged like the gradient so that the replicas stay identical). Each held partition has a
-preallocated slot of that layout on the model's device: the stale cache's storage, filled by :meth:`Gradients.store`
-from ``param.grad``, encoded and all-reduced there; :meth:`Gradients.apply` points ``param.grad`` at the aggregate.
+memory order, so a ``channels_last`` weight is read without a permute), then the loss, then the buffers
+(BatchNorm statistics, averaged like the gradient so that the replicas stay identical).
+
+A partition's cache entry is what backward left in ``param.grad``, kept as it is (:meth:`Gradients.adopt`): the
+tensors autograd allocated, one per parameter, and the loss. Backward writes the fresh gradient where it is cached
+and encoded, so no pass copies it. (Pointing ``param.grad`` at a preallocated flat slot instead, as DDP's
+``gradient_as_bucket_view`` does, makes autograd add the new gradient into it: the slot must be zeroed first, and
+zeroing plus adding reads and writes more bytes than the copy it saves; see docs/step_time_passes.md.)
+:meth:`Gradients.encode` writes a code straight from the entries, one fused kernel per parameter;
+:meth:`Gradients.apply` points ``param.grad`` at the aggregate.
 
 No Lightning and no ``torch.distributed``: the strategy builds one per fit from its module's parameters.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import math
+from typing import Mapping, Optional, Union
 
 import torch
 from torch import Tensor
 
+from lightning_pgc.codes.schemes import _linear_combination
 from lightning_pgc.runtime.aggregates import payload_dtype_for
 
-__all__ = ["Gradients", "flat_like", "grad_view"]
+__all__ = ["CONVERT_CHUNK", "Gradients", "PartitionGradient", "flat_like", "grad_view"]
+
+#: elements converted at a time when a code's dtype differs from the gradients' (no payload-sized temporary)
+CONVERT_CHUNK = 1 << 20
+
+
+class PartitionGradient:
+    """One partition's gradient: ``tensors[i]`` is parameter ``i``'s gradient (``None``: none, i.e. zeros) as
+    backward produced it, and ``loss`` the partition's loss. The stale cache keeps these tensors themselves."""
+
+    __slots__ = ("tensors", "loss")
+
+    def __init__(self, tensors: list[Optional[Tensor]], loss: float) -> None:
+        self.tensors = tensors
+        self.loss = float(loss)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the gradient tensors held."""
+        return sum(t.numel() * t.element_size() for t in self.tensors if t is not None)
+
+
+Entry = Union[PartitionGradient, Tensor]  # a cache entry: as backward left it, or flat (gradient, then the loss)
 
 
 class Gradients:
-    """The parameters and buffers of one fit, laid out as one flat payload, and one slot per held partition.
+    """The parameters and buffers of one fit, laid out as one flat payload, and the partitions evaluated this step.
 
     Args:
         params: every parameter of the module, frozen ones included (finetuning callbacks flip ``requires_grad``
             mid-fit: a layout fixed at the start keeps the payload and the stale cache valid on every rank; a frozen
             parameter sends zeros and gets no gradient).
         buffers: the buffers that travel with the payload (non-empty ones).
-        device: where the slots live (the model's device: the encode and the all-reduce read them there).
+        device: where codes and aggregates live (the model's device).
     """
 
     def __init__(self, params: list[torch.nn.Parameter], buffers: list[Tensor], device: torch.device) -> None:
@@ -42,8 +72,12 @@ class Gradients:
         self.numel = self.grad_numel + 1 + sum(b.numel() for b in self.buffers)
         #: the payload's dtype (the parameters', at least float32)
         self.dtype = payload_dtype_for(self.params[0].dtype if self.params else torch.float32)
-        self.slots: dict[int, Tensor] = {}  # partition -> preallocated flat gradient (the stale cache's storage)
-        self.fresh: set[int] = set()  # partitions stored since :meth:`begin_step`
+        self.fresh: dict[int, PartitionGradient] = {}  # partitions evaluated since :meth:`begin_step`
+        self._offsets: list[tuple[int, int]] = []
+        offset = 0
+        for p in self.params:
+            self._offsets.append((offset, p.numel()))
+            offset += p.numel()
 
     @classmethod
     def of(cls, module: torch.nn.Module, device: torch.device) -> Gradients:
@@ -55,43 +89,89 @@ class Gradients:
         """Bytes of one payload."""
         return self.numel * torch.empty((), dtype=self.dtype).element_size()
 
-    def slot(self, partition: int) -> Tensor:
-        """The preallocated flat gradient of ``partition`` (created at the first use)."""
-        slot = self.slots.get(partition)
-        if slot is None:
-            slot = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
-            self.slots[partition] = slot
-        return slot
-
     def begin_step(self) -> None:
-        """A new step: nothing stored yet, and no ``param.grad`` (it may view the previous aggregate: never
-        accumulate into it)."""
-        self.fresh = set()
+        """A new step: nothing evaluated yet, and no ``param.grad`` (it views the previous aggregate or is a cache
+        entry: backward must allocate a new one, never add into it)."""
+        self.fresh = {}
         self.zero_grad()
 
-    def store(self, partition: int, loss: Optional[Tensor]) -> None:
-        """Copy ``param.grad`` and the loss into the slot of ``partition`` (the one full-size copy)."""
-        slot = self.slot(partition)
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        target = slot[: self.grad_numel]
-        if grads and all(g.device == slot.device and g.dtype == slot.dtype for g in grads):
-            torch.cat([flat_like(g, p) for g, p in zip(grads, self.params)], out=target)  # one kernel, no host copy
-        else:
-            offset = 0
-            for g in grads:
-                target[offset : offset + g.numel()].copy_(g.detach().reshape(-1), non_blocking=True)
-                offset += g.numel()
-            if any(g.device.type == "cuda" for g in grads):
-                torch.cuda.current_stream().synchronize()  # the pinned slot is read by another thread next
-        slot[self.grad_numel] = 0.0 if loss is None else float(loss.detach())
-        self.fresh.add(partition)
+    def adopt(self, partition: int, loss: Optional[Tensor]) -> PartitionGradient:
+        """``param.grad`` and the loss as the gradient of ``partition``: the tensors themselves, no copy (the caller
+        drops ``param.grad`` before the next backward, :meth:`zero_grad` or :meth:`apply`, so nothing adds into
+        them)."""
+        tensors = [p.grad.detach() if p.grad is not None else None for p in self.params]
+        entry = PartitionGradient(tensors, 0.0 if loss is None else float(loss.detach()))
+        self.fresh[partition] = entry
+        return entry
 
-    def nonfinite(self) -> list[int]:
-        """The partitions stored this step whose slot holds NaN or inf (one read pass each), sorted."""
-        return sorted(p for p in self.fresh if not bool(torch.isfinite(self.slots[p].sum())))
+    def entry_of(self, flat: Tensor) -> PartitionGradient:
+        """A flat gradient (then the loss), e.g. from a checkpoint, as a cache entry: views of ``flat`` on the
+        model's device in each parameter's layout."""
+        flat = flat.to(self.device)
+        tensors: list[Optional[Tensor]] = [
+            grad_view(flat[o : o + n], p).to(p.dtype) for (o, n), p in zip(self._offsets, self.params)
+        ]
+        return PartitionGradient(tensors, float(flat[self.grad_numel]))
+
+    def flat(self, entry: Entry, dtype: Optional[torch.dtype] = None) -> Tensor:
+        """``entry`` as one flat tensor (gradient, then the loss) in ``dtype`` (default the payload's): a new
+        tensor, for a checkpoint or a correction that rewrites a stale entry (not on the step's path)."""
+        dtype = dtype or self.dtype
+        if isinstance(entry, Tensor):
+            return entry[: self.grad_numel + 1].to(dtype)
+        out = torch.empty(self.grad_numel + 1, dtype=dtype, device=self.device)
+        self.encode({0: 1.0}, {0: entry}, out)
+        return out
+
+    def encode(self, coefficients: Mapping[int, float], entries: Mapping[int, Entry], out: Tensor) -> Tensor:
+        """Write ``sum_j coefficients[j] * entries[j]`` (gradient and loss) into ``out[: grad_numel + 1]``, in the
+        coefficients' order and ``out``'s dtype: per parameter one fused kernel for two terms, straight from the
+        tensors backward produced (flat entries, e.g. corrected ones, are summed as one)."""
+        order = list(coefficients)
+        head = out.reshape(-1)[: self.grad_numel + 1]
+        if any(isinstance(entries[j], Tensor) for j in order):
+            return _linear_combination(head, [(self.flat(entries[j], out.dtype), coefficients[j]) for j in order])
+        parts = [entries[j] for j in order]
+        assert all(isinstance(e, PartitionGradient) for e in parts)
+        for i, ((o, n), p) in enumerate(zip(self._offsets, self.params)):
+            terms = []
+            for e, j in zip(parts, order):
+                g = e.tensors[i]  # type: ignore[union-attr]
+                if g is not None:
+                    terms.append((flat_like(g, p).to(head.device), coefficients[j]))
+            step = n if all(t.dtype == out.dtype for t, _ in terms) else CONVERT_CHUNK
+            for lo in range(0, n, step):  # (a conversion, e.g. to Tandon's float64, a chunk at a time)
+                _linear_combination(head[o + lo : o + min(n, lo + step)], [(t[lo : lo + step], a) for t, a in terms])
+        losses = [
+            (torch.tensor([e.loss], dtype=out.dtype, device=out.device), coefficients[j])  # type: ignore[union-attr]
+            for e, j in zip(parts, order)
+        ]
+        _linear_combination(head[self.grad_numel :], losses)
+        return out
+
+    def finite(self, code: Tensor) -> bool:
+        """Whether the gradient and loss of ``code`` are finite (one read pass: a NaN or inf in any entry it sums
+        reaches the sum)."""
+        return bool(torch.isfinite(code.reshape(-1)[: self.grad_numel + 1].sum()))
+
+    def nonfinite(self, entries: Mapping[int, Entry]) -> list[int]:
+        """The partitions of ``entries`` whose gradient or loss holds NaN or inf, sorted (a read of each: only once
+        a code was found not finite)."""
+        out = []
+        for j in sorted(entries):
+            e = entries[j]
+            if isinstance(e, Tensor):
+                bad = not bool(torch.isfinite(e[: self.grad_numel + 1].sum()))
+            else:
+                bad = not math.isfinite(e.loss) or any(
+                    t is not None and not bool(torch.isfinite(t.sum())) for t in e.tensors
+                )
+            if bad:
+                out.append(j)
+        return out
 
     def flat_buffers(self, dtype: torch.dtype) -> Tensor:
-        """The buffers, flat, on the slots' device (the payload's tail)."""
+        """The buffers, flat, on the payload's device (the payload's tail)."""
         return torch.cat([b.detach().reshape(-1).to(self.device, dtype) for b in self.buffers])
 
     def load_buffers(self, flat: Tensor) -> None:
@@ -109,23 +189,19 @@ class Gradients:
             p.grad = None
 
     def apply(self, gradient: Tensor) -> None:
-        """Point ``param.grad`` at the aggregate (views on CPU; asynchronous copies from pinned memory on CUDA):
-        what clipping, callbacks and the optimizer then see."""
-        offset = 0
-        for p in self.params:
-            n = p.numel()
+        """Point ``param.grad`` at the aggregate (views on the aggregate's device; asynchronous copies from pinned
+        memory otherwise): what clipping, callbacks and the optimizer then see."""
+        for (offset, n), p in zip(self._offsets, self.params):
             if p.requires_grad:  # frozen now (e.g. by a finetuning callback): no gradient, as without PGC
                 p.grad = grad_view(gradient[offset : offset + n], p).to(
                     device=p.device, dtype=p.dtype, non_blocking=True
                 )
             else:
                 p.grad = None
-            offset += n
 
     def clear(self) -> None:
-        """Drop the slots (the fit ended, or a new one lays them out again)."""
-        self.slots = {}
-        self.fresh = set()
+        """Forget this step's partitions (the fit ended, or a new one lays the payload out again)."""
+        self.fresh = {}
 
 
 def _dense_order(p: Tensor) -> Optional[list[int]]:

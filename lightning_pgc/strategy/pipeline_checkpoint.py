@@ -195,7 +195,7 @@ class PipelineCheckpoints:
             dtype=dtype_name(st.gradients.dtype),
             global_step=st.lightning_module.trainer.global_step,
             warm_start=st.warm_start_step(),
-            entries=cache.entries(),
+            entries={p: (v, st.gradients.flat(e)) for p, (v, e) in cache.entries().items()},  # flat for the file
         )
 
     def entry(self, state: Optional[PipelineState], checkpoint: dict[str, Any], filepath: Any) -> None:
@@ -293,11 +293,8 @@ class PipelineCheckpoints:
         return None
 
     def fill(self, state: PipelineState) -> None:
-        """Copy the saved entries into this rank's cache slots (after the layout and the slots are reset)."""
+        """Put the saved entries into this rank's cache (after the layout is reset), on the model's device."""
         st = self.strategy
         assert st.cache is not None
-        used = st.gradients.grad_numel + 1
         for partition, (version, flat) in state.entries.items():
-            slot = st.gradients.slot(partition)
-            slot[:used].copy_(flat[:used])
-            st.cache.put(partition, slot, version, copy=False)
+            st.cache.put(partition, st.gradients.entry_of(flat[: st.gradients.grad_numel + 1]), version, copy=False)

@@ -10,8 +10,9 @@ Per optimizer step ``t`` (= the model version, Invariant 1) every rank:
 
 1. skips forward/backward if the aggregate of ``t`` is already published (it fell behind: Invariant 3);
 2. otherwise runs the training step on the partitions ``scheme.evaluations(rank, t)`` (one mini-batch chunk
-   per partition), copies each partition gradient into its preallocated cache slot, encodes the valid entries
-   straight into a code on the model's device and announces it to the runtime's leader;
+   per partition), keeps what backward left in ``param.grad`` as each partition's cache entry (no copy), encodes
+   the valid entries straight into a code on the model's device, checks the code is finite and announces it to the
+   runtime's leader;
 3. points ``param.grad`` at the aggregate (one all-reduce of every rank's share of the decode, run by the
    runtime's comm thread) and lets its own optimizer step, so every replica
    applies the identical sequence of aggregates (Invariant 2).
@@ -332,7 +333,7 @@ class PGCStrategy(DDPStrategy):
         self.skipped_steps = 0
         self.buffer_stats: dict[str, int] = {}
         self._rank_stats: list[dict[str, float]] = []
-        self.gradients = Gradients([], [], torch.device("cpu"))  # the payload layout and slots (per fit)
+        self.gradients = Gradients([], [], torch.device("cpu"))  # the payload layout (per fit)
         self._held: Optional[Tensor] = None  # the aggregate param.grad currently views
         self._warm_start: Optional[int] = None
         self._version = 0
@@ -661,7 +662,7 @@ class PGCStrategy(DDPStrategy):
                 output = super().training_step(chunk, *args[1:], **kwargs)
                 loss = _loss_of(output)
                 self.backward(loss, None)
-                self.gradients.store(partition, loss)
+                self.gradients.adopt(partition, loss)  # the cache entry is param.grad itself: drop it, no copy
                 self.gradients.zero_grad()
             return super().training_step(chunks[-1], *args[1:], **kwargs)
 
@@ -820,15 +821,34 @@ class PGCStrategy(DDPStrategy):
         assert runtime is not None and cache is not None and scheme is not None
         gradients = self.gradients
         gradients.begin_step()  # param.grad may view the previous aggregate: never accumulate into it
+        if self._held is not None:  # nothing views the previous aggregate now: this version's all-reduce reuses it
+            runtime.release(self._held)
+            self._held = None
+        for p in self._evaluations:  # replaced by this step's gradients: freed before backward allocates those
+            cache.discard(p)
         self._staleness.begin_step(version, gradients.params)  # beta_version (not recorded while catching up)
         with self._staleness.shifted(version, gradients.params):  # look-ahead: computed at an extrapolated point
             closure()
         loss = closure_loss(closure)
         if hasattr(closure, "_result") and loss is None:
             raise RuntimeError("PGCStrategy needs a loss from every training_step; it returned None")
-        gradients.store(self._evaluations[-1], loss)
-        bad = gradients.nonfinite()
-        if bad:
+        gradients.adopt(self._evaluations[-1], loss)  # what backward left in param.grad: cached as it is
+        for partition, entry in gradients.fresh.items():
+            cache.put(partition, entry, version, copy=False)
+        valid = cache.valid(version)
+        # Tandon's naive pipelined code needs every held partition (its cache never expires): after a rejoin
+        # (empty cache) such a rank stays a straggler until its cache is full again. Other codes use what this
+        # step evaluated plus the valid cache entries.
+        if scheme.cache_max_age is None and len(valid) < len(cache.partitions):
+            return time.monotonic()
+        entries = valid
+        if self._staleness.kind == "delay_compensation":  # it rewrites stale entries: flat copies of those
+            entries = {j: gradients.flat(e) for j, e in valid.items()}
+        entries = self._staleness.compensate(entries, cache.versions(), version, gradients.grad_numel)
+        code = runtime.new_code(version)
+        gradients.encode(scheme.code_coefficients(self.global_rank, tuple(entries)), entries, code.flat)
+        if not gradients.finite(code.flat):  # the one finite check: a NaN or inf in any entry reaches the code
+            bad = gradients.nonfinite(valid) or sorted(gradients.fresh)  # (none alone: the sum overflowed)
             if self.nonfinite == "raise":
                 raise FloatingPointError(
                     f"PGC rank {self.global_rank}: the gradient (or loss) of partition(s) {bad} at step {version} "
@@ -842,21 +862,10 @@ class PGCStrategy(DDPStrategy):
                 bad,
             )
             for p in bad:
-                cache.discard(p)  # its slot is the cache entry: the old value is overwritten anyway
-        for partition in gradients.fresh.difference(bad):
-            cache.put(partition, gradients.slots[partition], version, copy=False)  # the slot itself, no copy
-        if bad:
+                cache.discard(p)
             runtime.reject(version)  # a straggler for this version: no code
+            cache.evict(version + 1)
             return time.monotonic()
-        valid = cache.valid(version)
-        # Tandon's naive pipelined code needs every held partition (its cache never expires): after a rejoin
-        # (empty cache) such a rank stays a straggler until its cache is full again. Other codes use what this
-        # step evaluated plus the valid cache entries.
-        if scheme.cache_max_age is None and len(valid) < len(cache.partitions):
-            return time.monotonic()
-        valid = self._staleness.compensate(valid, cache.versions(), version, gradients.grad_numel)
-        code = runtime.new_code(version)
-        scheme.encode(self.global_rank, valid, out=code.rows)
         if gradients.buffers:
             code.write(gradients.grad_numel + 1, gradients.flat_buffers(code.rows.dtype))
         sent = time.monotonic()
@@ -864,6 +873,7 @@ class PGCStrategy(DDPStrategy):
         runtime.submit(
             version, code, tuple(cache.ages(version).values()), partition=partition, busy_s=sent - self._step_began
         )
+        cache.evict(version + 1)  # entries no later version can use: freed now, not when they are replaced
         return sent
 
     # ------------------------------------------------------------------------------------------ registry

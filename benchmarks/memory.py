@@ -1,0 +1,225 @@
+"""Peak resident memory of every rank under ddp and under each scheme, diagnostics on and off, on CPU ranks.
+
+    python benchmarks/memory.py                                   # 10 M and 100 M parameters (about 25 min on 2 cores)
+    python benchmarks/memory.py --sizes 10 --schemes pgc_cr       # one size, one scheme (and ddp)
+    python benchmarks/memory.py --sizes 100 --schemes pgc_cr gc_cr --merge   # add 100 M rows to the results file
+    python benchmarks/memory.py --from-json                       # only rewrite docs/memory.md
+
+Each run is one ``Trainer.fit`` of an MLP ``1024-H-4`` (H = 10 000: 10 M parameters; H = 100 000: 100 M) on 4 CPU
+ranks (gloo), batch 32 per rank, plain SGD, ``--steps`` steps with the probe diagnostics every
+``--diagnostics-every`` steps (so that ``L_hat`` is measured at least twice). Each rank reports its peak resident
+set size (``ru_maxrss``: the high-water mark of the process, transient copies included). Runs are sequential (one at
+a time, to bound the machine's memory).
+
+The goal per rank: ddp's peak on that rank plus one gradient (4 bytes per parameter) per partition the rank
+caches (the partitions it holds: ``c`` for the coded schemes and ``bounded``, 1 for ``ignore`` and ``dgd``). The Tandon-coded schemes
+(``gc_cr``, ``pgc_cr_naive``) code in float64 by design (their decoding weights need it): their code and the
+all-reduce's buffer are twice a float32 gradient each, which the table shows.
+
+Writes docs/results/memory.json and docs/memory.md (every number in the page is in the JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+RESULTS = DOCS / "results"
+
+SIZES = {10: 10_000, 100: 100_000}  # millions of parameters -> hidden width of the 1024-H-4 MLP
+SCHEMES = ["pgc_cr", "pgc_fr", "gc_cr", "gc_fr", "pgc_cr_naive", "ignore", "dgd", "bounded"]
+RANKS = 4
+BATCH = 32
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    """One fit (rank 0; Lightning re-launches the command for the other ranks)."""
+    import lightning.pytorch as pl
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import lightning_pgc  # noqa: F401  (registers the strategy names)
+    from lightning_pgc import PGCStrategy
+
+    torch.set_num_threads(1)
+    hidden = SIZES[args.size]
+
+    class MLP(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Sequential(nn.Linear(1024, hidden), nn.ReLU(), nn.Linear(hidden, 4))
+
+        def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+            x, y = batch
+            return nn.functional.cross_entropy(self.net(x), y)
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    g = torch.Generator().manual_seed(0)
+    samples = BATCH * RANKS * 4
+    data = TensorDataset(torch.randn(samples, 1024, generator=g), torch.randint(0, 4, (samples,), generator=g))
+    strategy: Any = "ddp"
+    if args.strategy != "ddp":
+        strategy = PGCStrategy(
+            scheme=args.strategy,
+            stragglers=0 if args.strategy == "dgd" else 1,
+            diagnostics=bool(args.diagnostics),
+            diagnostics_every=args.diagnostics_every,
+            timeout=600,
+        )
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=RANKS,
+        strategy=strategy,
+        max_steps=args.steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+    )
+    module = MLP()
+    trainer.fit(module, DataLoader(data, batch_size=BATCH, shuffle=True))
+    st: Any = trainer.strategy
+    scheme = getattr(st, "scheme", None)
+    result = {
+        "rank": trainer.global_rank,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "params": sum(p.numel() for p in module.parameters()),
+        "cached": len(scheme.partitions(trainer.global_rank)) if scheme is not None else 0,
+        "buffers": getattr(st, "buffer_stats", {}),
+    }
+    Path(args.out, f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
+
+
+def runs(schemes: list[str]) -> list[tuple[str, bool]]:
+    """(strategy, diagnostics) of every run at one size: ddp first."""
+    return [("ddp", False)] + [(s, d) for s in schemes for d in (True, False)]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", default=str(ROOT / "outputs" / "memory"))
+    p.add_argument("--strategy", default="pgc_cr")
+    p.add_argument("--size", type=int, default=10, choices=list(SIZES))
+    p.add_argument("--diagnostics", type=int, default=1)
+    p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), choices=list(SIZES))
+    p.add_argument("--schemes", nargs="+", default=SCHEMES, choices=SCHEMES)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--diagnostics-every", type=int, default=4)
+    p.add_argument("--merge", action="store_true", help="keep the results file's rows of the other sizes")
+    p.add_argument("--from-json", action="store_true", help="only rewrite docs/memory.md from its results file")
+    args = p.parse_args()
+    if args.worker:
+        run_worker(args)
+        return
+    if args.from_json:
+        (DOCS / "memory.md").write_text(render(json.loads((RESULTS / "memory.json").read_text())))
+        return
+    from lightning_pgc.experiments.launch import launch_script
+
+    started = time.time()
+    rows = []
+    for size in args.sizes:
+        for strategy, diagnostics in runs(args.schemes):
+            name = f"{size}m/{strategy}/{'diag' if diagnostics else 'nodiag'}"
+            print(name, flush=True)
+            argv = ["--strategy", strategy, "--size", str(size), "--diagnostics", str(int(diagnostics))]
+            argv += ["--steps", str(args.steps), "--diagnostics-every", str(args.diagnostics_every)]
+            ranks = launch_script(Path(__file__), argv, Path(args.out) / name.replace("/", "_"), RANKS)
+            rows.append(
+                {
+                    "size_m": size,
+                    "strategy": strategy,
+                    "diagnostics": diagnostics,
+                    "params": ranks[0]["params"],
+                    "cached": [r["cached"] for r in ranks],
+                    "peak_rss_mb": [r["peak_rss_mb"] for r in ranks],
+                    "load": os.getloadavg()[0],
+                }
+            )
+    commands = ["python benchmarks/memory.py " + " ".join(sys.argv[1:])]
+    minutes = (time.time() - started) / 60
+    if args.merge and (RESULTS / "memory.json").exists():
+        old = json.loads((RESULTS / "memory.json").read_text())
+        rows = [r for r in old["runs"] if r["size_m"] not in args.sizes] + rows
+        commands = old.get("commands", [old.get("command", "")]) + commands
+        minutes += old["minutes"]
+    result = {
+        "commands": commands,
+        "machine": f"{os.cpu_count()} CPU cores shared with other jobs, gloo, {RANKS} ranks",
+        "minutes": minutes,
+        "steps": args.steps,
+        "diagnostics_every": args.diagnostics_every,
+        "runs": add_goals(sorted(rows, key=lambda r: r["size_m"])),
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "memory.json").write_text(json.dumps(result, indent=1) + "\n")
+    (DOCS / "memory.md").write_text(render(result))
+
+
+def add_goals(rows: list[dict]) -> list[dict]:
+    """Each run's goal per rank (ddp's peak on that rank plus one gradient per cached partition) and its excess
+    over it, in MB and in gradients (4 bytes per parameter)."""
+    ddp = {r["size_m"]: r["peak_rss_mb"] for r in rows if r["strategy"] == "ddp"}
+    for r in rows:
+        grad_mb = 4 * r["params"] / 2**20
+        base = ddp[r["size_m"]]
+        goal = [b + (0 if r["strategy"] == "ddp" else k * grad_mb) for b, k in zip(base, r["cached"])]
+        r["gradient_mb"] = grad_mb
+        r["goal_mb"] = goal
+        r["over_goal_gradients"] = [(m - g) / grad_mb for m, g in zip(r["peak_rss_mb"], goal)]
+        r["over_ddp_gradients"] = [(m - b) / grad_mb for m, b in zip(r["peak_rss_mb"], base)]
+    return rows
+
+
+def render(res: dict) -> str:
+    md = [
+        "# Memory: peak resident size of every rank, ddp and each scheme",
+        "",
+        f"Produced by {' and '.join(f'`{c.strip()}`' for c in res['commands'])} ({res['machine']}; "
+        f"{res['minutes']:.0f} min); every number below is "
+        "in [results/memory.json](results/memory.json). Each run is one fit of an MLP 1024-H-4 on 4 CPU ranks, "
+        f"{res['steps']} steps of plain SGD, the probe diagnostics (when on) every {res['diagnostics_every']} steps. "
+        "Peak RSS is the process's high-water mark (transient copies included), in MB; rank 0 is the leader. "
+        "The goal of a rank: ddp's peak on that rank plus one gradient per partition it caches. `over goal` and "
+        "`over ddp` count gradients (4 bytes per parameter) above the goal and above ddp, on the rank where the "
+        "excess is largest.",
+        "",
+        "The Tandon-coded schemes (`gc_cr`, `pgc_cr_naive`) code in float64 (their decoding weights need it): "
+        "their code and the all-reduce's buffer hold two float32 gradients' worth of bytes each, above the goal "
+        "by design. CPU only: no device memory was measured (the CUDA path keeps the same buffers on the device).",
+        "",
+    ]
+    for size in sorted({r["size_m"] for r in res["runs"]}):
+        rows = [r for r in res["runs"] if r["size_m"] == size]
+        md += [
+            f"**{size} M parameters** ({rows[0]['params']} parameters, one float32 gradient "
+            f"{rows[0]['gradient_mb']:.0f} MB):",
+            "",
+            "| run | diagnostics | rank 0 | rank 1 | rank 2 | rank 3 | cached | over goal | over ddp |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in rows:
+            rss = " | ".join(f"{m:.0f}" for m in r["peak_rss_mb"])
+            md.append(
+                f"| {r['strategy']} | {'on' if r['diagnostics'] else 'off'} | {rss} | {max(r['cached'])} | "
+                f"{max(r['over_goal_gradients']):.2f} | {max(r['over_ddp_gradients']):.2f} |"
+            )
+        md.append("")
+    return "\n".join(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""The leader's diagnostics hold no model-sized vector for ``L_hat`` and the displacement (a seeded coordinate
+sample, with its stated error), and agree with the full measurement."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, Optional
+
+import pytest
+import torch
+from lightning.pytorch import LightningModule
+
+from lightning_pgc.callbacks.diagnostics import PGCDiagnostics
+from lightning_pgc.codes import make_scheme
+from lightning_pgc.callbacks.probe import CoordinateSample, loss_and_gradient, reduced_gradient
+
+
+class _Net(LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.Tanh(), torch.nn.Linear(256, 4))
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.net(x), y)
+
+
+def _run(sample: Optional[int], steps: int = 41) -> tuple[PGCDiagnostics, list[int]]:
+    """Drive the callback as the leader's rank would for ``steps`` steps of SGD (pgc_cr, c = 2, age 1); returns it
+    and, after every step, how many model-sized tensors it held."""
+    module = _Net()
+    params = list(module.parameters())
+    numel = sum(p.numel() for p in params)
+    ranks = range(4)
+    record = SimpleNamespace(  # every rank admitted, its cached copy one step old
+        admitted=list(ranks),
+        wait_s=0.0,
+        arrivals={},
+        ages={k: (0, 1) for k in ranks},
+        weights={k: 0.125 for k in ranks},
+    )
+    leader = SimpleNamespace(late_codes=0, alive=lambda now: list(ranks), closed=0)
+    strategy = SimpleNamespace(
+        scheme=make_scheme("pgc_cr", 4, 1),
+        runtime=SimpleNamespace(is_leader=True, leader=leader, record=lambda v: record),
+        rank_stats=lambda: [],
+        last_step=None,
+    )
+    trainer = SimpleNamespace(strategy=strategy, global_step=0, loggers=[])
+    module._trainer = trainer  # type: ignore[assignment]
+    diagnostics = PGCDiagnostics(every_n_steps=5, sample_coordinates=sample)
+    diagnostics.on_train_start(trainer, module)  # type: ignore[arg-type]
+    g = torch.Generator().manual_seed(1)
+    batch = (torch.randn(64, 32, generator=g), torch.randint(0, 4, (64,), generator=g))
+    held = []
+    for step in range(steps):
+        trainer.global_step = step
+        diagnostics.on_train_batch_start(trainer, module, batch, step)  # type: ignore[arg-type]
+        _, gradient = loss_and_gradient(module, batch)
+        aggregate = gradient.float()
+        with torch.no_grad():
+            offset = 0
+            for p in params:
+                p -= 0.5 * aggregate[offset : offset + p.numel()].view_as(p)
+                offset += p.numel()
+        strategy.last_step = SimpleNamespace(version=step, loss=0.0, worker_wait_s=0.0, aggregate=aggregate)
+        diagnostics.on_train_batch_end(trainer, module, None, batch, step)  # type: ignore[arg-type]
+        held.append(_model_sized(diagnostics, numel))
+    return diagnostics, held
+
+
+def _model_sized(obj: Any, numel: int) -> int:
+    """Tensors of at least half the model's size reachable from the callback's state (each counted once)."""
+    seen: set[int] = set()
+
+    def walk(x: Any) -> int:
+        if isinstance(x, torch.Tensor):
+            if x.numel() * 2 >= numel and id(x) not in seen:
+                seen.add(id(x))
+                return 1
+            return 0
+        if isinstance(x, dict):
+            return sum(walk(v) for v in x.values())
+        if isinstance(x, (list, tuple)) or type(x).__name__ == "deque":
+            return sum(walk(v) for v in x)
+        return 0
+
+    return sum(walk(v) for k, v in vars(obj).items() if k not in ("history",))
+
+
+def test_the_leaders_diagnostics_hold_no_model_sized_vector_and_the_full_measurement_holds_several():
+    _, held = _run(sample=512)
+    assert max(held) == 0
+    _, held_full = _run(sample=None)  # (the counter sees full snapshots: this test can fail)
+    assert max(held_full) >= 3
+
+
+def test_sampled_l_hat_and_displacement_agree_with_the_full_measurement_within_their_stated_error():
+    full, _ = _run(sample=None)
+    every, _ = _run(sample=10**9)  # a sample as large as the model: every coordinate, error 0
+    part, _ = _run(sample=2048)
+    runs = (("f", full), ("e", every), ("p", part))
+    rows = {name: [h for h in d.history if "pgc/L_hat_probe" in h] for name, d in runs}
+    assert len(rows["f"]) == len(rows["p"]) == 8
+    for f, e, p in zip(rows["f"], rows["e"], rows["p"]):
+        for key in ("pgc/L_hat_probe", "pgc/displacement_sq", "pgc/probe_grad_sqnorm"):
+            assert e[key] == pytest.approx(f[key], rel=1e-9)
+        assert e["pgc/L_hat_probe_rse"] == 0.0
+        assert p["pgc/probe_grad_sqnorm"] == pytest.approx(f["pgc/probe_grad_sqnorm"], rel=1e-9)  # exact
+        for key in ("pgc/L_hat_probe", "pgc/displacement_sq"):
+            rse = p[key + "_rse"]
+            assert 0 < rse < 0.5
+            assert abs(p[key] - f[key]) <= 4 * rse * f[key]
+
+
+def test_a_gradient_reduced_parameter_by_parameter_is_the_gradient():
+    module = _Net()
+    module._trainer = SimpleNamespace(strategy=SimpleNamespace())  # type: ignore[assignment]
+    batch = (torch.randn(8, 32), torch.randint(0, 4, (8,)))
+    params = list(module.parameters())
+    sample = CoordinateSample(params, 100, seed=3)
+    parts: dict[int, torch.Tensor] = {}
+    loss = reduced_gradient(module, batch, lambda i, g: parts.__setitem__(i, sample.of(i, g, params[i])))
+    expected_loss, gradient = loss_and_gradient(module, batch)
+    assert loss == expected_loss and all(p.grad is None for p in params)
+    full = CoordinateSample(params, 10**9)
+    assert sum(parts[i].numel() for i in range(len(params))) == 100
+    assert torch.equal(
+        torch.cat([full.of(i, g, p) for i, (g, p) in enumerate(zip(_split(gradient, params), params))]), gradient
+    )
+
+
+def _split(flat: torch.Tensor, params: list) -> list[torch.Tensor]:
+    out, offset = [], 0
+    for p in params:
+        out.append(flat[offset : offset + p.numel()].view_as(p))
+        offset += p.numel()
+    return out
