@@ -110,9 +110,9 @@ RUN_AS_PASTED: dict[str, set[str]] = {"README.md": {"## A complete example"}}  #
 #: Blocks checked by exact regeneration instead: page -> the marker names of its generated blocks ("*": the page)
 GENERATED: dict[str, set[str]] = {
     "README.md": {"which"},  # tests/test_readme.py
-    "docs/guide.md": {"which-guide"},  # tests/test_readme.py
+    "docs/guide.md": {"which-guide", "advise"},  # tests/test_readme.py; below
     "docs/benchmarks.md": {"gridmap", "grid", "emulated"},  # tests/test_grid_map.py; below
-    "docs/emulator.md": {"emulated-cost"},  # below
+    "docs/emulator.md": {"emulated-cost", "validation-e2e"},  # below
     "docs/bounded_staleness.md": {"bounded", "bounded-choice"},  # below
     "docs/simulation.md": {"sim", "simgrid"},  # below
     "docs/demo.md": {"*"},  # below
@@ -946,6 +946,20 @@ def test_simulation_blocks_are_what_the_simulator_scripts_render_from_their_json
     assert _block(text, sim_validate.MARK_BEGIN, sim_validate.MARK_END) == sim_validate.render(validation)
     grid = json.loads((DOCS / "sim_grid.json").read_text())
     assert _block(text, sim_grid.MARK_BEGIN, sim_grid.MARK_END) == sim_grid.render(grid, grid["command"])
+
+
+def test_advise_and_end_to_end_blocks_are_what_their_scripts_render_from_their_json() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import advise_trace
+    import validate_e2e
+
+    out = json.loads((DOCS / "results" / "advise_slow_rank.json").read_text())
+    trace = json.loads((DOCS / "results" / "advise_trace.json").read_text())
+    guide = (DOCS / "guide.md").read_text()
+    assert _block(guide, advise_trace.MARK_BEGIN, advise_trace.MARK_END) == advise_trace.guide_block(out, trace)
+    e2e = json.loads((DOCS / "results" / "validation_e2e.json").read_text())
+    page = (DOCS / "emulator.md").read_text()
+    assert _block(page, validate_e2e.MARK_BEGIN, validate_e2e.MARK_END) == validate_e2e.render(e2e)
 
 
 @pytest.mark.parametrize("name", ["step_time", "stall"])

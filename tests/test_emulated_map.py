@@ -295,6 +295,8 @@ def test_the_confirmation_reruns_the_candidate_its_runner_up_and_ddp_on_fresh_se
     assert out["wins"] and out["sure"] == "confirmed; not separated from the runner-up"
     out = confirm(1.0, 1.1)
     assert not out["wins"] and out["sure"].startswith("not confirmed")
+    out = confirm(1.3, 1.4)  # every other arm slower: the row says ddp is faster, not "not confirmed"
+    assert not out["wins"] and out["sure"].startswith("ddp is faster") and out["vs_ddp"]["p_holm"] < 0.05
 
 
 def test_the_guide_rows_state_task_n_pattern_arm_ratio_and_how_sure_and_say_so_where_pgc_wins_nowhere():

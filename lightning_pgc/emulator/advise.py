@@ -1,275 +1,504 @@
 """``lightning-pgc advise trace.json``: which strategy and ``s`` to use on the cluster a step trace came from.
 
-The trace (:class:`~lightning_pgc.step_trace.StepTimeTrace`) holds every rank's own time per step. The typical step
-(the median over all ranks and steps) is taken as compute; what a rank spends above it at a step is that rank's delay
-there. :class:`ResampledDelays` replays those delays: at each emulated step it draws one recorded step (the same draw
-for every rank, so stalls that hit many ranks at once stay together) and gives each rank its own delay from it
-(so a persistently slow rank stays slow). The emulator then runs ddp and every coded arm with ``s = 1`` (``c = 2``)
-on the proxy task (digits MLP, iid), each with a short tuning over ``lr x momentum`` on one seed and an evaluation
-over ``seeds`` others, and reports each arm's time to target against ddp's on the same seeds.
+The trace (:class:`~lightning_pgc.step_trace.StepTimeTrace`) holds every rank's own time per step and the measured
+time of one all-reduce of the model's gradient. Advise
 
-The recommendation is the arm with the smallest ratio whose bootstrap interval lies below 1; otherwise ddp. "How
-sure": the interval, the sign-flip p-value (Holm-corrected over the arms), and on how many seeds the arm was faster.
+1. derives the job's compute-to-communication ratio: the typical own step (median over ranks and steps) divided by
+   the all-reduce time (``--bound`` or ``--ratio`` override it; a trace without an all-reduce time needs one);
+2. picks the proxy task of that kind (:func:`proxy_task`: a conv net for a compute-bound job, a dense net for a
+   communication-bound one);
+3. replays the trace's delays by block resampling (:mod:`lightning_pgc.emulator.traces`: blocks of consecutive
+   steps, so persistent slowness and stall durations survive), through the map's own straggler pattern
+   ``"trace:PATH"``;
+4. runs every arm of the map for the trace's ``n`` (:func:`candidate_arms`: the map's arm list,
+   :func:`~lightning_pgc.emulator.cells.arms_for`, at every ``s`` from 1 to :func:`s_values`, with each staleness
+   correction and bounded staleness), each through the map's tuning protocol
+   (:func:`~lightning_pgc.emulator.cells.run_arm`: the map's ``lr x momentum`` grid on its tuning seeds, then
+   ``seeds`` evaluation seeds);
+5. decides with the map's statistics, in one call (:func:`~lightning_pgc.emulator.summary.summarize`: each arm
+   against ddp on the same seeds, Holm's correction over the cell's comparisons, the winner rule).
+
+When no arm is faster than ddp with a Holm-corrected p below the map's ``alpha``, advise says that nothing is surely
+faster and keeps ddp; it also reports the smallest Holm p the seeds and the number of comparisons can reach at all
+(:func:`p_floor`), so a p that could never have been significant is not read as evidence. Everything it reports is
+emulated, and labelled so.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from lightning_pgc.emulator.cells import Arm, Protocol, _model, _digits
-from lightning_pgc.emulator.cluster import RATIOS, costs_for
-from lightning_pgc.emulator.data import DataCondition, partition_streams
-from lightning_pgc.emulator.schedule import from_records
-from lightning_pgc.emulator.scoring import censor, compare, holm, tuning_score
-from lightning_pgc.emulator.train import Task, emulate_grid
-from lightning_pgc.emulator.clock import simulate
-from lightning_pgc.step_trace import TRACE_FORMAT
-from lightning_pgc.delays import DelayModel
+from lightning_pgc.emulator.cells import Arm, Cell, Protocol, arms_for, run_arm
+from lightning_pgc.emulator.cluster import COMPUTE_S, RATIOS, TRACE_PREFIX
+from lightning_pgc.emulator.scoring import holm, sign_flip_p
+from lightning_pgc.emulator.summary import ALPHA, summarize
+from lightning_pgc.emulator.traces import Trace, block_length, load_trace
 
-__all__ = ["Advice", "ResampledDelays", "advise", "load_trace", "render"]
+__all__ = [
+    "Advice",
+    "PROXY_TASKS",
+    "advise",
+    "candidate_arms",
+    "load_trace",
+    "main",
+    "p_floor",
+    "proxy_task",
+    "render",
+    "s_values",
+]
 
-ADVISE_ARMS = ("ignore_stragglers", "gc_cr", "pgc_fr", "pgc_cr", "pgc_auto")
-
-
-def load_trace(path: str | Path) -> np.ndarray:
-    """The ``[n ranks, steps]`` own step times of a trace file.
-
-    Raises:
-        ValueError: not a step trace, fewer than 2 ranks, or fewer than 5 steps.
-    """
-    data = json.loads(Path(path).read_text())
-    if not isinstance(data, dict) or data.get("format") != TRACE_FORMAT:
-        raise ValueError(f"{path} is not a step trace (written by lightning_pgc.step_trace.StepTimeTrace)")
-    own = np.asarray(data["own_s"], dtype=np.float64)
-    if own.ndim != 2 or own.shape[0] < 2:
-        raise ValueError(
-            f"{path}: the trace has {own.shape[0] if own.ndim == 2 else 0} rank(s); advise needs a run "
-            "on 2 or more ranks"
-        )
-    if own.shape[1] < 5:
-        raise ValueError(f"{path}: only {own.shape[1]} steps recorded; record at least 5 (better 50+)")
-    if not np.isfinite(own).all() or (own < 0).any():
-        raise ValueError(f"{path}: step times must be finite and >= 0")
-    return own
+#: the proxy tasks by kind, the preferred first: ``compute`` (a ratio of at least :data:`KIND_SPLIT`) and ``comm``
+#: (below it); the first one the emulator knows is used. Both are the digits MLP, whose advice on a trace is timed in
+#: docs/guide.md. The harder proxy tasks (``bncnn``, a conv net with many FLOPs per gradient element, and ``lm``, a
+#: transformer; docs/tasks.md) are chosen with ``--task``: their advice through the map's tuning grid has not been
+#: timed within the minutes a trace should take, so they are not the default.
+PROXY_TASKS: dict[str, tuple[str, ...]] = {"compute": ("mlp",), "comm": ("mlp",)}
+#: the ratio between the map's two bounds on a log scale, ``sqrt(4 * 0.5)``: at or above it a job is compute-bound
+KIND_SPLIT = math.sqrt(RATIOS["compute"] * RATIOS["comm"])
+#: above this ``n``, ``s`` takes powers of two (and ``n / 8``, the node size of the map) instead of every value
+EVERY_S_UP_TO_N = 8
 
 
-class ResampledDelays(DelayModel):
-    """Delays resampled from a trace: at step ``t`` one recorded step ``i(t)`` (drawn from ``(seed, t)``, the same
-    for every rank) and rank ``k``'s delay at it, ``delays[k, i(t)]``."""
+def proxy_task(ratio: float, known: Optional[Callable[[str], bool]] = None) -> str:
+    """The proxy task for a job with compute-to-communication ``ratio``: the first known task of its kind."""
+    if known is None:
+        known = _task_known
+    kind = "compute" if ratio >= KIND_SPLIT else "comm"
+    for task in PROXY_TASKS[kind]:
+        if known(task):
+            return task
+    raise ValueError(f"none of the proxy tasks {PROXY_TASKS[kind]} is available")
 
-    name = "resampled"
 
-    def __init__(self, delays: np.ndarray, seed: int = 0) -> None:
-        self.delays = np.asarray(delays, dtype=np.float64)
-        self.seed = int(seed)
-        self._index: dict[int, int] = {}
+def _task_known(task: str) -> bool:
+    from lightning_pgc.emulator.cells import _model
 
-    def sample(self, rank: int, step: int, rng: np.random.Generator) -> float:
-        i = self._index.get(step)
-        if i is None:
-            i = self._index[step] = int(np.random.default_rng([self.seed, 7, step]).integers(self.delays.shape[1]))
-        return float(self.delays[rank % self.delays.shape[0], i])
+    try:
+        _model(task, 0)
+    except ValueError:
+        return False
+    return True
 
-    def mean_seconds(self, rank: int) -> float:
-        return float(self.delays[rank % self.delays.shape[0]].mean())
 
-    def scaled(self, factor: float) -> "ResampledDelays":
-        return ResampledDelays(self.delays * factor, self.seed)
+def s_values(n: int) -> list[int]:
+    """The ``s`` advise tries for ``n`` ranks: every ``s`` from 1 to ``n - 1`` up to :data:`EVERY_S_UP_TO_N` ranks;
+    above, the powers of two below ``n / 2`` and ``n / 2`` and ``n / 8`` (a node of the map)."""
+    if n < 2:
+        raise ValueError(f"n must be >= 2 ranks, got {n}")
+    if n <= EVERY_S_UP_TO_N:
+        return list(range(1, n))
+    out = {n // 2, max(1, n // 8)}
+    s = 1
+    while s < n // 2:
+        out.add(s)
+        s *= 2
+    return sorted(out)
 
-    def _params(self) -> dict[str, Any]:
-        return {"seed": self.seed, "id": id(self)}
+
+def candidate_arms(n: int, ss: Optional[Sequence[int]] = None) -> list[Arm]:
+    """ddp and every arm of the map for ``n`` ranks at each ``s`` of ``ss`` (default :func:`s_values`): the map's
+    arms (:func:`~lightning_pgc.emulator.cells.arms_for` with ``c = s + 1``), then, where the map's list does not
+    already hold them, the pipelined arms with each staleness correction (look-ahead at the strategy's default
+    ``k``, delay compensation, momentum accounting) and bounded staleness with replication ``s + 1`` (window 2;
+    uncorrected, look-ahead, momentum accounting)."""
+    ss = s_values(n) if ss is None else list(ss)
+    arms, _ = arms_for(n, [s + 1 for s in ss])
+    extra: list[Arm] = []
+    for arm in arms:
+        if arm.strategy in ("pgc_fr", "pgc_cr") and arm.correction == "none":
+            extra += [Arm(arm.strategy, arm.c, corr) for corr in ("lookahead", "delay_compensation", "momentum")]
+    for s in ss:
+        if s + 1 <= n:
+            extra += [
+                Arm("bounded_staleness", 2, corr, replication=s + 1) for corr in ("none", "lookahead", "momentum")
+            ]
+    labels = {a.label for a in arms}
+    for arm in extra:
+        if arm.label in labels:
+            continue
+        try:
+            arm.scheme(n)
+        except ValueError:
+            continue
+        arms.append(arm)
+        labels.add(arm.label)
+    return arms
+
+
+def p_floor(seeds: int, comparisons: int) -> float:
+    """The smallest Holm-adjusted p any comparison can reach with ``seeds`` paired seeds in a family of
+    ``comparisons``: the exact sign-flip test's smallest p (every seed agreeing) times the family's size."""
+    if comparisons < 1:
+        return 1.0
+    best = sign_flip_p([1.0] * seeds)
+    return holm([best] + [1.0] * (comparisons - 1))[0]
+
+
+def seeds_needed(comparisons: int, alpha: float = ALPHA) -> int:
+    """The fewest paired seeds whose :func:`p_floor` is below ``alpha`` for ``comparisons`` comparisons."""
+    k = 2
+    while p_floor(k, comparisons) >= alpha:
+        k += 1
+    return k
 
 
 @dataclass
 class Advice:
-    """The outcome: ``strategy`` and ``s`` to use, the ratio of time to target against ddp (``< 1``: faster) with
-    its interval, the Holm-corrected p-value, the seeds it was faster on, and every arm's row."""
+    """The outcome. ``strategy`` and ``s`` to use (``ddp`` and ``None`` when nothing is surely faster), the ratio of
+    time to the late target against ddp's (``< 1``: faster) with its 95 % interval, the Holm-corrected p, the
+    evaluation seeds, the proxy task, and every arm's row. ``candidate`` is the fastest arm by ratio (``None``:
+    no arm besides ddp); ``p_floor`` the smallest Holm p the test could reach."""
 
     strategy: str
     s: Optional[int]
     ratio: float
     low: float
     high: float
-    p_holm: float
-    faster_on: int
+    p_holm: Optional[float]
     seeds: int
+    task: str
+    rows: list[dict[str, Any]]
+    surely_faster: bool
+    arm: str
     lr: float
     momentum: float
-    rows: list[dict[str, Any]]
+    strategy_kwargs: dict[str, Any]
+    candidate: Optional[dict[str, Any]]
+    p_floor: float
+    seeds_needed: int
+    alpha: float
+    comparisons: int
     n: int
+    steps: int
+    block: int
     compute_s: float
+    allreduce_s: Optional[float]
+    comm_ratio: float
+    ratio_source: str
+    cpu_s: float
+    wall_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"label": "emulated", **asdict(self)}
+
+
+def strategy_kwargs(row: dict[str, Any]) -> dict[str, Any]:
+    """The strategy's keyword arguments for an arm's row (what to pass to ``PGCStrategy`` by name)."""
+    if row["strategy"] == "ddp":
+        return {}
+    out: dict[str, Any]
+    if row["strategy"] == "bounded_staleness":
+        out = {"replication": row["s"] + 1, "staleness": row["c"]}
+    else:
+        out = {"stragglers": row["s"]}
+    if row.get("correction", "none") != "none":
+        out["staleness_correction"] = row["correction"]
+    return out
+
+
+def _per_version(record: dict[str, Any]) -> tuple[Optional[float], Optional[float]]:
+    """Mean versions to the late target and mean seconds per version, over the evaluation seeds that reached it."""
+    pairs = [
+        (t, v)
+        for t, v in zip(record["eval"]["time_late"], record["eval"]["versions_late"])
+        if t is not None and v is not None and v > 0
+    ]
+    if not pairs:
+        return None, None
+    return float(np.mean([v for _, v in pairs])), float(np.mean([t / v for t, v in pairs]))
+
+
+def _row(arm_summary: dict[str, Any], record: dict[str, Any], task: str) -> dict[str, Any]:
+    comp = arm_summary.get("vs_ddp_late")
+    versions, per_version = _per_version(record)
+    row = {
+        "arm": arm_summary["arm"],
+        "strategy": arm_summary["strategy"],
+        "s": None if arm_summary["strategy"] == "ddp" else arm_summary["s"],
+        "c": arm_summary["c"],
+        "correction": record["arm"].get("correction", "none"),
+        "task": task,
+        "lr": arm_summary["lr"],
+        "momentum": arm_summary["momentum"],
+        "seeds": arm_summary["seeds"],
+        "reached": arm_summary["reached_late"],
+        "rmean_s": arm_summary["rmean_late_s"],
+        "versions_to_target": versions,
+        "s_per_version": per_version,
+        "cpu_s": record.get("cpu_s"),
+    }
+    if comp is not None:
+        row.update(
+            ratio=comp["ratio"],
+            low=comp["low"],
+            high=comp["high"],
+            p=comp["p"],
+            p_holm=comp["p_holm"],
+            # a run that missed counts as the budget: its ratio is then a bound, not a measurement
+            ratio_is_bound=arm_summary["reached_late"] < arm_summary["seeds"],
+        )
+    return row
+
+
+def _div(a: Optional[float], b: Optional[float]) -> Optional[float]:
+    return None if a is None or b is None or b <= 0 else a / b
+
+
+def _run_one(item: tuple[Cell, Arm, Protocol]) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(1)  # the proxy task's small batched kernels run fastest on one thread
+    cell, arm, protocol = item
+    return run_arm(cell, arm, protocol)
+
+
+def _progress(done: int, total: int, label: str, started: float, stream: Any) -> None:
+    elapsed = time.time() - started
+    left = elapsed / done * (total - done) if done else float("nan")
+    bar = "#" * (20 * done // total) + "-" * (20 - 20 * done // total)
+    stream.write(
+        f"\radvise [{bar}] {done}/{total} arms, {elapsed / 60:.1f} min, about {left / 60:.1f} min left "
+        f"(last: {label[:40]:<40})"
+    )
+    if done == total:
+        stream.write("\n")
+    stream.flush()
 
 
 def advise(
-    trace: np.ndarray,
-    ratio: float = RATIOS["compute"],
-    seeds: int = 6,
-    budget_steps: int = 150,
-    target: float = 0.3,
-    lrs: Sequence[float] = (0.2, 0.4),
-    momenta: Sequence[float] = (0.0, 0.9),
-    arms: Sequence[str] = ADVISE_ARMS,
+    trace: Trace,
+    seeds: int = 16,
+    ratio: Optional[float] = None,
+    task: Optional[str] = None,
+    protocol: Optional[Protocol] = None,
+    arms: Optional[Sequence[Arm]] = None,
+    workers: int = 1,
+    progress: Any = None,
 ) -> Advice:
-    """Emulate ddp and each of ``arms`` (``s = 1``) on delays resampled from ``trace`` (``[n, steps]`` own times)."""
-    n = trace.shape[0]
-    compute = float(np.median(trace))
-    if compute <= 0:
-        raise ValueError("the trace's typical step time is 0 s; record a run that does some work")
-    delays = np.clip(trace - compute, 0.0, None)
-    costs = costs_for(ratio, compute_s=compute)
-    protocol = Protocol(targets=(target, target), budget_steps=budget_steps, max_versions=int(budget_steps * 1.5))
-    budget = budget_steps * (costs.compute_s + costs.code_s + costs.aggregate_s)
-    x, y, xv, yv = _digits()
-    candidates = [Arm("ddp")]
-    for name in arms:
-        try:
-            Arm(name, 2).scheme(n)
-        except ValueError:
-            continue
-        candidates.append(Arm(name, 2))
+    """Emulate ddp and every candidate arm on the trace's delays (block-resampled) and decide with the map's statistics.
 
-    def runs(arm: Arm, seed: int, settings: list[tuple[float, float]]) -> list[Optional[float]]:
-        scheme = arm.scheme(n)
-        res = simulate(scheme, protocol.max_versions, ResampledDelays(delays, seed), costs, delay_seed=seed)
-        schedule = [v for v in from_records(res.records, res.applied[0]) if v.time_s <= budget]
-        model, batch = _model("mlp", seed)
-        streams = partition_streams(y.numpy(), n, seed, DataCondition("iid"))
-        out = emulate_grid(scheme, schedule, Task(model, x, y, xv, yv, batch), streams, settings, stop_below=target)
-        return [r.time_to(target) for r in out]
+    Args:
+        trace: a trace read by :func:`load_trace` (it must have a ``path``: the map's pattern reads the file).
+        seeds: evaluation seeds (paired across arms; 2 to 20).
+        ratio: compute-to-communication ratio; default: measured, the trace's typical step over its all-reduce.
+        task: the proxy task; default :func:`proxy_task` of the ratio.
+        protocol: the tuning protocol; default the map's (:class:`~lightning_pgc.emulator.cells.Protocol`, its grid
+            and tuning seeds) with evaluation seeds ``0 .. seeds - 1``.
+        arms: the arms (ddp first); default :func:`candidate_arms`.
+        workers: processes running arms at once.
+        progress: a stream for the progress bar (``None``: none).
 
-    settings = [(lr, m) for lr in lrs for m in momenta]
-    eval_seeds = list(range(seeds))
-    results: dict[str, tuple[tuple[float, float], list[Optional[float]]]] = {}
-    for arm in candidates:
-        scores = {s: tuning_score([t], budget) for s, t in zip(settings, runs(arm, 10_000, settings))}
-        chosen = min(settings, key=lambda s: (scores[s], -s[0], -s[1]))
-        results[arm.label] = (chosen, [runs(arm, seed, [chosen])[0] for seed in eval_seeds])
-    base = results["ddp"][1]
-    rows: list[dict[str, Any]] = []
-    comparisons: list[tuple[dict[str, Any], Any]] = []
-    for arm in candidates:
-        chosen, times = results[arm.label]
-        row = {
-            "arm": arm.label,
-            "strategy": arm.strategy,
-            "s": None if arm.strategy == "ddp" else arm.s,
-            "lr": chosen[0],
-            "momentum": chosen[1],
-            "reached": sum(t is not None for t in times),
-            "rmean_s": float(censor(times, budget).mean()),
-        }
-        if arm.strategy != "ddp":
-            comp = compare(times, base, budget)
-            comparisons.append((row, comp))
-            row.update(
-                ratio=comp.ratio,
-                low=comp.low,
-                high=comp.high,
-                p=comp.p,
-                faster_on=int((censor(times, budget) < censor(base, budget)).sum()),
-            )
-        rows.append(row)
-    for (row, _), p in zip(comparisons, holm([c.p for _, c in comparisons])):
-        row["p_holm"] = p
-    sure = [r for r, c in comparisons if c.high < 1.0]
-    if sure:
-        best = min(sure, key=lambda r: r["ratio"])
+    Raises:
+        ValueError: no ratio (neither measured nor given), a trace without a path, or ``seeds`` out of range.
+    """
+    if trace.path is None:
+        raise ValueError("advise replays a trace file: read it with load_trace(path)")
+    if not 2 <= seeds <= 20:
+        raise ValueError(f"seeds must be between 2 and 20 (the exact sign-flip test), got {seeds}")
+    source = "given" if ratio is not None else "measured"
+    if ratio is None:
+        ratio = trace.ratio
+    if ratio is None:
+        raise ValueError(
+            "the trace has no all-reduce time (written by an older StepTimeTrace, or a 1-rank run): record it again, "
+            "or pass --bound compute|comm or --ratio R"
+        )
+    if not (math.isfinite(ratio) and ratio > 0):
+        raise ValueError(f"compute-to-communication ratio must be a finite number > 0, got {ratio!r}")
+    task = task or proxy_task(ratio)
+    protocol = protocol or Protocol(eval_seeds=tuple(range(seeds)))
+    if len(protocol.eval_seeds) != seeds:
+        protocol = replace(protocol, eval_seeds=tuple(range(seeds)))
+    comm = COMPUTE_S / ratio
+    cell = Cell(
+        trace.n,
+        TRACE_PREFIX + str(Path(trace.path).resolve()),
+        "measured" if source == "measured" else "given",
+        task=task,
+        costs=(COMPUTE_S, 0.0, comm / 2, comm / 2),
+    )
+    candidates = list(arms) if arms is not None else candidate_arms(trace.n)
+    if not candidates or candidates[0].strategy != "ddp":
+        raise ValueError("the first arm must be ddp (every arm is compared with it)")
+    items = [(cell, arm, protocol) for arm in candidates]
+    started, cpu0 = time.time(), time.process_time()
+    records: list[dict[str, Any]] = []
+    if workers > 1:
+        import multiprocessing
+
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            for i, rec in enumerate(pool.imap(_run_one, items), 1):
+                records.append(rec)
+                if progress is not None:
+                    _progress(i, len(items), rec["arm"]["label"], started, progress)
+    else:
+        for i, item in enumerate(items, 1):
+            records.append(_run_one(item))
+            if progress is not None:
+                _progress(i, len(items), item[1].label, started, progress)
+    summary = summarize(records, str(trace.path))["cells"][0]
+    rows = [_row(a, r, task) for a, r in zip(summary["arms"], records)]
+    for row in rows[1:]:  # time = versions x time per version: which of the two an arm changes
+        base = rows[0]
+        row["versions_vs_ddp"] = _div(row["versions_to_target"], base["versions_to_target"])
+        row["per_version_vs_ddp"] = _div(row["s_per_version"], base["s_per_version"])
+    others = [r for r in rows if r["strategy"] != "ddp"]
+    comparisons = sum(1 for a in summary["arms"] for k in ("vs_ddp_early", "vs_ddp_late") if k in a)
+    floor = p_floor(seeds, comparisons)
+    candidate = min(others, key=lambda r: r["ratio"]) if others else None
+    winner = summary["winner"]
+    common = dict(
+        seeds=seeds,
+        task=task,
+        rows=rows,
+        candidate=candidate,
+        p_floor=floor,
+        seeds_needed=seeds_needed(comparisons) if comparisons else 2,
+        alpha=ALPHA,
+        comparisons=comparisons,
+        n=trace.n,
+        steps=trace.steps,
+        block=block_length(trace.own),
+        compute_s=trace.compute_s,
+        allreduce_s=trace.allreduce_s,
+        comm_ratio=ratio,
+        ratio_source=source,
+        cpu_s=sum(r.get("cpu_s") or 0.0 for r in records) + (time.process_time() - cpu0 if workers > 1 else 0.0),
+        wall_s=time.time() - started,
+    )
+    if winner is not None:
+        row = next(r for r in rows if r["arm"] == winner["arm"])
         return Advice(
-            best["strategy"],
-            best["s"],
-            best["ratio"],
-            best["low"],
-            best["high"],
-            best["p_holm"],
-            best["faster_on"],
-            seeds,
-            best["lr"],
-            best["momentum"],
-            rows,
-            n,
-            compute,
+            strategy=row["strategy"],
+            s=row["s"],
+            ratio=row["ratio"],
+            low=row["low"],
+            high=row["high"],
+            p_holm=row["p_holm"],
+            surely_faster=True,
+            arm=row["arm"],
+            lr=row["lr"],
+            momentum=row["momentum"],
+            strategy_kwargs=strategy_kwargs(row),
+            **common,  # type: ignore[arg-type]
         )
     ddp = rows[0]
-    fastest = min(comparisons, key=lambda rc: rc[1].ratio) if comparisons else None
     return Advice(
-        "ddp",
-        None,
-        1.0,
-        fastest[1].low if fastest else 1.0,
-        fastest[1].high if fastest else 1.0,
-        fastest[0]["p_holm"] if fastest else 1.0,
-        0,
-        seeds,
-        ddp["lr"],
-        ddp["momentum"],
-        rows,
-        n,
-        compute,
+        strategy="ddp",
+        s=None,
+        ratio=1.0,
+        low=1.0,
+        high=1.0,
+        p_holm=None,
+        surely_faster=False,
+        arm="ddp",
+        lr=ddp["lr"],
+        momentum=ddp["momentum"],
+        strategy_kwargs={},
+        **common,  # type: ignore[arg-type]
     )
+
+
+def _fmt_p(p: float) -> str:
+    return f"{p:.2g}" if p < 0.001 else f"{p:.3f}"
 
 
 def render(advice: Advice) -> str:
     """What ``lightning-pgc advise`` prints."""
+    ar = "not recorded" if advice.allreduce_s is None else f"{advice.allreduce_s * 1e3:.2f} ms"
     lines = [
-        f"Trace: {advice.n} ranks, typical own step {advice.compute_s * 1e3:.1f} ms; emulated on the digits "
-        f"proxy task, {advice.seeds} resampled delay seeds per arm (emulated, not measured)."
+        f"Trace: {advice.n} ranks x {advice.steps} steps, typical own step {advice.compute_s * 1e3:.1f} ms, one "
+        f"all-reduce of the gradient {ar}: compute/communication {advice.comm_ratio:.2g} ({advice.ratio_source}).",
+        f"Emulated (not measured) on the {advice.task!r} proxy task: delays replayed in blocks of {advice.block} "
+        f"steps, every arm tuned on the map's grid, {advice.seeds} evaluation seeds; time to the late target "
+        "against ddp on the same seeds.",
     ]
     for r in advice.rows:
-        extra = (
-            ""
-            if r["strategy"] == "ddp"
-            else (
-                f"  vs ddp {r['ratio']:.2f} [{r['low']:.2f}, {r['high']:.2f}], faster on {r['faster_on']}/{advice.seeds}"
-                f" seeds, Holm p {r['p_holm']:.3f}"
+        if r["strategy"] == "ddp":
+            extra = ""
+        else:
+            bound = " (a bound: some seeds missed)" if r["ratio_is_bound"] else ""
+            parts = ""
+            if r["versions_vs_ddp"] is not None and r["per_version_vs_ddp"] is not None:
+                parts = f" (versions {r['versions_vs_ddp']:.2f}x, time per version {r['per_version_vs_ddp']:.2f}x)"
+            extra = (
+                f"  {r['ratio']:.2f}x ddp [{r['low']:.2f}, {r['high']:.2f}]{bound}{parts}, Holm p {_fmt_p(r['p_holm'])}"
             )
-        )
         lines.append(
-            f"  {r['arm']:<22} lr {r['lr']:<4g} momentum {r['momentum']:<4g} reached {r['reached']}/"
-            f"{advice.seeds}{extra}"
+            f"  {r['arm']:<42} lr {r['lr']:<4g} momentum {r['momentum']:<4g} reached {r['reached']}/{r['seeds']}{extra}"
         )
-    if advice.strategy == "ddp":
+    floor = (
+        f"the smallest Holm p {advice.seeds} seeds can reach over {advice.comparisons} comparisons is "
+        f"{_fmt_p(advice.p_floor)}"
+    )
+    if advice.surely_faster:
+        kwargs = ", ".join(f"{k}={v!r}" for k, v in advice.strategy_kwargs.items())
         lines.append(
-            f"Recommendation: keep ddp (no arm's 95% interval of time-to-target ratio lies below 1; the best "
-            f"one's is [{advice.low:.2f}, {advice.high:.2f}])."
+            f"Recommendation: strategy={advice.strategy!r} ({kwargs}), start at lr {advice.lr:g}, momentum "
+            f"{advice.momentum:g}: time to target {advice.ratio:.2f}x ddp's, 95% interval [{advice.low:.2f}, "
+            f"{advice.high:.2f}], Holm-corrected p {_fmt_p(advice.p_holm or 1.0)} ({floor})."
         )
     else:
-        lines.append(
-            f"Recommendation: strategy={advice.strategy} s={advice.s} (start at lr {advice.lr:g}, momentum "
-            f"{advice.momentum:g}): expected time to target {advice.ratio:.2f}x ddp's, 95% interval "
-            f"[{advice.low:.2f}, {advice.high:.2f}], faster on {advice.faster_on} of {advice.seeds} seeds, "
-            f"Holm-corrected p {advice.p_holm:.3f}."
-        )
+        lines.append(f"Nothing is surely faster than ddp: keep ddp (no arm is faster with Holm p < {advice.alpha:g}).")
+        if advice.candidate is not None:
+            c = advice.candidate
+            lines.append(
+                f"  The best other arm, {c['arm']}, is at {c['ratio']:.2f}x ddp [{c['low']:.2f}, {c['high']:.2f}], "
+                f"Holm p {_fmt_p(c['p_holm'])}."
+            )
+        if advice.p_floor >= advice.alpha:
+            lines.append(
+                f"  This test cannot reach significance: {floor}. Rerun with --seeds {advice.seeds_needed} or more."
+            )
+        else:
+            lines.append(f"  ({floor}: the seeds could have shown a difference.)")
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str]) -> int:
-    """``lightning-pgc advise TRACE [--bound compute|comm] [--seeds K]``."""
+    """``lightning-pgc advise TRACE [--json] [--seeds K] [--bound compute|comm | --ratio R] [--task T] [--workers W]``."""
     import argparse
 
     parser = argparse.ArgumentParser(
         prog="lightning-pgc advise", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("trace", help="a trace.json written by lightning_pgc.step_trace.StepTimeTrace")
-    parser.add_argument(
+    over = parser.add_mutually_exclusive_group()
+    over.add_argument(
         "--bound",
         choices=sorted(RATIOS),
-        default="compute",
-        help="compute-bound (compute/communication = 4) or communication-bound (0.5) job",
+        default=None,
+        help="override the measured ratio: compute-bound (compute/communication = 4) or communication-bound (0.5)",
     )
-    parser.add_argument("--seeds", type=int, default=6, help="resampled delay seeds per arm (default 6)")
+    over.add_argument("--ratio", type=float, default=None, help="override the measured compute/communication ratio")
+    parser.add_argument("--seeds", type=int, default=16, help="evaluation seeds per arm (2 to 20, default 16)")
+    parser.add_argument("--task", default=None, help="proxy task (default: by the ratio, see PROXY_TASKS)")
+    parser.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1), help="processes (default 2)")
+    parser.add_argument("--json", action="store_true", help="print the advice as one JSON object")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(list(argv))
+    ratio = args.ratio if args.ratio is not None else (RATIOS[args.bound] if args.bound else None)
     try:
         trace = load_trace(args.trace)
+        advice = advise(
+            trace,
+            seeds=args.seeds,
+            ratio=ratio,
+            task=args.task,
+            workers=args.workers,
+            progress=None if args.quiet else sys.stderr,
+        )
     except (OSError, ValueError) as err:
         print(f"lightning-pgc advise: {err}")
         return 2
-    import torch
-
-    torch.set_num_threads(1)  # the proxy task's small batched kernels run fastest on one thread
-    print(render(advise(trace, ratio=RATIOS[args.bound], seeds=args.seeds)))
+    print(json.dumps(advice.to_json()) if args.json else render(advice))
     return 0

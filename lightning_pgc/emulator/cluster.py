@@ -32,6 +32,7 @@ __all__ = [
     "NODE_SIZE",
     "PATTERNS",
     "RATIOS",
+    "TRACE_PREFIX",
     "Cluster",
     "NodeStalls",
     "Pareto",
@@ -177,12 +178,18 @@ def node_size(n: int) -> int:
     return max(1, min(NODE_SIZE, n // 4))
 
 
+#: prefix of the pattern that replays a recorded step trace: ``"trace:" + path of a trace.json``
+TRACE_PREFIX = "trace:"
+
+
 def _jitter(sigma: float = 0.5) -> LogNormal:
     return LogNormal(median=0.02, sigma=sigma)
 
 
 def delay_model(pattern: str, n: int, seed: int = 0) -> DelayModel:
-    """The delay model of ``pattern`` (a key of :data:`PATTERNS`) for ``n`` workers (``seed``: node stalls' draw).
+    """The delay model of ``pattern`` (a key of :data:`PATTERNS`, or ``"trace:PATH"``: a step trace replayed by
+    block resampling, :func:`lightning_pgc.emulator.traces.trace_delay_model`) for ``n`` workers (``seed``: node
+    stalls' draw, a trace's block starts).
 
     Raises:
         ValueError: an unknown pattern or ``n < 2``.
@@ -206,6 +213,10 @@ def delay_model(pattern: str, n: int, seed: int = 0) -> DelayModel:
         return SumDelay([_jitter(), Spikes(prob=0.01, low=1.0, high=3.0)])
     if pattern == "slow spells":
         return SumDelay([_jitter(), SlowSpells(normal_steps=300, slow_steps=100, seconds=0.3, seed=seed)])
+    if pattern.startswith(TRACE_PREFIX):  # a recorded step trace, block-resampled (emulator/traces.py)
+        from lightning_pgc.emulator.traces import trace_delay_model
+
+        return trace_delay_model(pattern[len(TRACE_PREFIX) :], n, seed)
     raise ValueError(f"unknown straggler pattern {pattern!r}; valid: {', '.join(PATTERNS)}")
 
 

@@ -141,6 +141,8 @@ def confirm_summary(records: Sequence[dict[str, Any]], alpha: float = ALPHA) -> 
             )
         elif vs_ddp["ratio"] < 1:
             sure = "not confirmed: not separably faster than ddp on fresh seeds"
+        elif vs_ddp["p_holm"] < alpha:
+            sure = "ddp is faster: the best other arm is separably slower than ddp on fresh seeds"
         else:
             sure = "not confirmed: not faster than ddp on fresh seeds"
         out[label] = {
