@@ -192,6 +192,19 @@ def test_the_verdict_names_the_winner_the_maps_verdict_and_the_guides_row(tmp_pa
     assert nobody.startswith("This run: no arm reached the target. The guide")  # no map: no map verdict
 
 
+def test_the_shipped_race_ran_every_arm_in_both_cells_and_its_verdicts_agree_with_the_map_and_name_the_guides_row():
+    """docs/demo.json, what `make demo` last printed: every arm in both cells, identical replicas, and a verdict that
+    does not disagree with the map and quotes the guide's row for its cell."""
+    saved = json.loads((ROOT / "docs" / "demo.json").read_text())
+    outcomes = demo.read_outcomes(saved["results"])
+    for setting in demo.SETTINGS.values():
+        runs = [o for o in outcomes if o.setting == setting.key]
+        assert sorted(o.key for o in runs) == sorted(a.key for a in demo.ARMS), setting.key
+        assert all(o.identical for o in runs)
+        text = demo.verdict(setting, runs)
+        assert "disagrees" not in text and f'The guide\'s row: "{setting.guide_row}"' in text, text
+
+
 def test_the_table_gives_every_arm_its_ratio_to_ddp():
     runs = [_outcome("slow", "ddp", 10.0, 80), _outcome("slow", "pgc", 5.0, 100), _outcome("slow", "gc", None, None)]
     runs[1].map_vs_ddp = {"estimate": 0.56, "low": 0.48, "high": 0.66, "seeds": 5}

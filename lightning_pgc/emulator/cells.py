@@ -243,8 +243,14 @@ def _base_arms(n: int, c: int) -> list[Arm]:
     return arms
 
 
+def _auto_arms(n: int, c: int) -> list[Arm]:
+    """``pgc_auto`` with ``max_stragglers = c - 1``: the strategy's own leader and switching rule
+    (:mod:`lightning_pgc.emulator.auto`), tuned like every other arm."""
+    return [Arm("pgc_auto", c)]
+
+
 #: functions ``(n, c) -> arms`` whose arms every cell runs at each of its ``c`` (a new arm family registers here)
-ARM_FAMILIES: list[Callable[[int, int], list[Arm]]] = [_base_arms]
+ARM_FAMILIES: list[Callable[[int, int], list[Arm]]] = [_base_arms, _auto_arms]
 
 
 def arms_for(n: int, cs: Optional[list[int]] = None, pattern: str = "none") -> tuple[list[Arm], list[str]]:

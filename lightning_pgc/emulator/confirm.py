@@ -107,7 +107,10 @@ def confirm_summary(records: Sequence[dict[str, Any]], alpha: float = ALPHA) -> 
         by_cell.setdefault(cell_label(r["cell"]), []).append(r)
     out = {}
     for label, recs in by_cell.items():
-        order = [f[0] for f in recs[0]["cell"]["fixed"]]  # ddp, the candidate, the runner-up (if any)
+        # a cell confirmed again (its screen gained an arm) keeps only its newest plan's records
+        plan = recs[-1]["cell"]["fixed"]
+        recs = [r for r in recs if r["cell"]["fixed"] == plan]
+        order = [f[0] for f in plan]  # ddp, the candidate, the runner-up (if any)
         by_label = {r["arm"]["label"]: r for r in recs}
         if any(name not in by_label for name in order):
             continue  # not finished
