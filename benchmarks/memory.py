@@ -118,7 +118,7 @@ def main() -> None:
     p.add_argument("--schemes", nargs="+", default=SCHEMES, choices=SCHEMES)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--diagnostics-every", type=int, default=4)
-    p.add_argument("--merge", action="store_true", help="keep the results file's rows of the other sizes")
+    p.add_argument("--merge", action="store_true", help="keep the results file's rows of the sizes and schemes not run")
     p.add_argument("--from-json", action="store_true", help="only rewrite docs/memory.md from its results file")
     args = p.parse_args()
     if args.worker:
@@ -153,7 +153,8 @@ def main() -> None:
     minutes = (time.time() - started) / 60
     if args.merge and (RESULTS / "memory.json").exists():
         old = json.loads((RESULTS / "memory.json").read_text())
-        rows = [r for r in old["runs"] if r["size_m"] not in args.sizes] + rows
+        ran = {(r["size_m"], r["strategy"]) for r in rows}
+        rows = [r for r in old["runs"] if (r["size_m"], r["strategy"]) not in ran] + rows
         commands = old.get("commands", [old.get("command", "")]) + commands
         minutes += old["minutes"]
     result = {
@@ -162,11 +163,16 @@ def main() -> None:
         "minutes": minutes,
         "steps": args.steps,
         "diagnostics_every": args.diagnostics_every,
-        "runs": add_goals(sorted(rows, key=lambda r: r["size_m"])),
+        "runs": add_goals(sorted(rows, key=_order)),
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "memory.json").write_text(json.dumps(result, indent=1) + "\n")
     (DOCS / "memory.md").write_text(render(result))
+
+
+def _order(row: dict) -> tuple[int, int, bool]:
+    """Rows by size, then ddp and the schemes in :data:`SCHEMES` order, diagnostics on first."""
+    return row["size_m"], (["ddp", *SCHEMES]).index(row["strategy"]), not row["diagnostics"]
 
 
 def add_goals(rows: list[dict]) -> list[dict]:

@@ -342,7 +342,17 @@ def render(res: dict) -> str:
             f"{m['saved_by_overlap_ms']:.1f} | {100 * m['hidden_share']:.0f} % | "
             f"{100 * m['saved_share_of_ddp_step']:.1f} % |"
         )
-    lines.append("")
+    shares = [100 * m["saved_share_of_ddp_step"] for m in res["overlap"].values()]
+    lines += [
+        "",
+        f"Predicted admission is not built: here ddp's overlap saved {min(shares):.1f} % to {max(shares):.1f} % of "
+        "its step (a negative share: the serial step was the faster), so admitting ranks early could not pay for "
+        "the mispredictions it would add. On CPU ranks the all-reduce's work "
+        "(gloo copies and sums on the same cores) competes with backward instead of running beside it. Where "
+        "communication runs beside compute (NCCL on GPUs with their own links) the bound is the `hidden` share "
+        "of the all-reduce, and it is worth measuring there first.",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -299,6 +299,25 @@ def test_the_confirmation_reruns_the_candidate_its_runner_up_and_ddp_on_fresh_se
     assert not out["wins"] and out["sure"].startswith("ddp is faster") and out["vs_ddp"]["p_holm"] < 0.05
 
 
+def test_a_cell_confirmed_again_is_decided_on_its_newest_plan_only():
+    """An arm added to the map can change a cell's candidate or runner-up: the cell is confirmed again on a new plan
+    (its own seeds), and the records of the old plan, left in the same file, do not enter the decision."""
+    rng = np.random.default_rng(2)
+    old_times, new_times = rng.uniform(20, 40, 12), rng.uniform(20, 40, 8)
+    old = dict(CELL, fixed=[["ddp", 0.1, 0.0], ["ignore_stragglers c=2", 0.1, 0.0]])
+    new = dict(CELL, fixed=[["ddp", 0.1, 0.0], ["pgc_auto c=2", 0.1, 0.0], ["ignore_stragglers c=2", 0.1, 0.0]])
+    records = [
+        _record("ddp", "ddp", 0, list(old_times), cell=old),
+        _record("ignore_stragglers c=2", "ignore_stragglers", 1, list(1.3 * old_times), cell=old),
+        _record("ddp", "ddp", 0, list(new_times), cell=new),
+        _record("pgc_auto c=2", "pgc_auto", 1, list(new_times), cell=new),
+        _record("ignore_stragglers c=2", "ignore_stragglers", 1, list(1.3 * new_times), cell=new),
+    ]
+    (out,) = confirm_summary(records).values()
+    assert out["candidate"] == "pgc_auto c=2" and out["seeds"] == len(new_times)
+    assert out["vs_ddp"]["ratio"] == pytest.approx(1.0) and not out["wins"]
+
+
 def test_the_guide_rows_state_task_n_pattern_arm_ratio_and_how_sure_and_say_so_where_pgc_wins_nowhere():
     base = np.repeat(np.linspace(20, 40, 10), 2)
     records = [

@@ -46,11 +46,9 @@ from lightning_pgc.callbacks.probe import (
     flat_params,
     log_at,
     loss_and_gradient,
-    loss_gradient,
     probe_loss,
     reduced_gradient,
     squared_norm,
-    swapped_params,
 )
 from lightning_pgc.callbacks.theory_metrics import TheoryMeter
 from lightning_pgc.codes.bounded import BoundedScheme, error_decomposition
@@ -80,10 +78,11 @@ class PGCDiagnostics(Callback):
         theory_window: how many recent leader records form the empirical straggler pattern.
         theory_max_patterns: received sets enumerated exactly up to this many, sampled beyond.
         theory_chunk: samples per forward pass when computing ``grad F_j``.
-        sample_coordinates: parameter coordinates the displacement and ``L_hat`` are measured on (a fixed, seeded
-            subset); ``None`` measures every coordinate. The theory measurements and, under ``scheme="bounded"``,
-            the error decomposition evaluate gradients at past parameters, so with either the leader keeps full
-            parameter snapshots of the versions in use (one model-sized vector each).
+        sample_coordinates: parameter coordinates the displacement, ``L_hat`` and, under ``scheme="bounded"``,
+            the error decomposition are measured on (a fixed, seeded subset; each estimate comes with its relative
+            standard error, ``..._rse``); ``None`` measures every coordinate. The theory measurements evaluate
+            gradients at past parameters, so with them the leader keeps full parameter snapshots of the versions in
+            use (one model-sized vector each).
     """
 
     def __init__(
@@ -132,8 +131,11 @@ class PGCDiagnostics(Callback):
         self.loss_every_n_steps = loss_every_n_steps
         self.history: deque[dict[str, float]] = deque(maxlen=history_size)  # the newest logged rows
         self._last_end: Optional[float] = None
-        # version -> parameters: sampled coordinates, or (theory, bounded) every coordinate
+        # version -> parameters: sampled coordinates, or (theory, or sample_coordinates=None) every coordinate
         self._snapshots: deque[tuple[int, Tensor]] = deque()
+        # bounded staleness: version -> the probe gradient at that version's parameters, kept as the snapshots are
+        self._probe_grads: deque[tuple[int, Tensor]] = deque()
+        self._bounded = False
         self._sample: Optional[CoordinateSample] = None  # None: full snapshots
         self._probe: Any = None
         self._last_probe: Optional[tuple[int, Tensor, Tensor]] = None  # (version, params, probe gradient), sampled
@@ -147,12 +149,13 @@ class PGCDiagnostics(Callback):
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._last_end = None
         self._snapshots.clear()
+        self._probe_grads.clear()
         self._last_probe = None
         self._theory.reset()
         self.history.clear()
         self._delay_counts = {}
-        bounded = isinstance(getattr(trainer.strategy, "scheme", None), BoundedScheme)
-        full = bounded or self.theory_every_n_steps is not None or self.sample_coordinates is None
+        bounded = self._bounded = isinstance(getattr(trainer.strategy, "scheme", None), BoundedScheme)
+        full = self.theory_every_n_steps is not None or self.sample_coordinates is None
         params = list(pl_module.parameters())
         self._sample = None if full else CoordinateSample(params, self.sample_coordinates or 0)
         if bounded and self.theory_every_n_steps:
@@ -173,14 +176,20 @@ class PGCDiagnostics(Callback):
         params = self._params(pl_module) if self._snapshot_needed(version, c) else None
         if params is not None:
             self._snapshots.append((version, params))
-        while self._snapshots and self._snapshots[0][0] < version - max(c, 1) - 16:  # older than any use
-            self._snapshots.popleft()
+        oldest_use = version - self._lookback(c) + 1
+        for kept in (self._snapshots, self._probe_grads):
+            while kept and kept[0][0] < oldest_use:  # older than any coming measurement reads
+                kept.popleft()
         self._probe_loss = None
         if version % self.every_n_steps == 0:
             loss, gradient = self._gradient(pl_module)
             self._pending_probe = (version, params, gradient)
             self._probe_loss = loss
+            if self._bounded:
+                self._probe_grads.append((version, gradient))
         else:
+            if self._bounded and params is not None:  # a version a coming decomposition may read the gradient of
+                self._probe_grads.append((version, self._gradient(pl_module)[1]))
             self._pending_probe = None
             if version % self.loss_every_n_steps == 0:
                 self._probe_loss = probe_loss(pl_module, self._probe)
@@ -211,12 +220,21 @@ class PGCDiagnostics(Callback):
         zeros = {i: sample.of(i, torch.zeros(()).expand_as(p), p) for i, p in enumerate(params) if i not in parts}
         return loss, torch.cat([parts[i] if i in parts else zeros[i] for i in range(len(params))])
 
-    def _snapshot_needed(self, version: int, c: int) -> bool:
-        """Copy the parameters only at versions a coming measurement can look back to (not every step)."""
+    def _windows(self, c: int) -> list[tuple[int, int]]:
+        """(every, lookback) of each measurement that reads snapshots: it runs every ``every`` versions and reads
+        the parameters of the ``lookback`` versions before it, its own included."""
         windows = [(self.every_n_steps, max(c, 1))]  # probe: back to the oldest version in use, < c
         if self.theory_every_n_steps is not None:
             windows.append((self.theory_every_n_steps, max(c, 1) + 17))  # theory: every cached copy's version
-        return any((version + j) % every == 0 for every, window in windows for j in range(window))
+        return windows
+
+    def _lookback(self, c: int) -> int:
+        """How many versions back a coming measurement reads: snapshots older than that are dropped."""
+        return max(window for _, window in self._windows(c))
+
+    def _snapshot_needed(self, version: int, c: int) -> bool:
+        """Copy the parameters only at versions a coming measurement can look back to (not every step)."""
+        return any((version + j) % every == 0 for every, window in self._windows(c) for j in range(window))
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -375,28 +393,25 @@ class PGCDiagnostics(Callback):
         version, params, gradient = pending
         present = [(i, e) for i, e in enumerate(record.entries) if e is not None]  # (a partition may be left out)
         versions = [e.version for _, e in present]
-        snapshots = dict(self._snapshots)
-        if params is None or any(v not in snapshots for v in versions):
+        snapshots, grads = dict(self._snapshots), dict(self._probe_grads)
+        if params is None or any(v not in snapshots or v not in grads for v in versions):
             return {"pgc/bounded/missing_snapshot": 1.0}
-        live = [p for p in pl_module.parameters() if p.requires_grad]
-        grad_at = {version: gradient}
-        for v in sorted(set(versions) - {version}):
-            with swapped_params(live, snapshots[v]):
-                grad_at[v] = self._probe_gradient(pl_module)
+        grad_at = {v: grads[v] for v in set(versions)}
         scheme: Any = getattr(pl_module.trainer.strategy, "scheme")  # a BoundedRecord comes from a BoundedScheme
         weights = list(scheme.decoding_weights([i for i, _ in present]).values())
-        parts = error_decomposition(gradient, grad_at, versions, weights, info.aggregate, params, snapshots)
+        sample = self._sample
+        aggregate = info.aggregate if sample is None else sample.of_flat(info.aggregate)
+        scale = 1.0 if sample is None else sample.scale
+        parts = error_decomposition(gradient, grad_at, versions, weights, aggregate, params, snapshots, scale)
         out = {f"pgc/bounded/err_{k}": v for k, v in parts.items() if not k.startswith("cos") and k != "displacement"}
+        if sample is not None:
+            out["pgc/bounded/err_total_rse"] = self._rse(gradient - aggregate)
         out["pgc/bounded/displacement"] = parts["displacement"]
         out["pgc/bounded/stale_fresh_cos"] = parts["cos_min"]
         out["pgc/bounded/stale_fresh_cos_mean"] = parts["cos_mean"]
         if "pgc/L_hat_probe" in metrics:
             out["pgc/bounded/lipschitz_bound"] = metrics["pgc/L_hat_probe"] ** 2 * parts["displacement"]
         return out
-
-    def _probe_gradient(self, pl_module: LightningModule) -> Tensor:
-        """Gradient of the training loss on the fixed probe batch, leaving no trace (grads, buffers, RNG, logs)."""
-        return loss_gradient(pl_module, self._probe)
 
     def _log_histogram(self, trainer: Trainer, record: Any, version: int, stats: list[dict[str, float]]) -> None:
         """W&B only: the age histogram and, for every rank (no cap), the per-rank table and lag histogram."""

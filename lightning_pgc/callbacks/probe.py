@@ -117,6 +117,7 @@ class CoordinateSample:
             if self.exact
             else np.sort(np.random.default_rng(seed).choice(self.numel, size=self.size, replace=False))
         )
+        self._index = torch.from_numpy(index)
         bounds = np.cumsum([0, *numels])
         # per parameter: its sampled coordinates as an index per dimension (None: all of them), so any layout of a
         # value or a gradient is read in place
@@ -137,9 +138,20 @@ class CoordinateSample:
         """The sampled coordinates of every parameter's value."""
         return torch.cat([self.of(i, p, p) for i, p in enumerate(params)])
 
+    def of_flat(self, t: Tensor) -> Tensor:
+        """The sampled coordinates of a flat vector laid out as the parameters are, in order (an aggregate)."""
+        t = t.detach().reshape(-1)
+        part = t if self.exact else t[self._index.to(t.device)]
+        return part.to(device="cpu", dtype=torch.float64)
+
+    @property
+    def scale(self) -> float:
+        """``N / k``: what a sum over the sampled coordinates is multiplied by to estimate the sum over all."""
+        return self.numel / max(self.size, 1)
+
     def sq(self, x: Tensor) -> float:
         """The estimate of the squared norm of the vector whose sampled coordinates are ``x``."""
-        return float(x.pow(2).sum()) * self.numel / max(self.size, 1)
+        return float(x.pow(2).sum()) * self.scale
 
     def rse(self, x: Tensor) -> float:
         """The estimated relative standard error of :meth:`sq` (0 when exact)."""

@@ -315,8 +315,13 @@ def error_decomposition(
     aggregate: Tensor,
     params_now: Optional[Tensor] = None,
     params_at: Optional[Mapping[int, Tensor]] = None,
+    scale: float = 1.0,
 ) -> dict[str, float]:
     """The bounded-staleness method's error decomposition of one aggregate, with the cross terms it drops (float64).
+
+    Every vector may be the same uniform sample of ``k`` of the ``N`` coordinates instead: with ``scale = N / k``
+    each inner product is estimated as ``scale`` times the sample's (unbiased; the identities below hold exactly on
+    the estimates, and the cosines do not depend on ``scale``).
 
     With ``a = grad F(beta_t)`` (``grad_now``), ``m = sum_i w_i grad F(beta_{s(t,i)})`` (``grad_at[v]`` is
     ``grad F`` at version ``v``; ``versions[i] = s(t,i)``) and ``g = g_hat`` (``aggregate``):
@@ -336,7 +341,7 @@ def error_decomposition(
     m = torch.zeros_like(a)
     for v, w in zip(versions, weights):
         m.add_(at[v], alpha=float(w))
-    dot = lambda x, y: float(torch.dot(x, y))  # noqa: E731
+    dot = lambda x, y: scale * float(torch.dot(x, y))  # noqa: E731
     staleness, noise = dot(a - m, a - m), dot(m - g, m - g)
     out = {"total": dot(a - g, a - g), "staleness": staleness, "noise": noise, "cross": -2.0 * dot(a - m, g - m)}
     out["card_rhs"] = staleness - dot(m, m) + dot(g, g)
@@ -349,7 +354,7 @@ def error_decomposition(
     if params_now is not None and params_at is not None:
         p = params_now.to(torch.float64).reshape(-1)
         out["displacement"] = sum(
-            float(w) * float((p - params_at[v].to(torch.float64).reshape(-1)).pow(2).sum())
+            float(w) * scale * float((p - params_at[v].to(torch.float64).reshape(-1)).pow(2).sum())
             for v, w in zip(versions, weights)
         )
     return out
