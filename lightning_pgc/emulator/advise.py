@@ -5,8 +5,8 @@ time of one all-reduce of the model's gradient. Advise
 
 1. derives the job's compute-to-communication ratio: the typical own step (median over ranks and steps) divided by
    the all-reduce time (``--bound`` or ``--ratio`` override it; a trace without an all-reduce time needs one);
-2. picks the proxy task of that kind (:func:`proxy_task`: a conv net for a compute-bound job, a dense net for a
-   communication-bound one);
+2. picks the proxy task of that kind (:func:`proxy_task`, :data:`PROXY_TASKS`: the digits MLP for both kinds
+   unless ``--task`` names a harder one);
 3. replays the trace's delays by block resampling (:mod:`lightning_pgc.emulator.traces`: blocks of consecutive
    steps, so persistent slowness and stall durations survive), through the map's own straggler pattern
    ``"trace:PATH"``;
