@@ -1,6 +1,6 @@
 """The versions-to-target factors of ``scheme="auto"`` (``lightning_pgc/auto_factors.json``), derived from an emulated map.
 
-``python benchmarks/auto_table.py [--summary docs/emulated_map_full.json]`` rewrites the shipped table from a
+``python benchmarks/auto_table.py [--summary docs/results/emulated_map_reduced.json]`` rewrites the shipped table from a
 summary of the emulated map (the format of :func:`lightning_pgc.emulator.summary.summarize`: ``source`` names the
 round's records, ``cells[*].cell`` each cell's ``n``, ``pattern`` and ``task``, ``cells[*].arms[*].arm`` the arm
 labels such as ``ignore_stragglers c=2``).
@@ -93,7 +93,7 @@ def derive(summary: dict[str, Any], records: Iterable[dict[str, Any]]) -> dict[s
 
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--summary", default="docs/emulated_map_full.json")
+    parser.add_argument("--summary", default="docs/results/emulated_map_reduced.json")
     parser.add_argument("--out", default=str(OUT))
     args = parser.parse_args(argv)
     summary_path = Path(args.summary)
