@@ -208,17 +208,17 @@ class PGCDiagnostics(Callback):
             self._probe_sq = float(gradient.pow(2).sum())
             return loss, gradient
         sample, params = self._sample, list(pl_module.parameters())
-        parts: dict[int, Tensor] = {}
+        parts: dict[int, list[Tensor]] = {}
         total = [0.0]
 
-        def reduce(i: int, g: Tensor) -> None:
+        def reduce(i: int, g: Tensor, start: int) -> None:  # (a block of rows, in order, or the whole gradient)
             total[0] += squared_norm(g)
-            parts[i] = sample.of(i, g, params[i])
+            parts.setdefault(i, []).append(sample.of_rows(i, g, start, params[i]))
 
         loss = reduced_gradient(pl_module, self._probe, reduce)
         self._probe_sq = total[0]
         zeros = {i: sample.of(i, torch.zeros(()).expand_as(p), p) for i, p in enumerate(params) if i not in parts}
-        return loss, torch.cat([parts[i] if i in parts else zeros[i] for i in range(len(params))])
+        return loss, torch.cat([torch.cat(parts[i]) if i in parts else zeros[i] for i in range(len(params))])
 
     def _windows(self, c: int) -> list[tuple[int, int]]:
         """(every, lookback) of each measurement that reads snapshots: it runs every ``every`` versions and reads

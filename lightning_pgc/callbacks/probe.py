@@ -66,27 +66,111 @@ def loss_and_gradient(pl_module: LightningModule, batch: Any) -> tuple[float, Te
     return float(loss.detach()), torch.cat([g.detach().reshape(-1).double().cpu() for g in flat])
 
 
-def reduced_gradient(pl_module: LightningModule, batch: Any, reduce: Callable[[int, Tensor], None]) -> float:
-    """``training_step(batch)``'s loss; ``reduce(i, g)`` receives parameter ``i``'s gradient ``g`` as backward
-    produces it, which is then dropped: no model-sized buffer is held (``param.grad`` is untouched; a parameter
-    without a gradient is not passed). Leaves no trace, as :func:`loss_and_gradient`."""
+def reduced_gradient(
+    pl_module: LightningModule, batch: Any, reduce: Callable[[int, Tensor, int], None], chunk: int = 1 << 18
+) -> float:
+    """``training_step(batch)``'s loss; ``reduce(i, g, start)`` receives parameter ``i``'s gradient as backward
+    produces it, rows ``start`` to ``start + len(g)`` of it (``start`` 0 and the whole gradient but for the weights
+    below), which is then dropped: no model-sized buffer is held (``param.grad`` is untouched; a parameter without a
+    gradient is not passed). Leaves no trace, as :func:`loss_and_gradient`.
+
+    The weight of a plain ``nn.Linear`` (not shared with another module) is never materialized: backward is not asked
+    for it, so autograd skips its product, and its gradient ``sum_b gout_b x_b^T`` is formed from the layer's inputs
+    and output gradients ``chunk`` elements at a time. Its first layer is most of an MLP: a whole weight gradient
+    there was a transient of nearly a model's size on the leader."""
     params = list(pl_module.parameters())
-    trainable = [(i, p) for i, p in enumerate(params) if p.requires_grad]
+    taps = _LinearTaps(pl_module, params)
+    trainable = [(i, p) for i, p in enumerate(params) if p.requires_grad and i not in taps.indices]
 
     def hook(i: int, g: Tensor) -> Tensor:
-        reduce(i, g)
+        reduce(i, g, 0)
         return g.new_zeros(()).expand_as(g)  # what autograd.grad returns: no memory
 
     handles = [p.register_hook(lambda g, i=i: hook(i, g)) for i, p in trainable]
     batch = apply_to_collection(batch, Tensor, lambda t: t.to(pl_module.device))
     try:
-        with untouched(pl_module), torch.enable_grad():
+        with untouched(pl_module), torch.enable_grad(), taps:
             loss = _loss_of(pl_module.training_step(batch, 0))
-            torch.autograd.grad(loss, [p for _, p in trainable], allow_unused=True)
+            torch.autograd.grad(loss, [taps.anchor, *(p for _, p in trainable)], allow_unused=True)
     finally:
         for handle in handles:
             handle.remove()
+    taps.reduce(reduce, chunk)
     return float(loss.detach())
+
+
+class _LinearTaps:
+    """The inputs and output gradients of every tapped ``nn.Linear`` in one forward and backward (see
+    :func:`reduced_gradient`), and their weight gradients, a block of rows at a time.
+
+    Each output is passed on as ``output + anchor`` (``anchor`` a zero scalar that backward is asked for): its
+    gradient is then computed even where nothing else upstream needs it (a first layer without bias), and a hook on
+    it sees the output's gradient (also when a later in-place op rewrites that tensor)."""
+
+    def __init__(self, module: torch.nn.Module, params: Sequence[Tensor]) -> None:
+        uses: dict[int, int] = {}
+        for _, p in module.named_parameters(remove_duplicate=False):
+            uses[id(p)] = uses.get(id(p), 0) + 1
+        index = {id(p): i for i, p in enumerate(params)}
+        self._layers = [
+            (m, index[id(m.weight)])
+            for m in module.modules()
+            if isinstance(m, torch.nn.Linear)
+            and type(m).forward is torch.nn.Linear.forward
+            and isinstance(m.weight, torch.nn.Parameter)
+            and m.weight.requires_grad
+            and uses.get(id(m.weight)) == 1
+            and id(m.weight) in index
+        ]
+        self.indices = {i for _, i in self._layers}
+        self.anchor = torch.zeros((), requires_grad=True)
+        self._seen: dict[int, list[tuple[Tensor, list[Tensor], int]]] = {i: [] for i in self.indices}
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> "_LinearTaps":
+        for m, i in self._layers:
+            self._handles.append(m.register_forward_hook(lambda m, args, out, i=i: self._tap(i, args[0], out)))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _tap(self, i: int, x: Tensor, out: Tensor) -> Optional[Tensor]:
+        if not out.requires_grad:  # (under no_grad: no gradient from this use)
+            return None
+        grads: list[Tensor] = []
+        self._seen[i].append((x.detach(), grads, x._version))
+        tapped = out + self.anchor.to(out.device, out.dtype)
+        tapped.register_hook(lambda g: grads.append(g.detach()))
+        return tapped
+
+    def reduce(self, reduce: Callable[[int, Tensor, int], None], chunk: int) -> None:
+        """Hand each tapped weight's gradient to ``reduce`` in blocks of rows, summed over the layer's uses."""
+        for m, i in self._layers:
+            used = [(x, grads[0]) for x, grads, _ in self._seen[i] if grads]
+            if not used:
+                continue
+            if any(x._version != version for x, _, version in self._seen[i]):
+                raise RuntimeError(
+                    f"the input of {type(m).__name__} (parameter {i}) was modified in place after the layer read it: "
+                    "the probe cannot form its weight gradient (autograd would refuse it too)"
+                )
+            inputs = _rows([x for x, _ in used])
+            outputs = _rows([g for _, g in used])
+            inputs = inputs.to(outputs.dtype)
+            rows = max(1, chunk // max(1, inputs.shape[1]))
+            for start in range(0, outputs.shape[1], rows):
+                block = outputs[:, start : start + rows].t() @ inputs
+                reduce(i, block.to(m.weight.dtype), start)
+        self._seen = {i: [] for i in self.indices}
+
+
+def _rows(ts: Sequence[Tensor]) -> Tensor:
+    """The tensors as one matrix of rows (their last dimension): a view for one use, a copy for several."""
+    flat = [t.reshape(-1, t.shape[-1]) for t in ts]
+    return flat[0] if len(flat) == 1 else torch.cat(flat)
 
 
 def squared_norm(t: Tensor, chunk: int = 1 << 20) -> float:
@@ -122,10 +206,12 @@ class CoordinateSample:
         # per parameter: its sampled coordinates as an index per dimension (None: all of them), so any layout of a
         # value or a gradient is read in place
         self._local: list[Optional[tuple[Tensor, ...]]] = []
+        self._flat: list[Tensor] = []  # per parameter: its sampled coordinates as flat (row-major) offsets
         for p, lo, hi in zip(params, bounds[:-1], bounds[1:]):
             part = torch.from_numpy(index[np.searchsorted(index, lo) : np.searchsorted(index, hi)] - lo)
             whole = len(part) == hi - lo
             self._local.append(None if whole else tuple(torch.unravel_index(part, tuple(p.shape))))
+            self._flat.append(part)
 
     def of(self, i: int, t: Tensor, p: Tensor) -> Tensor:
         """The sampled coordinates of ``t`` (parameter ``i`` ``p``'s value or gradient), float64 on the CPU."""
@@ -133,6 +219,18 @@ class CoordinateSample:
         local = self._local[i]
         part = t.reshape(-1) if local is None else t[tuple(ix.to(t.device) for ix in local)]
         return part.to(device="cpu", dtype=torch.float64)
+
+    def of_rows(self, i: int, t: Tensor, start: int, p: Tensor) -> Tensor:
+        """The sampled coordinates in rows ``start`` to ``start + len(t)`` of parameter ``i`` (``p``), read from
+        ``t``, those rows (the whole value when ``t`` has ``p``'s shape): the pieces of consecutive blocks of rows,
+        in order, are :meth:`of` the whole."""
+        if t.shape == p.shape:
+            return self.of(i, t, p)
+        row = p[0].numel()
+        flat = self._flat[i]
+        lo, hi = start * row, start * row + t.numel()
+        part = flat[int(torch.searchsorted(flat, lo)) : int(torch.searchsorted(flat, hi))] - lo
+        return t.detach().reshape(-1)[part.to(t.device)].to(device="cpu", dtype=torch.float64)
 
     def of_params(self, params: Sequence[Tensor]) -> Tensor:
         """The sampled coordinates of every parameter's value."""
