@@ -15,7 +15,9 @@ The rule (:func:`derive`), fixed before reading any map:
   ``(n, task)`` with a straggler pattern (``none`` is left out: there ``ignore_stragglers`` drops whichever rank is
   last by a hair, which is not the regime the factor is used in).
 * One table per ``(n, task)`` of the map, with the cells it came from; cells whose data split is not i.i.d. are
-  left out (the auto rule knows nothing of the data).
+  left out (the auto rule knows nothing of the data), and so is the map's ``pgc_auto`` arm (it runs on the table).
+* Where a run's ``n`` has tables of several tasks, it reads each arm's largest factor among them
+  (:meth:`~lightning_pgc.decisions.auto.FactorTable.from_dict`).
 
 On a new map (new arms, such as staleness corrections or ``bounded``) rerun the command: the arms' labels are keys
 of the table as they are, and :class:`~lightning_pgc.decisions.auto.FactorTable` reads the entry whose ``n`` is
@@ -63,7 +65,7 @@ def derive(summary: dict[str, Any], records: Iterable[dict[str, Any]]) -> dict[s
         n, pattern, bound, _, task = key
         cells[(n, task)].append(f"{pattern} | {bound}")
         for label, vs in arms.items():
-            if label == "ddp":
+            if label == "ddp" or label.startswith("pgc_auto"):  # (its own arm: the table must not depend on it)
                 continue
             ratios = [a / b for a, b in zip(vs, base) if a is not None and b is not None and b > 0]
             if ratios:

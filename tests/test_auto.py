@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+from pathlib import Path
 from typing import Sequence
 
 import pytest
@@ -71,9 +72,19 @@ def test_the_shipped_table_says_where_it_came_from_and_picks_the_nearest_n() -> 
     table = FactorTable.shipped(4)
     assert table.n == 4 and table.source.endswith(".jsonl")
     assert table.factor(DGD) == 1.0 and table.factor(IGN1) is not None and table.factor(IGN1) > 1.0
-    assert FactorTable.shipped(5).n == 4 and FactorTable.shipped(1000).n == 256
+    assert FactorTable.shipped(5).n == 4 and FactorTable.shipped(1000).n == 16
     data = {"tables": [{"n": 4, "task": "a", "factors": {}}, {"n": 8, "task": "b", "factors": {}}]}
     assert FactorTable.from_dict(data, 6).n == 4  # tie: the smaller n
+    two = {  # two tasks at one n: each arm's largest factor, whichever entry comes first
+        "tables": [
+            {"n": 4, "task": "mlp", "factors": {"x": {"factor": 1.3}, "y": {"factor": 2.0}}},
+            {"n": 4, "task": "cnn", "factors": {"x": {"factor": 1.5}, "z": {"factor": 1.1}}},
+        ]
+    }
+    merged = FactorTable.from_dict(two, 4)
+    assert merged.task == "cnn+mlp" and merged.factors == {"x": 1.5, "y": 2.0, "z": 1.1}
+    two["tables"].reverse()
+    assert FactorTable.from_dict(two, 4) == merged
     with pytest.raises(ValueError, match="no tables"):
         FactorTable.from_dict({"tables": []}, 4)
 
@@ -358,3 +369,16 @@ def test_pgc_auto_is_registered_and_its_options_are_checked() -> None:
         PGCStrategy(scheme="auto", stragglers=2)
     with pytest.raises(ValueError, match="no staleness to correct"):
         PGCStrategy(scheme="auto", staleness_correction="momentum")
+
+
+def test_the_shipped_table_is_rederived_from_the_shipped_map_records() -> None:
+    """``lightning_pgc/auto_factors.json`` is what ``python benchmarks/auto_table.py`` derives from the records it
+    names: a checkout can regenerate the table its ``pgc_auto`` reads."""
+    from benchmarks import auto_table
+
+    root = Path(__file__).resolve().parents[1]
+    shipped = json.loads((root / "lightning_pgc" / "auto_factors.json").read_text())
+    summary = json.loads((root / shipped["summary"]).read_text())
+    summary["_path"] = shipped["summary"]
+    assert (root / summary["source"]).exists() and shipped["source"] == summary["source"]
+    assert auto_table.derive(summary, auto_table._records(root / summary["source"])) == shipped

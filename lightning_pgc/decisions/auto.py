@@ -108,14 +108,21 @@ class FactorTable:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], n: int) -> "FactorTable":
-        """The entry of a table file (``{"source": ..., "tables": [{"n", "task", "factors": {key: {"factor":
-        ...}}}]}``) measured with the ``n`` nearest to ``n`` (ties: the smaller)."""
+        """The entries of a table file (``{"source": ..., "tables": [{"n", "task", "factors": {key: {"factor":
+        ...}}}]}``) measured with the ``n`` nearest to ``n`` (ties: the smaller). Where several tasks were measured at
+        that ``n`` (the run's task is not known), each arm's factor is the largest any of them measured: a switch
+        must pay on every task the map ran; ``task`` joins their names."""
         tables = data.get("tables") or []
         if not tables:
             raise ValueError("the factor table file has no tables")
-        best = min(tables, key=lambda t: (abs(int(t["n"]) - n), int(t["n"])))
-        factors = {k: float(v["factor"]) for k, v in best["factors"].items()}
-        return cls(int(best["n"]), str(best["task"]), factors, str(data.get("source", "")))
+        nearest = min((int(t["n"]) for t in tables), key=lambda m: (abs(m - n), m))
+        entries = sorted((t for t in tables if int(t["n"]) == nearest), key=lambda t: str(t["task"]))
+        factors: dict[str, float] = {}
+        for entry in entries:
+            for key, value in entry["factors"].items():
+                factors[key] = max(factors.get(key, 0.0), float(value["factor"]))
+        task = "+".join(str(t["task"]) for t in entries)
+        return cls(nearest, task, factors, str(data.get("source", "")))
 
     @classmethod
     def shipped(cls, n: int) -> "FactorTable":

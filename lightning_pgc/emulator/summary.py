@@ -100,6 +100,10 @@ def _arm_summary(record: dict[str, Any]) -> dict[str, Any]:
         "rmean_early_s": restricted_mean(ev["time_early"], budget),
         "rmean_late_s": restricted_mean(ev["time_late"], budget),
         "median_late_s": median_censored(ev["time_late"], budget),
+        # versions applied to reach the late target (misses at the protocol's cap; None when half or more missed)
+        "median_versions_late": median_censored(ev.get("versions_late", []), protocol["max_versions"])
+        if ev.get("versions_late")
+        else None,
         "final_loss_median": statistics.median(losses) if losses else None,
         "cpu_s": record.get("cpu_s"),
     }
