@@ -37,6 +37,7 @@ RESULTS = DOCS / "results"
 SIZES = {10: 10_000, 100: 100_000}  # millions of parameters -> hidden width of the 1024-H-4 MLP
 SCHEMES = ["pgc_cr", "pgc_fr", "gc_cr", "gc_fr", "pgc_cr_naive", "ignore", "dgd", "bounded"]
 RANKS = 4
+FLOAT64_CODES = {"gc_cr", "pgc_cr_naive"}  # the Tandon-coded schemes: a code is two float32 gradients' bytes
 BATCH = 32
 
 
@@ -120,6 +121,8 @@ def main() -> None:
     p.add_argument("--diagnostics-every", type=int, default=4)
     p.add_argument("--merge", action="store_true", help="keep the results file's rows of the sizes and schemes not run")
     p.add_argument("--from-json", action="store_true", help="only rewrite docs/memory.md from its results file")
+    p.add_argument("--resume", action="store_true", help="keep the runs OUT/rows.jsonl holds from an interrupted run")
+    p.add_argument("--run-timeout", type=float, default=900, help="seconds before a run's ranks are killed")
     args = p.parse_args()
     if args.worker:
         run_worker(args)
@@ -130,25 +133,41 @@ def main() -> None:
     from lightning_pgc.experiments.launch import launch_script
 
     started = time.time()
+    scratch = Path(args.out) / "rows.jsonl"  # every finished run, as it finishes (--resume reads it)
+    done = {}
+    if args.resume and scratch.exists():
+        for line in scratch.read_text().splitlines():
+            row = json.loads(line)
+            done[(row["size_m"], row["strategy"], row["diagnostics"])] = row
+    elif scratch.exists():
+        scratch.unlink()
     rows = []
     for size in args.sizes:
         for strategy, diagnostics in runs(args.schemes):
+            if (size, strategy, diagnostics) in done:
+                rows.append(done[(size, strategy, diagnostics)])
+                continue
             name = f"{size}m/{strategy}/{'diag' if diagnostics else 'nodiag'}"
             print(name, flush=True)
             argv = ["--strategy", strategy, "--size", str(size), "--diagnostics", str(int(diagnostics))]
             argv += ["--steps", str(args.steps), "--diagnostics-every", str(args.diagnostics_every)]
-            ranks = launch_script(Path(__file__), argv, Path(args.out) / name.replace("/", "_"), RANKS)
-            rows.append(
-                {
-                    "size_m": size,
-                    "strategy": strategy,
-                    "diagnostics": diagnostics,
-                    "params": ranks[0]["params"],
-                    "cached": [r["cached"] for r in ranks],
-                    "peak_rss_mb": [r["peak_rss_mb"] for r in ranks],
-                    "load": os.getloadavg()[0],
-                }
-            )
+            row: dict[str, Any] = {"size_m": size, "strategy": strategy, "diagnostics": diagnostics}
+            try:
+                ranks = launch_script(
+                    Path(__file__), argv, Path(args.out) / name.replace("/", "_"), RANKS, timeout=args.run_timeout
+                )
+            except (RuntimeError, TimeoutError) as exc:  # one run's failure is a result, not the end of the others
+                row["failed"] = str(exc).splitlines()[0]
+                print(f"  {row['failed']}", flush=True)
+            else:
+                row["params"] = ranks[0]["params"]
+                row["cached"] = [r["cached"] for r in ranks]
+                row["peak_rss_mb"] = [r["peak_rss_mb"] for r in ranks]
+                row["buffers"] = [r["buffers"] for r in ranks]  # the runtime's buffer_stats of every rank
+            row["load"] = os.getloadavg()[0]
+            rows.append(row)
+            with open(scratch, "a") as f:
+                f.write(json.dumps(row) + "\n")
     commands = ["python benchmarks/memory.py " + " ".join(sys.argv[1:])]
     minutes = (time.time() - started) / 60
     if args.merge and (RESULTS / "memory.json").exists():
@@ -178,8 +197,10 @@ def _order(row: dict) -> tuple[int, int, bool]:
 def add_goals(rows: list[dict]) -> list[dict]:
     """Each run's goal per rank (ddp's peak on that rank plus one gradient per cached partition) and its excess
     over it, in MB and in gradients (4 bytes per parameter)."""
-    ddp = {r["size_m"]: r["peak_rss_mb"] for r in rows if r["strategy"] == "ddp"}
+    ddp = {r["size_m"]: r["peak_rss_mb"] for r in rows if r["strategy"] == "ddp" and "failed" not in r}
     for r in rows:
+        if "failed" in r or r["size_m"] not in ddp:
+            continue
         grad_mb = 4 * r["params"] / 2**20
         base = ddp[r["size_m"]]
         goal = [b + (0 if r["strategy"] == "ddp" else k * grad_mb) for b, k in zip(base, r["cached"])]
@@ -187,7 +208,29 @@ def add_goals(rows: list[dict]) -> list[dict]:
         r["goal_mb"] = goal
         r["over_goal_gradients"] = [(m - g) / grad_mb for m, g in zip(r["peak_rss_mb"], goal)]
         r["over_ddp_gradients"] = [(m - b) / grad_mb for m, b in zip(r["peak_rss_mb"], base)]
+        if r.get("buffers") and all(r["buffers"]):  # the excess less the buffers a rank held for running behind
+            code = 2 if r["strategy"] in FLOAT64_CODES else 1
+            fewest = [min(b.get(k, 0) for b in r["buffers"]) for k in ("aggregate_buffers", "code_messages")]
+            lag = [
+                b.get("aggregate_buffers", 0) - fewest[0] + code * (b.get("code_messages", 0) - fewest[1])
+                for b in r["buffers"]
+            ]
+            r["lag_buffer_gradients"] = lag
+            r["over_goal_less_lag_gradients"] = [x - k for x, k in zip(r["over_goal_gradients"], lag)]
     return rows
+
+
+def _buffers(row: dict) -> str:
+    """The aggregate and code buffers the runtime allocated on rank 0 and, as a range, on the others."""
+    stats = row.get("buffers")
+    if not stats or not stats[0]:
+        return "-"
+
+    def pair(b: dict) -> tuple[int, int]:
+        return b.get("aggregate_buffers", 0), b.get("code_messages", 0)
+
+    others = sorted({pair(b) for b in stats[1:]})
+    return f"{pair(stats[0])[0]}, {pair(stats[0])[1]} / " + "; ".join(f"{a}, {c}" for a, c in others)
 
 
 def render(res: dict) -> str:
@@ -207,21 +250,40 @@ def render(res: dict) -> str:
         "their code and the all-reduce's buffer hold two float32 gradients' worth of bytes each, above the goal "
         "by design. CPU only: no device memory was measured (the CUDA path keeps the same buffers on the device).",
         "",
+        "A rank that runs behind the others holds what they already produced for it: the aggregate of a version "
+        "they closed while it was still computing, and under the pipelined schemes the code it keeps for the next "
+        "version, each one buffer of a gradient's size (`aggregate, code buffers`: how many the runtime allocated "
+        "on each rank). With the diagnostics on, the leader is that rank: its "
+        "probe is one more forward and backward on a fixed batch every few steps, which the others do not wait "
+        "for. Where rank 0 has more buffers than the others, that is the part of its excess the diagnostics cause "
+        "by slowing it, not memory they keep (their own state is a sample of coordinates). `over goal, less lag "
+        "buffers` takes out of every rank's excess the buffers it held beyond the fewest any rank held in that run "
+        "(a Tandon code counts two gradients). A rank further behind than `max_lag` versions is detached and rejoins by state transfer, "
+        "which bounds them. `bounded` keeps its last codes on every rank by design (a successor leader rebuilds "
+        "its table from them), which is its excess with the diagnostics off.",
+        "",
     ]
     for size in sorted({r["size_m"] for r in res["runs"]}):
         rows = [r for r in res["runs"] if r["size_m"] == size]
+        measured = [r for r in rows if "gradient_mb" in r]
         md += [
-            f"**{size} M parameters** ({rows[0]['params']} parameters, one float32 gradient "
-            f"{rows[0]['gradient_mb']:.0f} MB):",
+            f"**{size} M parameters** ({measured[0]['params']} parameters, one float32 gradient "
+            f"{measured[0]['gradient_mb']:.0f} MB):",
             "",
-            "| run | diagnostics | rank 0 | rank 1 | rank 2 | rank 3 | cached | over goal | over ddp |",
-            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+            "| run | diagnostics | rank 0 | rank 1 | rank 2 | rank 3 | cached | over goal | over ddp | aggregate, code buffers (rank 0 / others) | over goal, less lag buffers |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|",
         ]
         for r in rows:
+            if "gradient_mb" not in r:
+                md.append(
+                    f"| {r['strategy']} | {'on' if r['diagnostics'] else 'off'} | {r['failed']} | | | | | | | | |"
+                )
+                continue
             rss = " | ".join(f"{m:.0f}" for m in r["peak_rss_mb"])
             md.append(
                 f"| {r['strategy']} | {'on' if r['diagnostics'] else 'off'} | {rss} | {max(r['cached'])} | "
-                f"{max(r['over_goal_gradients']):.2f} | {max(r['over_ddp_gradients']):.2f} |"
+                f"{max(r['over_goal_gradients']):.2f} | {max(r['over_ddp_gradients']):.2f} | {_buffers(r)} | "
+                + (f"{max(r['over_goal_less_lag_gradients']):.2f} |" if "over_goal_less_lag_gradients" in r else "- |")
             )
         md.append("")
     return "\n".join(md)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -155,6 +156,7 @@ def launch_script(
 
     Raises:
         RuntimeError: a rank exited with a non-zero status (with the tail of its output).
+        TimeoutError: the ranks ran past ``timeout`` (all of them are killed).
     """
     out.mkdir(parents=True, exist_ok=True)
     for r in range(ranks):
@@ -164,9 +166,20 @@ def launch_script(
     for key in INHERITED:
         env.pop(key, None)
     if not one_process_per_rank:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        # its own session: on a timeout every rank goes (Lightning's launcher starts ranks 1..n-1 as its children)
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            stdout, stderr = proc.communicate()
+            raise TimeoutError(
+                f"{script.name} {' '.join(args)} ran past {timeout:g} s (every rank killed):\n{stderr[-4000:]}"
+            ) from None
         if proc.returncode != 0:
-            raise RuntimeError(f"{script.name} {' '.join(args)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+            raise RuntimeError(f"{script.name} {' '.join(args)} failed:\n{stdout[-2000:]}\n{stderr[-4000:]}")
     else:
         port = _free_port()
         procs = []
@@ -174,7 +187,17 @@ def launch_script(
             node = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "NODE_RANK": str(r), "LOCAL_RANK": "0"}
             rank = {**env, **node, "WORLD_SIZE": str(ranks), **(rank_env(r) if rank_env else {})}
             procs.append(subprocess.Popen(cmd, env=rank, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        logs = [p.communicate(timeout=timeout)[0] for p in procs]
+        deadline = time.monotonic() + timeout
+        try:
+            logs = [p.communicate(timeout=max(0.0, deadline - time.monotonic()))[0] for p in procs]
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            logs = [p.communicate()[0] for p in procs]
+            raise TimeoutError(
+                f"{script.name} {' '.join(args)} ran past {timeout:g} s (every rank killed):\n"
+                + "\n".join(log[-3000:] for log in logs)
+            ) from None
         if any(p.returncode for p in procs):
             raise RuntimeError(f"{script.name} {' '.join(args)} failed:\n" + "\n".join(log[-3000:] for log in logs))
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(ranks)]
