@@ -423,3 +423,104 @@ def test_gradients_keep_the_parameters_channels_last_layout():
     assert view.stride() == p.stride() and torch.equal(view, g)
     q = torch.nn.Parameter(torch.randn(6, 7))
     assert grad_view(flat_like(torch.ones(6, 7), q), q).is_contiguous()
+
+
+def test_a_comm_thread_slow_on_a_versions_contribution_is_not_the_leaders_silence(monkeypatch):
+    """gc_cr, n = 4, s = 1, a leader-silence limit of 0.4 s. On ranks 1-3 the weighted contribution of version 0 takes
+    1 s (a model-sized pass on a loaded machine); the leader's beats wait in the queue meanwhile. That is the comm
+    thread's work, not the leader's silence: every rank gets the aggregate, none gives up on the leader."""
+    import lightning_pgc.runtime.comm as comm
+
+    def slow(scheme, plan, rank, *args, **kwargs):
+        if rank != 0:
+            time.sleep(1.0)
+        return contribute(scheme, plan, rank, *args, **kwargs)
+
+    monkeypatch.setattr(comm, "contribute", slow)
+    rts = _planes(make_scheme("gc_cr", 4, 1), timeout=30.0, heartbeat=(0.05, 4))
+    try:
+        for rt in rts:
+            _submit(rt, 0)
+        aggs = _together(rts, lambda rt: rt.wait(0))
+        assert all(isinstance(a, torch.Tensor) for a in aggs.values()), aggs
+        assert all(torch.equal(a, aggs[0]) for a in aggs.values())
+        assert all(rt.failure() is None for rt in rts)
+    finally:
+        _stop_all(rts)
+
+
+def test_a_rank_that_gave_up_on_its_leader_stops_without_waiting_for_it():
+    """A rank whose training thread finds the leader silent past the limit raises, and its runtime is failed with
+    that error: its stop() returns at once instead of serving all-reduces until a STOP that the leader it gave up on
+    may never send."""
+    from lightning_pgc.runtime.aggregates import PGCTimeoutError
+
+    rts = _planes(make_scheme("gc_cr", 4, 1), timeout=30.0, heartbeat=(0.5, 4))
+    try:
+        rt = rts[1]
+        now = time.monotonic()
+        rt._last_check = now
+        rt._leader_heard = rt._comm_free_at = rt._resumed_at = now - 10.0  # as if nothing came for 10 s
+        with pytest.raises(PGCTimeoutError, match="lost the leader"):
+            rt._check_leader("waiting for the aggregate of version 0")
+        assert isinstance(rt.failure(), PGCTimeoutError)
+        started = time.monotonic()
+        _together([rt], lambda rt: rt.stop(), timeout=10)
+        assert time.monotonic() - started < 5.0
+    finally:
+        _stop_all(rts)
+
+
+def test_the_leader_fails_at_once_when_finished_ranks_leave_a_version_it_cannot_close():
+    """gc_cr, n = 4, s = 1 (3 codes close a version). Ranks 1 and 2 stop (say BYE) after version 0, as ranks that
+    stopped on an error do; ranks 0 and 3 send codes for version 1, which can never close: the leader fails at once
+    with an error naming the finished ranks, not after its timeout (30 s here)."""
+    rts = _planes(make_scheme("gc_cr", 4, 1), timeout=30.0)
+    stoppers = []
+    try:
+        for rt in rts:
+            _submit(rt, 0)
+        for rt, agg in _together(rts, lambda rt: rt.wait(0)).items():
+            rts[rt].release(agg)
+        for rt in rts[1:3]:
+            stopper = threading.Thread(target=rt.stop, daemon=True)
+            stopper.start()
+            stoppers.append(stopper)
+        started = time.monotonic()
+        for rt in (rts[0], rts[3]):
+            _submit(rt, 1)
+        got = _together([rts[0], rts[3]], lambda rt: rt.wait(1), timeout=20)
+        assert time.monotonic() - started < 10.0
+        assert re.search(r"Version 1 cannot close.*|finished early", str(got[0])), got[0]
+        assert "ranks [1, 2] finished early" in str(rts[0].failure())
+    finally:
+        _stop_all([rts[0], rts[3]])
+        for stopper in stoppers:
+            stopper.join(10)
+
+
+def test_an_interrupted_rank_stops_waiting_for_its_aggregate_and_for_the_leaders_stop():
+    """SIGTERM's handler calls ``interrupt()``: a training thread waiting for an aggregate that will not come raises
+    PGCInterrupted within a heartbeat interval, and a rank serving the last all-reduces until the leader's STOP
+    returns instead."""
+    from lightning_pgc.runtime.plane import PGCInterrupted
+
+    rts = _planes(make_scheme("gc_cr", 4, 1), timeout=30.0, heartbeat=(0.05, 50))
+    try:
+        _submit(rts[1], 0)  # alone: version 0 cannot close
+        waiter = threading.Thread(target=lambda: rts[1].interrupt() if time.sleep(0.5) is None else None)
+        waiter.start()
+        started = time.monotonic()
+        with pytest.raises(PGCInterrupted, match="interrupted"):
+            rts[1].wait(0)
+        assert time.monotonic() - started < 5.0
+        waiter.join()
+        stopper = threading.Thread(target=rts[2].stop, daemon=True)  # the leader sends no STOP while it trains
+        stopper.start()
+        time.sleep(0.3)
+        assert stopper.is_alive()
+        rts[2].interrupt()
+        stopper.join(5)
+        assert not stopper.is_alive()
+    finally:
+        _stop_all([rts[0], rts[1], rts[3]])

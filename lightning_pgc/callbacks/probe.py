@@ -173,7 +173,7 @@ def _rows(ts: Sequence[Tensor]) -> Tensor:
     return flat[0] if len(flat) == 1 else torch.cat(flat)
 
 
-def squared_norm(t: Tensor, chunk: int = 1 << 20) -> float:
+def squared_norm(t: Tensor, chunk: int = 1 << 18) -> float:
     """``|t|^2`` accumulated in float64, a chunk at a time (no float64 copy of the whole tensor)."""
     t = t.detach()
     if t.dim() == 0 or t.numel() <= chunk:

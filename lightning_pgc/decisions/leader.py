@@ -371,8 +371,10 @@ class Leader:
 
     def check(self, now: float) -> None:
         """Raise once the open version has codes but fewer than the ``n - s`` ranks it needs have been alive and
-        training for ``timeout`` seconds (heartbeats missed, process gone, or finished early); raise at once when
-        it can never close because too many ranks' codes for it were not finite.
+        training for ``timeout`` seconds (heartbeats missed, process gone); raise at once when it can never close
+        because too many ranks' codes for it were not finite, or too many ranks finished (said BYE) without sending
+        one (ranks that finish normally have closed every version a rank still waits for: this is a rank that
+        stopped on an error).
 
         Raises:
             DivergedError: the ranks that rejected their codes, the gone ones, and what the scheme needs.
@@ -383,6 +385,10 @@ class Leader:
             may_send = set(range(self.world_size)) - rejected - self.dead - self.byes  # (a detached rank may rejoin)
             if not self._could_close(sorted(may_send | set(self._order))):
                 raise self.diverged_error(sorted(rejected))
+        if self._first_arrival is not None:  # finished ranks send nothing more: a version they cannot close is lost now
+            may_send = (set(range(self.world_size)) - self.dead - self.byes) | set(self._order)
+            if not self._could_close(sorted(may_send)):
+                raise self.missing_error(now)
         active = self.alive(now)
         if len(active) >= self.scheme.wait_for or self._first_arrival is None:
             self._short_since = None

@@ -174,7 +174,20 @@ class CommLoop:
         )
 
     def _run_version(self, version: int, plan: Sequence[tuple[int, int, int]], table: tuple[int, ...]) -> None:
-        """Contribute this rank's share of ``version``'s aggregate to the all-reduce; keep the result."""
+        """Contribute this rank's share of ``version``'s aggregate to the all-reduce; keep the result.
+
+        The thread counts as busy for all of it, not only the all-reduce: allocating the sum buffer, the weighted
+        contribution and the narrowing copy are model-sized and can take seconds on a loaded machine, and the leader's
+        messages wait in the queue meanwhile (they are not its silence)."""
+        assert self.group is not None
+        self._busy = True
+        try:
+            self._reduce_version(version, plan, table)
+        finally:
+            self._busy = False
+            self._comm_free_at = time.monotonic()
+
+    def _reduce_version(self, version: int, plan: Sequence[tuple[int, int, int]], table: tuple[int, ...]) -> None:
         assert self.group is not None
         plan = _expand(version, plan)
         buf = self._sum_buffer()
@@ -189,7 +202,6 @@ class CommLoop:
             for code in codes.values():
                 code.read = read
         try:
-            self._busy = True
             started = time.monotonic()
             self.group.all_reduce(buf)
             self.allreduce_s, self.allreduces = time.monotonic() - started, self.allreduces + 1
@@ -202,9 +214,6 @@ class CommLoop:
             )
             self._leave_group(self._chan)
             return
-        finally:
-            self._busy = False
-            self._comm_free_at = time.monotonic()  # (the leader's messages waited in the queue meanwhile)
         self.completed, self._next = version, version + 1
         m = self.group.size
         self.data_bytes += 2 * (m - 1) * buf.numel() * buf.element_size() // m

@@ -50,6 +50,10 @@ log = logging.getLogger(__name__)
 _RUNS = itertools.count()  # runtime starts in this process: every rank starts them in the same order
 
 
+class PGCInterrupted(RuntimeError):
+    """This rank was told to stop (SIGTERM) while it waited on the others: it leaves instead of waiting on."""
+
+
 class PGCDetached(RuntimeError):
     """This rank fell more than ``max_lag`` versions behind (or left the data group): no aggregate comes until it
     rejoins."""
@@ -155,6 +159,7 @@ class CollectiveRuntime(CommLoop, Rejoins):
         self._rejoining: Optional[int] = None  # the version this rank asked to rejoin at (until attached)
         self._bye: Optional[tuple] = None  # the BYE this rank said
         self._stopping = threading.Event()
+        self._interrupted = threading.Event()  # SIGTERM: every wait of the training thread ends (interrupt())
         self._beats_done = threading.Event()
         self._stopped = False
         self._threads: list[threading.Thread] = []
@@ -273,6 +278,9 @@ class CollectiveRuntime(CommLoop, Rejoins):
                 self.send_state(rank, version, donate() if donate is not None else None, transfer)
             if self.failure() is not None:  # the leader failed (here, or it said so): nobody sends STOP
                 break
+            if self._interrupted.is_set():  # SIGTERM while serving the last all-reduces: leave as with ``leave``
+                log.warning("PGC rank %d: interrupted while waiting for the leader's STOP; leaving", self.rank)
+                break
         self._halt()
 
     def _halt(self) -> None:
@@ -382,7 +390,14 @@ class CollectiveRuntime(CommLoop, Rejoins):
         event = torch.cuda.current_stream(self.device).record_event() if self._stream is not None else None
         self.aggregates.release(base, event)
 
+    def interrupt(self) -> None:
+        """End this rank's waits now (a signal handler may call it): the training thread's next check raises
+        :class:`PGCInterrupted`, and :meth:`stop` returns without waiting for the leader's STOP."""
+        self._interrupted.set()
+
     def _check_leader(self, doing: str) -> None:
+        if self._interrupted.is_set():
+            raise PGCInterrupted(f"PGC rank {self.rank} was interrupted (SIGTERM) while {doing}")
         if self.failure() is not None:
             raise RuntimeError(f"PGC rank {self.rank} runtime failed: {self.failure()}") from self.failure()
         now = time.monotonic()
@@ -394,10 +409,12 @@ class CollectiveRuntime(CommLoop, Rejoins):
         if self.failover:  # (a successor is elected first: see Succession.due)
             limit += self.heartbeat_window + 2 * self.world_size * self.heartbeat_interval
         if not self.is_leader and silent > limit and not self._busy:
-            raise PGCTimeoutError(
+            exc = PGCTimeoutError(
                 f"PGC rank {self.rank} lost the leader (rank {self.leader_rank}): no heartbeat for "
                 f"{silent:.1f} s while {doing}; its process is gone or frozen"
             )
+            self.fail(exc)  # the runtime is done with this leader: stop() leaves instead of waiting for its STOP
+            raise exc
 
     def seat_in_doubt(self) -> bool:
         """Whether this rank leads but may have been replaced: with ``failover``, once per heartbeat interval (a

@@ -82,14 +82,18 @@ class LiveRouting:
 
     @staticmethod
     def sigterm_notifier(trainer: "pl.Trainer") -> Callable[[Any, Any], None]:
-        """Lightning's SIGTERM handler without its default-group broadcast: this rank leaves at its next batch
-        (its BYE tells the leader, and the others go on as with a dead rank); a launching process forwards the
-        signal to the ranks it started (under ``popen``, rank 0's SIGTERM stops the whole job, as under ``ddp``)."""
+        """Lightning's SIGTERM handler without its default-group broadcast: this rank leaves at its next batch, or
+        at once if it is waiting on the others (its BYE tells the leader, and the others go on as with a dead rank);
+        a launching process forwards the signal to the ranks it started (under ``popen``, rank 0's SIGTERM stops the
+        whole job, as under ``ddp``)."""
 
         def notify(signum: Any, frame: Any) -> None:
             if not trainer.received_sigterm and trainer.strategy.launcher is not None:
                 trainer.strategy.launcher.kill(signum)
             mark_sigterm(trainer)
+            runtime = getattr(trainer.strategy, "runtime", None)
+            if runtime is not None:  # a rank waiting on the others (an aggregate, the leader's STOP) stops waiting
+                runtime.interrupt()
 
         return notify
 

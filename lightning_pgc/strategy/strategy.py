@@ -82,7 +82,7 @@ from lightning_pgc.decisions.auto import Arm
 from lightning_pgc.decisions.bounded import BoundedLeader
 from lightning_pgc.runtime.control import host_store, open_store, run_prefix
 from lightning_pgc.runtime.group import DataBackend
-from lightning_pgc.runtime.plane import CollectiveRuntime, PGCDetached
+from lightning_pgc.runtime.plane import CollectiveRuntime, PGCDetached, PGCInterrupted
 from lightning_pgc.staleness import StalenessCorrection
 from lightning_pgc.strategy.rejoin import StateTransfer
 
@@ -751,7 +751,12 @@ class PGCStrategy(DDPStrategy):
             self._evaluations, self._sampled = self._choices.choose(self.scheme, self.global_rank, version, start)
 
         pgc_closure = SingleUseClosure(lambda: self._exchange(version, closure))
-        out = super().optimizer_step(optimizer, pgc_closure, model, **kwargs)
+        try:
+            out = super().optimizer_step(optimizer, pgc_closure, model, **kwargs)
+        except PGCInterrupted as exc:  # SIGTERM while waiting on the others: leave as Lightning's SIGTERM does
+            from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+            raise SIGTERMException() from exc
         self._leadership.follow()
         return out
 
