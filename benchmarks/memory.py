@@ -1,9 +1,13 @@
 """Peak resident memory of every rank under ddp and under each scheme, diagnostics on and off, on CPU ranks.
 
-    python benchmarks/memory.py                                   # 10 M and 100 M parameters (about 25 min on 2 cores)
+    python benchmarks/memory.py                                   # 10 M and 100 M parameters (about 18 min on 2 cores)
     python benchmarks/memory.py --sizes 10 --schemes pgc_cr       # one size, one scheme (and ddp)
     python benchmarks/memory.py --sizes 100 --schemes pgc_cr gc_cr --merge   # add 100 M rows to the results file
     python benchmarks/memory.py --from-json                       # only rewrite docs/memory.md
+    python benchmarks/memory.py --resume                          # go on after an interruption (OUT/rows.jsonl)
+
+A run whose ranks are still going after ``--run-timeout`` seconds (900) is killed, every rank, and kept as a row that
+says so; so is a run that fails.
 
 Each run is one ``Trainer.fit`` of an MLP ``1024-H-4`` (H = 10 000: 10 M parameters; H = 100 000: 100 M) on 4 CPU
 ranks (gloo), batch 32 per rank, plain SGD, ``--steps`` steps with the probe diagnostics every
@@ -221,7 +225,7 @@ def add_goals(rows: list[dict]) -> list[dict]:
 
 
 def _buffers(row: dict) -> str:
-    """The aggregate and code buffers the runtime allocated on rank 0 and, as a range, on the others."""
+    """The aggregate and code buffers the runtime allocated on rank 0, then each distinct pair on the others."""
     stats = row.get("buffers")
     if not stats or not stats[0]:
         return "-"
