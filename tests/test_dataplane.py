@@ -524,3 +524,22 @@ def test_an_interrupted_rank_stops_waiting_for_its_aggregate_and_for_the_leaders
         assert not stopper.is_alive()
     finally:
         _stop_all([rts[0], rts[1], rts[3]])
+
+
+def test_a_detached_leader_whose_every_other_rank_finished_fails_instead_of_waiting_for_a_donor():
+    """The leader's own rank fell max_lag versions behind and was detached. While another rank still trains, its
+    rejoin waits for a donor (NoDonorYet: ask again); once every other rank finished or died nobody ever can donate,
+    and the rejoin fails with an error that says so and what to raise."""
+    from lightning_pgc.decisions.leader import CoordinatorError, Leader, NoDonorYet
+
+    leader = Leader(make_scheme("ignore", 3, 1), 3, 0, timeout=5.0, max_lag=2, now=0.0)
+    leader.detached[0] = 4
+    leader.on_bye(1)
+    leader.detached[2] = 5  # detached too: it may come back and donate later
+    with pytest.raises(NoDonorYet):
+        leader.on_rejoin(0, leader_rank=0)
+    del leader.detached[2]
+    leader.on_bye(2)
+    with pytest.raises(CoordinatorError, match="no rank is left to send it the state") as info:
+        leader.on_rejoin(0, leader_rank=0)
+    assert not isinstance(info.value, NoDonorYet) and "max_lag" in str(info.value)

@@ -240,6 +240,7 @@ class Leader:
         Raises:
             NoDonorYet: no rank can donate now (every other one finished or is detached while the leader still
                 trains): nothing changed; ask again later (the leader donates once it finished).
+            CoordinatorError: the leader's own rank rejoins and every other rank finished or died: none ever can.
         """
         u = self.version
         rejoining = {r: v for r, v in self.rejoining.items() if v >= u}
@@ -258,6 +259,16 @@ class Leader:
                 and r not in self.byes
                 and self.is_alive(r, now)
             ]
+            if (
+                not candidates
+                and rank == leader_rank
+                and all(r in self.byes or r in self.dead for r in range(self.world_size) if r != rank)
+            ):  # nobody is left who could ever donate: fail now, not wait for ever
+                raise CoordinatorError(
+                    f"the leader's rank {rank} fell {self.max_lag} or more versions behind and was detached, and every "
+                    f"other rank has finished or died: no rank is left to send it the state of version {u}. Raise "
+                    "max_lag (PGCStrategy(max_lag=...)) so that a slow leader keeps its aggregates"
+                )
             if not candidates:
                 raise NoDonorYet(f"rank {rank} asks to rejoin at version {u} but no live rank can donate the state yet")
             donor = max(candidates, key=lambda r: (self.progress[r], -r))
