@@ -166,7 +166,7 @@ def launch_script(
     for key in INHERITED:
         env.pop(key, None)
     if not one_process_per_rank:
-        # its own session: on a timeout every rank goes (Lightning's launcher starts ranks 1..n-1 as its children)
+        # a process group of its own: a timeout kills every rank (Lightning's launcher starts ranks 1..n-1 as children)
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
         )
