@@ -4,6 +4,7 @@ communication bound, and data condition (emulated: real leaders and schemes on t
     nice -n 10 python benchmarks/emulated_map.py --round reduced --workers 2   # the reduced round (docs/emulator.md)
     python benchmarks/emulated_map.py --round full --workers 2 --limit 100      # the full round, 100 items at a time
     python benchmarks/emulated_map.py --round reduced --summarize-only
+    nice -n 10 python benchmarks/emulated_map.py --round hard --workers 2      # the harder tasks (docs/tasks.md)
 
 Each round appends to ONE JSON Lines file, docs/results/emulated_map_<round>.jsonl (resumable: rerun the same command;
 ``--limit`` runs it in chunks), and is summarised into docs/results/emulated_map_<round>.json (per cell: each arm's
@@ -11,7 +12,8 @@ restricted mean time to both targets, the ratio against ddp with its interval an
 per cell, the best arm at each s against its runner-up). Once every item is done, the same command runs the
 confirmation stage (lightning_pgc/emulator/confirm.py: each cell's candidate, runner-up and ddp on fresh seeds) into
 docs/results/emulated_map_<round>_confirm.jsonl, also resumable. The rounds' cells and protocols:
-``lightning_pgc/emulator/rounds.py``; ``--tasks`` picks the proxy tasks (``lightning_pgc/emulator/cells.py``).
+``lightning_pgc/emulator/rounds.py``; ``--tasks`` picks the proxy tasks (``lightning_pgc/emulator/cells.py``) of every
+round but ``hard``, which runs the harder tasks under their own protocol (``Protocol.for_task``).
 """
 
 from __future__ import annotations
@@ -48,17 +50,19 @@ def main(argv: list[str] | None = None) -> None:
         ran = run_round(path, cells, protocol, workers=args.workers, limit=args.limit)
     items, skipped = plan_items(cells, protocol)
     source = path.relative_to(ROOT).as_posix() if path.resolve().is_relative_to(ROOT) else str(path)
-    tasks = " ".join(args.tasks)
+    tasks = sorted({c.task for c in cells if c.fixed is None})
     planned = {item_key(c, a, protocol) for c, a in items}
     records = [r for r in read_records(path) if r.get("key") in planned]  # a shared file holds other rounds' too
     summary = summarize(records, source=source)
     summary.update(
         {
             "round": args.round,
-            "tasks": list(args.tasks),
+            "tasks": tasks,
             "items_planned": len(items),
             "skipped_arms": skipped,
-            "command": f"python benchmarks/emulated_map.py --round {args.round} --tasks {tasks} --workers 2",
+            "command": f"python benchmarks/emulated_map.py --round {args.round}"
+            + ("" if args.round == "hard" else f" --tasks {' '.join(tasks)}")
+            + " --workers 2",
             "protocol": asdict(protocol),
         }
     )

@@ -14,7 +14,7 @@ from benchmarks import which_strategy
 from lightning_pgc.emulator.audit import audit
 from lightning_pgc.emulator.cells import (
     CORRECTIONS,
-    LR_LIMITS,
+    LR_REACH,
     MOMENTUM_STEPS,
     Arm,
     Cell,
@@ -26,8 +26,8 @@ from lightning_pgc.emulator.cells import (
 )
 from lightning_pgc.emulator.cluster import NODE_PATTERNS, SlowSpells, node_size
 from lightning_pgc.emulator.confirm import CONFIRM_FIRST, CONFIRM_SEEDS, confirm_plan, confirm_summary
-from lightning_pgc.emulator.crossmap import plan_items, read_records, run_round
-from lightning_pgc.emulator.rounds import tiny_protocol
+from lightning_pgc.emulator.crossmap import item_key, plan_items, read_records, run_round
+from lightning_pgc.emulator.rounds import HARD_TASKS, protocol_for, rounds, tiny_protocol
 from lightning_pgc.emulator.scoring import (
     detectable_effect,
     holm,
@@ -103,20 +103,21 @@ def test_the_edge_rule_names_edges_and_extends_the_grid_until_the_choice_is_insi
     assert on_edge((0.8, 0.5), [0.2, 0.4, 0.8], [0.0, 0.5, 0.9]) == ["lr_high"]
     assert on_edge((0.2, 0.9), [0.2, 0.4, 0.8], [0.0, 0.5, 0.9]) == ["lr_low", "momentum_high"]
     assert on_edge((0.4, 0.0), [0.2, 0.4, 0.8], [0.0, 0.5, 0.9]) == []  # momentum 0: the domain's boundary
-    assert LR_LIMITS[0] < LR_LIMITS[1] and list(MOMENTUM_STEPS) == sorted(MOMENTUM_STEPS)
+    assert LR_REACH >= 1 and list(MOMENTUM_STEPS) == sorted(MOMENTUM_STEPS)
     # a one-setting grid far below the optimum: the rule widens it until the choice is not on an edge
     protocol = Protocol(
         budget_steps=60,
         max_versions=80,
         tuning_seeds=(1000,),
         eval_seeds=(0, 1),
-        lrs=(0.025,),
+        lrs=(0.1,),
         momenta=(0.0,),
         targets=(0.9, 0.6),
     )
     record = run_arm(Cell(4, "none", "compute"), Arm("ddp"), protocol)
     tuning = record["tuning"]
-    assert len(tuning["lrs"]) > 2 and min(tuning["lrs"]) < 0.025 < max(tuning["lrs"])
+    assert len(tuning["lrs"]) > 2 and min(tuning["lrs"]) < 0.1 < max(tuning["lrs"])
+    assert max(tuning["lrs"]) <= 0.1 * 2**LR_REACH  # the reach is counted from the starting grid
     chosen = (tuning["chosen"]["lr"], tuning["chosen"]["momentum"])
     assert tuning["edge"] == on_edge(chosen, tuning["lrs"], tuning["momenta"]) == []
     assert len(tuning["scores"]) == len(tuning["lrs"]) * len(tuning["momenta"])
@@ -230,8 +231,7 @@ def test_the_audit_command_prints_one_json_object_about_the_shipped_round():
     import sys
     from pathlib import Path
 
-    from lightning_pgc.emulator.audit import shipped_records
-    from lightning_pgc.emulator.rounds import shipped_summary
+    from lightning_pgc.emulator.audit import shipped_records, shipped_summaries
 
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run(
@@ -247,16 +247,17 @@ def test_the_audit_command_prints_one_json_object_about_the_shipped_round():
     out = json.loads(line)
     fields = {"tasks", "arms", "n", "min_seeds_per_arm", "edge_choices", "missed_everywhere", "node_cells_covered"}
     assert fields <= set(out)
-    path, records = shipped_records()
+    paths, records = shipped_records()
     assert {k: out[k] for k in fields} == {k: audit(records)[k] for k in fields}
+    assert out["records"] == [p.relative_to(root).as_posix() for p in paths]
     families = {"ddp", "ignore_stragglers", "gc_fr", "gc_cr", "pgc_fr", "pgc_cr", "bounded_staleness"}
     families |= {f"pgc_{p} {c}" for p in ("fr", "cr") for c in CORRECTIONS} | {"bounded_staleness lookahead"}
     assert families <= set(out["arms"])
     assert out["min_seeds_per_arm"] >= 20 and out["node_cells_covered"] and out["node_cells"] > 0
-    summary = json.loads(shipped_summary().read_text())
-    bounds = {f"{a} | {c['label']}" for c in summary["cells"] for a in c["bounds"]}
+    cells = [c for summary in shipped_summaries() for c in summary["cells"]]
+    bounds = {f"{a} | {c['label']}" for c in cells for a in c["bounds"]}
     assert set(out["missed_everywhere"]) <= bounds
-    edges = sum(bool(a["edge"]) for c in summary["cells"] if c["cell"].get("fixed") is None for a in c["arms"])
+    edges = sum(bool(a["edge"]) for c in cells if c["cell"].get("fixed") is None for a in c["arms"])
     assert out["edge_choices"] == edges
 
 
@@ -348,3 +349,23 @@ def test_the_guide_rows_state_task_n_pattern_arm_ratio_and_how_sure_and_say_so_w
     assert table["pipelined_wins"] == 0
     assert which_strategy.NO_PGC in which_strategy.render(table)
     assert which_strategy.NO_PGC.replace("(docs/", "(") in which_strategy.render_guide(table)
+
+
+def test_the_hard_round_runs_every_arm_on_the_harder_tasks_under_their_own_protocol():
+    cells = rounds()["hard"]
+    assert [c.task for c in cells[:2]] == list(HARD_TASKS) and {c.task for c in cells} == set(HARD_TASKS)
+    assert all(c.n == 4 and c.cs == (2,) for c in cells) and cells[0].pattern == "rank stalls"
+    assert {c.pattern for c in cells} == {"rank stalls", "slow node", "none"}
+    items, skipped = plan_items(cells, protocol_for("hard"))
+    labels = {a.label for c, a in items if c == cells[0]}
+    assert {"ddp", "ignore_stragglers c=2", "gc_fr c=2", "gc_cr c=2", "pgc_auto c=2"} <= labels
+    for strategy in ("pgc_fr", "pgc_cr"):
+        assert {f"{strategy} c=2"} | {f"{strategy} c=2 {k}" for k in CORRECTIONS} <= labels
+    assert {"bounded r=2 c=2", "bounded r=2 c=2 lookahead"} <= labels and not skipped
+    assert len(items) == len(cells) * len(labels)
+
+
+def test_a_validation_interval_enters_an_items_key_only_when_it_is_not_every_version():
+    cell, arm = Cell(4, "none", "compute"), Arm("ddp")
+    assert "val_every" not in item_key(cell, arm, Protocol())  # the shipped records keep their keys
+    assert '"val_every": 5' in item_key(cell, arm, Protocol(val_every=5))

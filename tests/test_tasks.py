@@ -4,8 +4,11 @@ runtime's running-statistics rule, AdamW batched as torch applies it, and the Li
 from __future__ import annotations
 
 import hashlib
+import json
+from pathlib import Path
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -15,7 +18,8 @@ from lightning_pgc.emulator.clock import simulate
 from lightning_pgc.emulator.cluster import costs_for
 from lightning_pgc.emulator.data import DataCondition, partition_streams
 from lightning_pgc.emulator.schedule import from_records
-from lightning_pgc.emulator.tasks import make_task, task_info
+from lightning_pgc.emulator.cells import Protocol
+from lightning_pgc.emulator.tasks import TARGET_RULE, make_task, spec, targets_from_curve, task_info
 from lightning_pgc.emulator.train import Task, emulate, emulate_grid
 from lightning_pgc.examples import stdlib_lm
 from lightning_pgc.examples.shifted_digits import ShiftedDigitsCNN, shifted_digits_tensors
@@ -146,3 +150,67 @@ def test_lightning_versions_train() -> None:
     _fit_lowers_loss(StdlibLM(lr=1e-2), x[:256], y[:256], stdlib_lm.lm_loss)
     xi, yi, _, _ = shifted_digits_tensors()
     _fit_lowers_loss(ShiftedDigitsCNN(lr=0.05), xi[:256], yi[:256], torch.nn.functional.cross_entropy)
+
+
+def test_the_target_rule_takes_the_running_minimum_at_each_version_rounded_up() -> None:
+    steps = [0, 5, 10, 15, 20]
+    loss = [3.0, 2.5, 2.6, 2.31234, 2.2]
+    assert targets_from_curve(steps, loss, early_at=7, late_at=17) == (2.5, 2.313)
+    assert targets_from_curve(steps, [3.0, 2.5, 2.6, 2.7, 2.8], 7, 17) == (2.5, 2.5)  # a rise does not lower it
+    with pytest.raises(ValueError, match="no finite validation loss"):
+        targets_from_curve([10, 20], [1.0, 0.5], early_at=5, late_at=15)
+    with pytest.raises(ValueError, match="no finite validation loss"):
+        targets_from_curve(steps, [float("nan")] * 5, 7, 17)
+
+
+def test_the_harder_tasks_constants_are_the_target_rules_shipped_results() -> None:
+    shipped = json.loads((Path(__file__).resolve().parents[1] / "docs/results/task_targets.json").read_text())
+    assert shipped["rule"] == TARGET_RULE
+    for task in TARGET_RULE["tasks"]:
+        run = shipped["tasks"][task]
+        s = spec(task)
+        assert run["constants"] == {
+            "horizon": s.horizon,
+            "targets": list(s.targets),
+            "val_every": s.val_every,
+            "map_lrs": list(s.map_lrs or ()),
+            "map_momenta": list(s.map_momenta or ()),
+        }, task
+        # the shipped curve gives the shipped targets, and the chosen lr has the lowest final loss
+        rule = TARGET_RULE
+        assert list(targets_from_curve(run["steps"], run["mean_curve"], rule["early_at"], rule["late_at"])) == list(
+            s.targets
+        )
+        assert run["chosen_lr"] == min(run["lrs"], key=lambda lr: (run["final_loss"][f"{lr:g}"], -lr))
+        assert s.map_lrs == tuple(round(run["chosen_lr"] * f, 10) for f in rule["lr_factors"])
+
+
+def test_a_harder_task_brings_its_own_protocol_and_the_digits_tasks_keep_the_maps() -> None:
+    base = Protocol()
+    assert base.for_task("mlp") == base and base.for_task("cnn") == base
+    for task in ("lm", "bncnn"):
+        p, s = base.for_task(task), spec(task)
+        assert (p.lrs, p.momenta, p.targets, p.budget_steps, p.val_every) == (
+            s.map_lrs,
+            s.map_momenta,
+            s.targets,
+            s.horizon,
+            s.val_every,
+        )
+        assert p.max_versions >= p.budget_steps and p.tuning_seeds == base.tuning_seeds
+    assert base.for_task("lm").lrs[0] < 0.05  # AdamW's grid, not SGD's
+
+
+def test_validating_every_k_versions_takes_the_same_losses_at_those_versions() -> None:
+    scheme, versions = _schedule("pgc_cr", 4, 1, 12)
+    every = []
+    for k in (1, 5):
+        task = make_task("mlp", 3)
+        streams = partition_streams(task.y_train.numpy(), 4, 3, DataCondition())
+        every.append(emulate_grid(scheme, versions, task, streams, [(0.2, 0.9)], val_every=k)[0])
+    one, five = every
+    assert five.val_steps == [0, 5, 10, 12]  # and after the last version
+    assert [one.val_loss[s] for s in five.val_steps] == five.val_loss
+    assert torch.equal(one.params, five.params)
+    with pytest.raises(ValueError, match="val_every"):
+        emulate_grid(scheme, versions, make_task("mlp", 3), streams, [(0.2, 0.9)], val_every=0)

@@ -1,13 +1,13 @@
 """The audit of the shipped emulated map: what it covers and where its protocol's rules bind, as one JSON object.
 
-    python -m lightning_pgc.emulator.audit                 # the round the docs show (rounds.shipped_summary)
+    python -m lightning_pgc.emulator.audit                 # the rounds the docs show (shipped_summaries)
     python -m lightning_pgc.emulator.audit --records docs/results/emulated_map_full.jsonl
 
 Fields: ``tasks``, ``arms`` (the arm families: strategy and correction, without ``c``), ``n`` (cluster sizes),
 ``min_seeds_per_arm`` (the fewest evaluation seeds of any (cell, arm)), ``edge_choices`` (tuned settings still on an
 edge of the grid after the edge rule), ``missed_everywhere`` (``"arm | cell"`` of the arms that missed the late target
 on every tuning setting), ``node_cells_covered`` (every cell of a node-level pattern has an arm with ``s`` at or
-above the node size), and where they come from (``records``, ``items``).
+above the node size), and where they come from (``records``: the files, ``items``).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from typing import Any, Optional, Sequence
 
 from lightning_pgc.emulator.cluster import NODE_PATTERNS, node_size
 from lightning_pgc.emulator.crossmap import read_records
-from lightning_pgc.emulator.rounds import DOCS, round_records, shipped_summary
+from lightning_pgc.emulator.rounds import DOCS, round_records, shipped_summary, summary_path
 from lightning_pgc.emulator.summary import cell_label
 
-__all__ = ["arm_family", "audit", "main", "shipped_records"]
+__all__ = ["arm_family", "audit", "main", "shipped_records", "shipped_summaries"]
 
 
 def arm_family(arm: dict[str, Any]) -> str:
@@ -58,26 +58,40 @@ def audit(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def shipped_records(docs: Path = DOCS) -> tuple[Path, list[dict[str, Any]]]:
-    """The records file of the round the docs show, and the round's records in it."""
-    summary = json.loads(shipped_summary(docs).read_text())
-    return docs.parent / summary["source"], round_records(summary, docs)
+def shipped_summaries(docs: Path = DOCS) -> list[dict[str, Any]]:
+    """The summaries of the rounds the docs show: the shipped round of the digits tasks
+    (:func:`~lightning_pgc.emulator.rounds.shipped_summary`) and the hard round of the harder tasks, where it has
+    run."""
+    out = [json.loads(shipped_summary(docs).read_text())]
+    hard = summary_path("hard", docs)
+    if hard.exists():
+        out.append(json.loads(hard.read_text()))
+    return out
+
+
+def shipped_records(docs: Path = DOCS) -> tuple[list[Path], list[dict[str, Any]]]:
+    """The records files of the rounds the docs show (:func:`shipped_summaries`), and those rounds' records."""
+    summaries = shipped_summaries(docs)
+    return [docs.parent / s["source"] for s in summaries], [r for s in summaries for r in round_records(s, docs)]
 
 
 def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--records", type=Path, default=None, help="a round's records (default: the shipped round)")
+    parser.add_argument(
+        "--records", type=Path, nargs="+", default=None, help="rounds' records (default: the shipped rounds)"
+    )
     args = parser.parse_args(argv)
     if args.records is None:
-        path, records = shipped_records()
+        paths, records = shipped_records()
     else:
-        path, records = args.records, read_records(args.records)
+        paths, records = args.records, [r for path in args.records for r in read_records(path)]
     if not records:
-        raise SystemExit(f"{path}: no records (run benchmarks/emulated_map.py first)")
+        raise SystemExit(f"{', '.join(map(str, paths))}: no records (run benchmarks/emulated_map.py first)")
     out = audit(records)
-    out["records"] = (
-        path.resolve().relative_to(DOCS.parent).as_posix() if path.resolve().is_relative_to(DOCS.parent) else str(path)
-    )
+    out["records"] = [
+        p.resolve().relative_to(DOCS.parent).as_posix() if p.resolve().is_relative_to(DOCS.parent) else str(p)
+        for p in paths
+    ]
     print(json.dumps(out))
 
 

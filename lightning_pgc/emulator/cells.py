@@ -9,7 +9,7 @@ correction. :func:`run_arm` carries out the protocol for one arm in one cell:
    which every setting missed) broken by the mean final validation loss;
 2. the edge rule: while the chosen setting sits on an edge of the grid tried so far (the largest or smallest lr, the
    largest momentum; momentum 0 is the domain's boundary, not an edge), the grid is extended one step beyond that
-   edge (lr doubled or halved, momentum towards 1) and the new settings are tuned too, up to :data:`LR_LIMITS` and
+   edge (lr doubled or halved, momentum towards 1) and the new settings are tuned too, up to :data:`LR_REACH` steps and
    :data:`MOMENTUM_STEPS`; a choice still on an edge there is recorded as such (``tuning.edge``);
 3. the miss rule: an arm that missed the late target on every setting and tuning seed (``tuning.missed_everywhere``;
    the edge rule has then followed the lowest final loss) is evaluated at the setting with the lowest mean final
@@ -42,7 +42,7 @@ from lightning_pgc.emulator.cluster import NODE_PATTERNS, Cluster, node_size
 from lightning_pgc.emulator.data import DataCondition, partition_streams
 from lightning_pgc.emulator.schedule import from_records
 from lightning_pgc.emulator.scoring import tuning_score
-from lightning_pgc.emulator.tasks import make_task
+from lightning_pgc.emulator.tasks import make_task, spec
 from lightning_pgc.emulator.train import Task, emulate_grid
 from lightning_pgc.emulator.clock import Costs, simulate
 
@@ -50,10 +50,9 @@ __all__ = [
     "ARM_FAMILIES",
     "CORRECTIONS",
     "LRS",
-    "LR_LIMITS",
+    "LR_REACH",
     "MOMENTA",
     "MOMENTUM_STEPS",
-    "TASKS",
     "Arm",
     "Cell",
     "Protocol",
@@ -67,8 +66,9 @@ __all__ = [
 LRS: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
 #: the momenta of the starting grid; 0.25 because most stale arms of a grid without it chose 0 (docs/emulator.md)
 MOMENTA: tuple[float, ...] = (0.0, 0.25, 0.5, 0.7, 0.8, 0.9)
-#: how far the edge rule may extend the learning rate (doubling or halving from the grid's edge)
-LR_LIMITS: tuple[float, float] = (0.003125, 25.6)
+#: how far the edge rule may extend the learning rate: at most this many halvings below the starting grid's smallest
+#: lr and doublings above its largest (the map's own grid: 0.003125 to 25.6)
+LR_REACH: int = 4
 #: the momenta the edge rule adds above the grid's largest, in order
 MOMENTUM_STEPS: tuple[float, ...] = (0.95, 0.975, 0.99)
 #: the staleness corrections every pipelined arm also runs with (``PGCStrategy(staleness_correction=...)`` with its
@@ -89,8 +89,8 @@ STRATEGIES: dict[str, str] = {
 
 @dataclass(frozen=True)
 class Protocol:
-    """The tuning protocol's constants (recorded with every result). ``targets`` and ``budget_steps`` of a proxy task
-    with settings of its own in :data:`TASKS` are that task's (:meth:`for_task`)."""
+    """The tuning protocol's constants (recorded with every result). A proxy task with a map grid of its own brings
+    its targets, budget, grid and validation interval (:meth:`for_task`)."""
 
     targets: tuple[float, float] = (0.5, 0.3)  # validation loss: early, late
     budget_steps: int = 300
@@ -100,6 +100,7 @@ class Protocol:
     lrs: tuple[float, ...] = LRS
     momenta: tuple[float, ...] = MOMENTA
     extend: bool = True  # the edge rule (off: the grid as given)
+    val_every: int = 1  # versions between validation losses (a target's time is the first validation at or below it)
 
     def __post_init__(self) -> None:
         if set(self.tuning_seeds) & set(self.eval_seeds):
@@ -108,9 +109,21 @@ class Protocol:
             raise ValueError("a protocol needs at least one tuning seed and one evaluation seed")
 
     def for_task(self, task: str) -> "Protocol":
-        """The protocol with ``task``'s own targets, budget and version cap (:data:`TASKS`), where it has them."""
-        own = TASKS.get(task, {})
-        return replace(self, **{k: v for k, v in own.items() if k in ("targets", "budget_steps", "max_versions")})
+        """The protocol for ``task``: a task with a map grid of its own (:attr:`TaskSpec.map_lrs`, the harder tasks)
+        brings its targets, budget (its horizon; versions capped at 4/3 of it), validation interval and starting
+        grid; the digits tasks keep the protocol's."""
+        own = spec(task)
+        if own.map_lrs is None or own.map_momenta is None:
+            return self
+        return replace(
+            self,
+            targets=own.targets,
+            budget_steps=own.horizon,
+            max_versions=math.ceil(own.horizon * 4 / 3),
+            lrs=own.map_lrs,
+            momenta=own.map_momenta,
+            val_every=own.val_every,
+        )
 
 
 @dataclass(frozen=True)
@@ -276,10 +289,6 @@ def arms_for(n: int, cs: Optional[list[int]] = None, pattern: str = "none") -> t
     return arms, skipped
 
 
-#: proxy tasks with settings of their own (``targets``, ``budget_steps``, ``max_versions``; see
-#: :meth:`Protocol.for_task`); the digits tasks ``mlp`` and ``cnn`` use the protocol's
-TASKS: dict[str, dict[str, Any]] = {}
-
 _DATA: dict[str, Any] = {}
 
 
@@ -335,6 +344,7 @@ def _runs(
         streams,
         settings,
         stop_below=min(protocol.targets),
+        val_every=protocol.val_every,
         **arm.correction_kwargs(),
     )
 
@@ -360,16 +370,18 @@ def on_edge(chosen: tuple[float, float], lrs: Sequence[float], momenta: Sequence
     return edges
 
 
-def _extension(edges: list[str], lrs: list[float], momenta: list[float]) -> tuple[list[float], list[float], list[str]]:
-    """The lrs and momenta the edge rule adds for ``edges``, and the edges it cannot extend (at :data:`LR_LIMITS`
-    or past :data:`MOMENTUM_STEPS`)."""
+def _extension(
+    edges: list[str], lrs: list[float], momenta: list[float], limits: tuple[float, float]
+) -> tuple[list[float], list[float], list[str]]:
+    """The lrs and momenta the edge rule adds for ``edges``, and the edges it cannot extend (beyond the lr
+    ``limits``, or past :data:`MOMENTUM_STEPS`)."""
     new_lrs: list[float] = []
     new_momenta: list[float] = []
     stuck = []
     for edge in edges:
-        if edge == "lr_high" and max(lrs) * 2 <= LR_LIMITS[1]:
+        if edge == "lr_high" and max(lrs) * 2 <= limits[1] * (1 + 1e-9):
             new_lrs.append(max(lrs) * 2)
-        elif edge == "lr_low" and min(lrs) / 2 >= LR_LIMITS[0]:
+        elif edge == "lr_low" and min(lrs) / 2 >= limits[0] * (1 - 1e-9):
             new_lrs.append(min(lrs) / 2)
         elif edge == "momentum_high" and any(m > max(momenta) for m in MOMENTUM_STEPS):
             new_momenta.append(min(m for m in MOMENTUM_STEPS if m > max(momenta)))
@@ -385,6 +397,7 @@ def run_arm(cell: Cell, arm: Arm, protocol: Protocol = Protocol()) -> dict[str, 
     budget = budget_s(cell, protocol)
     early, late = protocol.targets
     lrs, momenta = list(protocol.lrs), list(protocol.momenta)
+    limits = (min(lrs) / 2**LR_REACH, max(lrs) * 2**LR_REACH)
     late_times: dict[tuple[float, float], list[Optional[float]]] = {}
     final: dict[tuple[float, float], list[float]] = {}
 
@@ -410,7 +423,7 @@ def run_arm(cell: Cell, arm: Arm, protocol: Protocol = Protocol()) -> dict[str, 
         chosen = min(late_times, key=score)
         edges = on_edge(chosen, lrs, momenta)
         while edges and protocol.extend:
-            new_lrs, new_momenta, stuck = _extension(edges, lrs, momenta)
+            new_lrs, new_momenta, stuck = _extension(edges, lrs, momenta, limits)
             if not new_lrs and not new_momenta:
                 edges = stuck
                 break

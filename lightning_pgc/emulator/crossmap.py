@@ -26,6 +26,8 @@ def item_key(cell: Cell, arm: Arm, protocol: Protocol) -> str:
     proto = asdict(protocol)
     if not proto["extend"]:  # a protocol without the edge rule keeps the key it had before the rule existed
         del proto["extend"]
+    if proto.get("val_every") == 1:  # validation after every version: the key it had before the interval existed
+        del proto["val_every"]
     return json.dumps(
         {
             "cell": asdict(cell),

@@ -23,8 +23,10 @@ __all__ = [
     "REAL_DELAYS",
     "DEFAULT_TASKS",
     "FIRST_MAP",
+    "HARD_TASKS",
     "cost",
     "full_cells",
+    "hard_cells",
     "is_complete",
     "mirror_cells",
     "mirror_costs",
@@ -97,6 +99,22 @@ def reduced_cells(tasks: Sequence[str] = DEFAULT_TASKS) -> list[Cell]:
     return cells
 
 
+#: the harder proxy tasks (docs/tasks.md: ddp needs about 220 versions to their late targets) the ``hard`` round runs
+HARD_TASKS: tuple[str, ...] = ("bncnn", "lm")
+
+
+def hard_cells(tasks: Sequence[str] = HARD_TASKS) -> list[Cell]:
+    """The hard round, per task, at n = 4 with c = 2 (s = 1 covers one slow worker): single-rank stalls first (the
+    cell a pipelined scheme won on the digits MLP), then one persistently slow worker, then no stragglers (the
+    control). Every arm of the map runs in each cell; its items run in this order, so a partial run covers whole
+    cells from the first."""
+    return [
+        Cell(4, pattern, "compute", task=task, cs=(2,))
+        for pattern in ("rank stalls", "slow node", "none")
+        for task in tasks
+    ]
+
+
 def full_cells(tasks: Sequence[str] = DEFAULT_TASKS) -> list[Cell]:
     """The full round, per task: n = 4, 16, 64 x every pattern, compute-bound (and comm-bound for the patterns a
     scheme can win: a slow node, slow spells, rank stalls), Dirichlet skew at n = 4 and 16 for no stragglers, rank
@@ -113,7 +131,8 @@ def full_cells(tasks: Sequence[str] = DEFAULT_TASKS) -> list[Cell]:
 
 
 def rounds(docs: Path = DOCS, tasks: Sequence[str] = DEFAULT_TASKS) -> dict[str, list[Cell]]:
-    """The cells of each round: ``tiny`` (the tests'), ``reduced`` and ``full`` (:func:`reduced_cells`,
+    """The cells of each round: ``tiny`` (the tests'), ``hard`` (:func:`hard_cells`: the harder tasks, whatever
+    ``tasks`` says), ``reduced`` and ``full`` (:func:`reduced_cells`,
     :func:`full_cells`, each with the ``mirror`` cells: the real 4-rank map's three cells at the settings chosen there,
     the check against real runs), and ``pilot``, the reduced round's iid cells at n = 4 (a prefix of its items, in its
     file: what a loaded shared machine finishes in an hour)."""
@@ -126,6 +145,7 @@ def rounds(docs: Path = DOCS, tasks: Sequence[str] = DEFAULT_TASKS) -> dict[str,
         "reduced": reduced_cells(tasks) + mirror,
         "full": full_cells(tasks) + mirror,
         "mirror": mirror,
+        "hard": hard_cells(),
     }
 
 

@@ -280,6 +280,7 @@ def emulate_grid(
     correction: str = "none",
     lookahead_steps: Optional[float] = None,
     dc_lambda: float = 0.04,
+    val_every: int = 1,
 ) -> list[EmulatedRun]:
     """:func:`emulate` for several ``(lr, momentum)`` settings of the task's optimizer at once, on the same schedule.
 
@@ -287,8 +288,9 @@ def emulate_grid(
     gradients of all configurations and partitions of a version are one ``vmap`` over configurations of a ``vmap``
     over partitions. SGD with momentum is applied as ``torch.optim.SGD`` does (``buf = m buf + g``, first step
     ``buf = g``; ``theta -= lr buf``), AdamW as ``torch.optim.AdamW`` does (``betas = (momentum, task.beta2)``).
-    The validation loss is taken after every version. A configuration whose loss becomes non-finite is marked
-    ``diverged``; the batch stops once every configuration is at or below ``stop_below`` or diverged.
+    The validation loss is taken before the first version and after every ``val_every`` versions (and after the
+    last). A configuration whose loss becomes non-finite is marked ``diverged``; the batch stops once every
+    configuration is at or below ``stop_below`` or diverged.
 
     A model with BatchNorm: every partition's forward uses its own batch statistics (in train mode), the running
     statistics follow :mod:`~lightning_pgc.emulator.running_stats` per configuration, and the validation loss is
@@ -305,6 +307,8 @@ def emulate_grid(
         raise ValueError(f"streams split the data into {streams.n} partitions, the scheme has n={scheme.n}")
     if not configs:
         raise ValueError("configs must list at least one (lr, momentum)")
+    if val_every < 1:
+        raise ValueError(f"val_every must be >= 1, got {val_every}")
     model = task.model
     names = [name for name, _ in model.named_parameters()]
     shapes = [p.shape for p in model.parameters()]
@@ -410,7 +414,8 @@ def emulate_grid(
                 if not done[k]:
                     run.times.append(entry.time_s)
                     run.train_loss.append(float(aggregate[k, -1]))
-            validate(i + 1, entry.time_s)
+            if (i + 1) % val_every == 0 or i + 1 == len(schedule):
+                validate(i + 1, entry.time_s)
     finally:
         model.train(was_training)
     for k, run in enumerate(runs):
