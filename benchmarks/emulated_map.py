@@ -11,7 +11,8 @@ Each round appends to ONE JSON Lines file, docs/results/emulated_map_<round>.jso
 restricted mean time to both targets, the ratio against ddp with its interval and permutation test, Holm-corrected
 per cell, the best arm at each s against its runner-up). Once every item is done, the same command runs the
 confirmation stage (lightning_pgc/emulator/confirm.py: each cell's candidate, runner-up and ddp on fresh seeds) into
-docs/results/emulated_map_<round>_confirm.jsonl, also resumable. The rounds' cells and protocols:
+docs/results/emulated_map_<round>_confirm.jsonl, also resumable; ``--confirm-complete-cells`` runs no screen item and
+confirms the cells whose screen is complete (a round stopped part-way). The rounds' cells and protocols:
 ``lightning_pgc/emulator/rounds.py``; ``--tasks`` picks the proxy tasks (``lightning_pgc/emulator/cells.py``) of every
 round but ``hard``, which runs the harder tasks under their own protocol (``Protocol.for_task``).
 """
@@ -40,13 +41,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--limit", type=int, default=None, help="run at most this many (cell, arm) items now")
     parser.add_argument("--summarize-only", action="store_true")
     parser.add_argument("--no-confirm", action="store_true", help="skip the confirmation stage (the tests' rounds)")
+    parser.add_argument(
+        "--confirm-complete-cells",
+        action="store_true",
+        help="run no screen item now: confirm every cell whose screen is complete (a round stopped part-way)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="the round's records file (default docs/results/)")
     args = parser.parse_args(argv)
     cells = rounds(DOCS, args.tasks)[args.round]
     protocol = protocol_for(args.round)
     path = args.out if args.out is not None else records_path(args.round, DOCS)
     ran = 0
-    if not args.summarize_only:
+    if not args.summarize_only and not args.confirm_complete_cells:
         ran = run_round(path, cells, protocol, workers=args.workers, limit=args.limit)
     items, skipped = plan_items(cells, protocol)
     source = path.relative_to(ROOT).as_posix() if path.resolve().is_relative_to(ROOT) else str(path)
@@ -66,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
             "protocol": asdict(protocol),
         }
     )
-    if summary["items_done"] >= len(items) and not args.no_confirm:  # the screen is complete: confirm it
+    screened = summary["items_done"] >= len(items) or args.confirm_complete_cells
+    if screened and not args.no_confirm:  # the screen is complete (or its complete cells are asked for): confirm it
         confirm_path = path.with_name(path.stem + "_confirm.jsonl")
         plan = confirm_plan(summary, records, protocol)
         left = None if args.limit is None else max(0, args.limit - ran)

@@ -369,3 +369,21 @@ def test_a_validation_interval_enters_an_items_key_only_when_it_is_not_every_ver
     cell, arm = Cell(4, "none", "compute"), Arm("ddp")
     assert "val_every" not in item_key(cell, arm, Protocol())  # the shipped records keep their keys
     assert '"val_every": 5' in item_key(cell, arm, Protocol(val_every=5))
+
+
+def test_a_round_stopped_part_way_confirms_its_complete_cells_only(tmp_path):
+    from benchmarks import emulated_map
+
+    cells = rounds()["tiny"]
+    first = len(plan_items(cells[:1], tiny_protocol())[0])
+    out = tmp_path / "tiny.jsonl"
+    emulated_map.main(["--round", "tiny", "--out", str(out), "--limit", str(first)])
+    confirm = out.with_name("tiny_confirm.jsonl")
+    assert len(read_records(out)) == first and not confirm.exists()  # a partial screen confirms nothing by itself
+    emulated_map.main(["--round", "tiny", "--out", str(out), "--confirm-complete-cells"])
+    assert len(read_records(out)) == first  # no screen item ran
+    labels = {json.dumps([r["cell"]["pattern"], r["cell"]["data"]]) for r in read_records(confirm)}
+    assert labels == {json.dumps([cells[0].pattern, cells[0].data])}
+    summary = json.loads(out.with_suffix(".json").read_text())
+    assert [c.get("confirm") is not None for c in summary["cells"]] == [True]  # the other cell has no record yet
+    assert summary["confirm_planned"] == summary["confirm_done"] == 1 and summary["items_planned"] > first
