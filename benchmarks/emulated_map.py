@@ -20,6 +20,7 @@ round but ``hard``, which runs the harder tasks under their own protocol (``Prot
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -60,6 +61,9 @@ def main(argv: list[str] | None = None) -> None:
     planned = {item_key(c, a, protocol) for c, a in items}
     records = [r for r in read_records(path) if r.get("key") in planned]  # a shared file holds other rounds' too
     summary = summarize(records, source=source)
+    planned_arms = Counter(cell_label(asdict(c)) for c, _ in items)
+    for cell in summary["cells"]:  # every planned arm of the cell has its record
+        cell["screened"] = len(cell["arms"]) >= planned_arms[cell["label"]]
     summary.update(
         {
             "round": args.round,
@@ -75,7 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     screened = summary["items_done"] >= len(items) or args.confirm_complete_cells
     if screened and not args.no_confirm:  # the screen is complete (or its complete cells are asked for): confirm it
         confirm_path = path.with_name(path.stem + "_confirm.jsonl")
-        plan = confirm_plan(summary, records, protocol)
+        screened_cells = {**summary, "cells": [c for c in summary["cells"] if c["screened"]]}
+        plan = confirm_plan(screened_cells, records, protocol)
         left = None if args.limit is None else max(0, args.limit - ran)
         for cell, arms, cell_protocol in plan:
             if args.summarize_only or left == 0:

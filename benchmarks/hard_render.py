@@ -86,7 +86,7 @@ def cell_lines(c: dict[str, Any]) -> list[str]:
 
 
 def render(summary: dict[str, Any], source: str) -> str:
-    cells = [c for c in summary["cells"] if c.get("complete")]
+    cells = [c for c in summary["cells"] if c.get("screened")]
     per_item = summary["cpu_s_total"] / max(summary["items_done"], 1)
     left = summary["items_planned"] - summary["items_done"]
     out = [

@@ -377,13 +377,14 @@ def test_a_round_stopped_part_way_confirms_its_complete_cells_only(tmp_path):
     cells = rounds()["tiny"]
     first = len(plan_items(cells[:1], tiny_protocol())[0])
     out = tmp_path / "tiny.jsonl"
-    emulated_map.main(["--round", "tiny", "--out", str(out), "--limit", str(first)])
+    # the first cell whole, the second with ddp and one arm
+    emulated_map.main(["--round", "tiny", "--out", str(out), "--limit", str(first + 2)])
     confirm = out.with_name("tiny_confirm.jsonl")
-    assert len(read_records(out)) == first and not confirm.exists()  # a partial screen confirms nothing by itself
+    assert len(read_records(out)) == first + 2 and not confirm.exists()  # a partial screen confirms nothing itself
     emulated_map.main(["--round", "tiny", "--out", str(out), "--confirm-complete-cells"])
-    assert len(read_records(out)) == first  # no screen item ran
+    assert len(read_records(out)) == first + 2  # no screen item ran
     labels = {json.dumps([r["cell"]["pattern"], r["cell"]["data"]]) for r in read_records(confirm)}
     assert labels == {json.dumps([cells[0].pattern, cells[0].data])}
     summary = json.loads(out.with_suffix(".json").read_text())
-    assert [c.get("confirm") is not None for c in summary["cells"]] == [True]  # the other cell has no record yet
+    assert [(c["screened"], c.get("confirm") is not None) for c in summary["cells"]] == [(True, True), (False, False)]
     assert summary["confirm_planned"] == summary["confirm_done"] == 1 and summary["items_planned"] > first
