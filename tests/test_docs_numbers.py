@@ -110,13 +110,14 @@ RUN_AS_PASTED: dict[str, set[str]] = {"README.md": {"## A complete example"}}  #
 #: Blocks checked by exact regeneration instead: page -> the marker names of its generated blocks ("*": the page)
 GENERATED: dict[str, set[str]] = {
     "README.md": {"which"},  # tests/test_readme.py
-    "docs/guide.md": {"which-guide", "advise"},  # tests/test_readme.py; below
+    "docs/guide.md": {"which-guide", "advise", "hard-guide"},  # tests/test_readme.py; below
     "docs/benchmarks.md": {"gridmap", "grid", "emulated"},  # tests/test_grid_map.py; below
     "docs/emulator.md": {"emulated-cost", "validation-e2e"},  # below
     "docs/bounded_staleness.md": {"bounded", "bounded-choice"},  # below
     "docs/simulation.md": {"sim", "simgrid"},  # below
     "docs/demo.md": {"*"},  # below
     "docs/tasks.md": {"*"},  # below
+    "docs/hard_tasks.md": {"hard-map"},  # below
     "docs/staleness_emulated.md": {"*"},  # below
     "docs/staleness.md": {"*"},  # below
     "docs/staleness_bounded.md": {"*"},  # below
@@ -1043,3 +1044,18 @@ def test_the_safety_valve_page_is_what_its_benchmark_renders_from_its_json() -> 
 
     saved = json.loads((DOCS / "safety_valve.json").read_text())
     assert safety_valve.render(saved) == (DOCS / "safety_valve.md").read_text()
+
+
+def test_the_hard_tasks_page_is_what_its_script_renders_from_the_hard_rounds_summary() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import hard_render
+
+    source = DOCS / "results" / "emulated_map_hard.json"
+    text = (DOCS / "hard_tasks.md").read_text()
+    block = text[text.index(hard_render.BEGIN) : text.index(hard_render.END) + len(hard_render.END)]
+    assert block == hard_render.render(json.loads(source.read_text()), str(source))
+    guide = (DOCS / "guide.md").read_text()
+    block = guide[
+        guide.index(hard_render.GUIDE_BEGIN) : guide.index(hard_render.GUIDE_END) + len(hard_render.GUIDE_END)
+    ]
+    assert block == hard_render.guide_block(json.loads(source.read_text()))
