@@ -20,8 +20,8 @@ holds these constants to).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 import math
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import torch
