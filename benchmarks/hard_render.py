@@ -165,7 +165,11 @@ def guide_block(summary: dict[str, Any]) -> str:
             )
         conf = c.get("confirm")
         if conf is not None:
-            runner += f"; confirmation ({conf['seeds']} seeds): {conf['sure']}"
+            runner += (
+                f"; confirmation ({conf['seeds']} fresh seeds): {conf['vs_ddp']['ratio']:.2f} "
+                f"[{conf['vs_ddp']['low']:.2f}, {conf['vs_ddp']['high']:.2f}] of ddp, Holm p "
+                f"{conf['vs_ddp']['p_holm']:.4f}, {conf['sure']}"
+            )
         out.append(f"| {cell['task']} | {cell['n']} | {cell['pattern']} | {use} | {ratio} | {runner} |")
     out += ["", GUIDE_END]
     return "\n".join(out)
