@@ -4,7 +4,7 @@ communication bound, and data condition (emulated: real leaders and schemes on t
     nice -n 10 python benchmarks/emulated_map.py --round reduced --workers 2   # the reduced round (docs/emulator.md)
     python benchmarks/emulated_map.py --round full --workers 2 --limit 100      # the full round, 100 items at a time
     python benchmarks/emulated_map.py --round reduced --summarize-only
-    nice -n 10 python benchmarks/emulated_map.py --round hard --workers 2      # the harder tasks (docs/tasks.md)
+    nice -n 10 python benchmarks/emulated_map.py --round hard --workers 2      # the harder tasks (docs/hard_tasks.md)
 
 Each round appends to ONE JSON Lines file, docs/results/emulated_map_<round>.jsonl (resumable: rerun the same command;
 ``--limit`` runs it in chunks), and is summarised into docs/results/emulated_map_<round>.json (per cell: each arm's

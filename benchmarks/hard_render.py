@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lightning_pgc.emulator.rounds import summary_path
+from lightning_pgc.emulator.tasks import TARGET_RULE
 from lightning_pgc.experiments.report import update_block
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,8 +112,10 @@ def render(summary: dict[str, Any], source: str) -> str:
         f"**Emulated**, round `hard` (`{summary['command']}`): {summary['items_done']} of {summary['items_planned']} "
         f"(cell, arm) items, {summary['cpu_s_total'] / 3600:.1f} CPU hours, {per_item / 60:.1f} CPU minutes per item; "
         f"every number below is in [{Path(source).name}](results/{Path(source).name}). Each arm is tuned on the task's "
-        "own starting grid (half, one and two times ddp's lr of the target rule, momentum 0, 0.5 and 0.9, widened "
-        "by the edge rule) over the 2 tuning seeds, then run on 20 evaluation seeds; ratios are restricted mean time "
+        f"own starting grid ({', '.join(f'{x:g}' for x in TARGET_RULE['lr_factors'])} times ddp's lr of the target "
+        f"rule, by momentum {', '.join(f'{x:g}' for x in TARGET_RULE['map_momenta'])}, widened by the edge rule) "
+        f"over the {len(summary['protocol']['tuning_seeds'])} tuning seeds, then run on "
+        f"{len(summary['protocol']['eval_seeds'])} evaluation seeds; ratios are restricted mean time "
         "to the late target over ddp's on the same seeds, misses counted at the budget, with 95 % bootstrap "
         f"intervals and the paired permutation test after {summary['correction']}. A run stops at the late target, "
         "so its last loss is not a floor: [tasks.md](tasks.md#final-loss-of-each-arm) has the floors over the whole "
@@ -143,7 +146,8 @@ def guide_block(summary: dict[str, Any]) -> str:
             else "the screen only, no confirmation on fresh seeds yet"
         )
         + "; [hard_tasks.md](hard_tasks.md)). *Ratio*: restricted mean time to the late target over ddp's on the "
-        "screen's 20 seeds, with its 95 % bootstrap interval and Holm-corrected p.",
+        f"screen's {len(summary['protocol']['eval_seeds'])} seeds, with its 95 % bootstrap interval and Holm-corrected "
+        "p.",
         "",
         "| task | n | straggler pattern | use | ratio to ddp [95 %], Holm p | against the runner-up at the same s |",
         "|---|---|---|---|---|---|",

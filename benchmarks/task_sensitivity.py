@@ -137,7 +137,7 @@ def run_task(task: str) -> dict[str, Any]:
             rows["versions_late"].append(versions_to(run, late))
             last = run.val_steps[-1]
             rows["final_loss"].append(
-                float(np.mean([v for st, v in zip(run.val_steps, run.val_loss) if st > last - FLOOR_WINDOW]))
+                float(np.mean([v for step, v in zip(run.val_steps, run.val_loss) if step > last - FLOOR_WINDOW]))
             )
             rows["diverged"].append(bool(run.diverged))
         floor = np.asarray(rows["final_loss"])
