@@ -99,7 +99,7 @@ def reduced_cells(tasks: Sequence[str] = DEFAULT_TASKS) -> list[Cell]:
     return cells
 
 
-#: the harder proxy tasks (docs/tasks.md: ddp needs about 220 versions to their late targets) the ``hard`` round runs
+#: the harder proxy tasks (docs/tasks.md: ddp needs hundreds of versions to their late targets) the ``hard`` round runs
 HARD_TASKS: tuple[str, ...] = ("bncnn", "lm")
 
 
