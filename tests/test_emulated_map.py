@@ -388,3 +388,25 @@ def test_a_round_stopped_part_way_confirms_its_complete_cells_only(tmp_path):
     summary = json.loads(out.with_suffix(".json").read_text())
     assert [(c["screened"], c.get("confirm") is not None) for c in summary["cells"]] == [(True, True), (False, False)]
     assert summary["confirm_planned"] == summary["confirm_done"] == 1 and summary["items_planned"] > first
+
+
+def test_the_reduced_rounds_timing_tells_a_regenerated_arm_or_verdict_apart_from_the_shipped_one():
+    import copy
+
+    from benchmarks import reduced_timing
+
+    shipped = json.loads(reduced_timing.SHIPPED.read_text())
+    rows = reduced_timing.compare(shipped, shipped)
+    assert all(r["present"] and not r["arms_differing"] and r["same_winner"] and r["same_confirmation"] for r in rows)
+    changed = copy.deepcopy(shipped)
+    cell = next(c for c in changed["cells"] if c.get("winner"))
+    cell["arms"][1]["rmean_late_s"] *= 1.01  # one arm's time to the late target moved
+    cell["winner"]["arm"] = "ddp"
+    confirmed = next(c for c in changed["cells"] if c.get("confirm"))
+    confirmed["confirm"]["wins"] = not confirmed["confirm"]["wins"]
+    del changed["cells"][-1]
+    rows = {r["cell"]: r for r in reduced_timing.compare(shipped, changed)}
+    assert rows[cell["label"]]["arms_differing"] == [cell["arms"][1]["arm"]]
+    assert not rows[cell["label"]]["same_winner"]
+    assert not rows[confirmed["label"]]["same_confirmation"]
+    assert not rows[shipped["cells"][-1]["label"]]["present"]
