@@ -46,11 +46,26 @@ def _versions(a: dict[str, Any]) -> str:
     return "-" if v is None else f"{v:g}"
 
 
+def _ddp_missed(c: dict[str, Any]) -> str:
+    """A cell where ddp missed the late target on every seed: what its bounds say (ddp's time is counted at the
+    budget, so every ratio over it is an upper bound), and the fastest arm that reached the target on every seed."""
+    full = [a for a in c["arms"] if a["arm"] != "ddp" and a["reached_late"] == a["seeds"] and a.get("vs_ddp_late")]
+    if not full:
+        return "no arm reached it on every seed"
+    best = min(full, key=lambda a: a["rmean_late_s"])
+    return (
+        f"{len(full)} of {len(c['arms']) - 1} arms reached it on every seed, the fastest {best['arm']} at most "
+        f"{best['vs_ddp_late']['ratio']:.2f}x ddp's budget-capped time"
+    )
+
+
 def cell_lines(c: dict[str, Any]) -> list[str]:
     """One cell: its verdict, then every arm."""
     cell, ddp = c["cell"], next(a for a in c["arms"] if a["arm"] == "ddp")
     w, conf = c.get("winner"), c.get("confirm")
-    if w is None:
+    if c.get("ddp_missed"):
+        verdict = "nothing is ranked against it; " + _ddp_missed(c)
+    elif w is None:
         verdict = "no arm is separably faster than ddp in the screen"
     else:
         verdict = (
@@ -157,7 +172,11 @@ def guide_block(summary: dict[str, Any]) -> str:
         if not c.get("screened"):
             continue
         w, cell = c.get("winner"), c["cell"]
-        if w is None:
+        if c.get("ddp_missed"):
+            use = "no verdict: ddp missed the late target on every seed within the budget (each ratio over it is an "
+            use += "upper bound); " + _ddp_missed(c)
+            ratio, runner = "-", "-"
+        elif w is None:
             use, ratio, runner = "keep `ddp`", "-", "-"
         else:
             use = f"`{w['arm']}` (lr {w['lr']:g}, momentum {w['momentum']:g})" if "lr" in w else f"`{w['arm']}`"
