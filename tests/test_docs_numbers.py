@@ -112,7 +112,7 @@ GENERATED: dict[str, set[str]] = {
     "README.md": {"which"},  # tests/test_readme.py
     "docs/guide.md": {"which-guide", "advise", "hard-guide"},  # tests/test_readme.py; below
     "docs/benchmarks.md": {"gridmap", "grid", "emulated"},  # tests/test_grid_map.py; below
-    "docs/emulator.md": {"emulated-cost", "validation-e2e"},  # below
+    "docs/emulator.md": {"emulated-cost", "validation-e2e", "reduced-timing"},  # below
     "docs/bounded_staleness.md": {"bounded", "bounded-choice"},  # below
     "docs/simulation.md": {"sim", "simgrid"},  # below
     "docs/demo.md": {"*"},  # below
@@ -1059,3 +1059,42 @@ def test_the_hard_tasks_page_is_what_its_script_renders_from_the_hard_rounds_sum
         guide.index(hard_render.GUIDE_BEGIN) : guide.index(hard_render.GUIDE_END) + len(hard_render.GUIDE_END)
     ]
     assert block == hard_render.guide_block(json.loads(source.read_text()))
+
+
+def test_a_hard_cell_where_ddp_missed_on_every_seed_gets_no_verdict_and_never_keep_ddp() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import hard_render
+
+    summary = json.loads((DOCS / "results" / "emulated_map_hard.json").read_text())
+    missed = [c for c in summary["cells"] if c["ddp_missed"]]
+    assert missed, "the shipped hard round has a cell where ddp missed on every seed"
+    rows = {line for line in hard_render.guide_block(summary).splitlines() if line.startswith("| ")}
+    for c in missed:
+        row = next(
+            r for r in rows if r.startswith(f"| {c['cell']['task']} | {c['cell']['n']} | {c['cell']['pattern']} |")
+        )
+        assert "no verdict" in row and "keep `ddp`" not in row
+        fastest = min(
+            (a for a in c["arms"] if a["arm"] != "ddp" and a["reached_late"] == a["seeds"]),
+            key=lambda a: a["rmean_late_s"],
+        )
+        assert f"the fastest {fastest['arm']} at most {fastest['vs_ddp_late']['ratio']:.2f}x" in row
+        assert "nothing is ranked" in "\n".join(hard_render.cell_lines(c))
+    kept = [c for c in summary["cells"] if not c["ddp_missed"] and c.get("winner") is None]
+    assert kept and all(
+        "keep `ddp`" in next(r for r in rows if f"| {c['cell']['pattern']} |" in r and f"| {c['cell']['task']} |" in r)
+        for c in kept
+    )
+
+
+def test_the_reduced_rounds_timing_paragraph_is_what_its_script_renders_from_its_json() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import reduced_timing
+
+    results = json.loads(reduced_timing.RESULTS.read_text())
+    text = (DOCS / "emulator.md").read_text()
+    block = text[text.index(reduced_timing.BEGIN) : text.index(reduced_timing.END) + len(reduced_timing.END)]
+    assert block == reduced_timing.block(results)
+    assert (
+        results["wall_s"] < 30 * 60 and results["items"] == json.loads(reduced_timing.SHIPPED.read_text())["items_done"]
+    )
