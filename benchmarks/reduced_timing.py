@@ -5,10 +5,11 @@ shipped results: the round's own command, into an empty folder, timed on the wal
     python benchmarks/reduced_timing.py --render   # docs/emulator.md's paragraph from the results file
 
 The command is the shipped summary's (``docs/results/emulated_map_reduced.json``, ``command``) with ``--out`` into a
-temporary folder, so nothing in docs/ is touched but this script's results file,
-``docs/results/reduced_round_timing.json``, and its paragraph in docs/emulator.md. It records the wall seconds, the machine's cores and load average before
-and after, and, per cell, whether the regenerated summary chose the same setting and gave the same time to the late
-target for every arm, the same winner and the same confirmation as the shipped one.
+temporary folder, so nothing in docs/ is touched but this script's results file
+(``docs/results/reduced_round_timing.json``) and its paragraph in docs/emulator.md. It records the wall seconds, the
+machine's cores and load average before and after, and, per cell, whether the regenerated summary chose the same
+setting and gave the same time to the late target for every arm, the same winner and the same confirmation as the
+shipped one.
 """
 
 from __future__ import annotations
