@@ -123,7 +123,10 @@ def render(results: dict[str, Any]) -> str:
     )
     if differing:
         text += (
-            " The shipped records predate later changes to the emulator; where they differ: "
+            " Summarising the shipped records with the current code gives the shipped summary exactly, so the "
+            "differences are the runs' own: the same item gives different times to the target on some seeds from "
+            "run to run (a CNN item rerun alone matched its shipped record exactly; the CNN cells rerun with "
+            "two workers differed on some seeds in every arm; the source is not found). Where they differ: "
             + "; ".join(
                 f"{r['cell']} ({len(r['arms_differing'])} of {r['arms']} arms"
                 + (", another winner" if r["cell"] in verdicts else "")
