@@ -123,10 +123,10 @@ def render(results: dict[str, Any]) -> str:
     )
     if differing:
         text += (
-            " Summarising the shipped records with the current code gives the shipped summary exactly, so the "
-            "differences are the runs' own: the same item gives different times to the target on some seeds from "
-            "run to run (a CNN item rerun alone matched its shipped record exactly; the CNN cells rerun with "
-            "two workers differed on some seeds in every arm; the source is not found). Where they differ: "
+            " Summarising the shipped records with the current code gives the shipped summary exactly, and the code "
+            "that wrote the shipped records, rerun here on a CNN item, gives this machine's results, not the shipped "
+            "ones, while repeated runs here agree with each other exactly: the differing cells' results depend on the "
+            "machine and software they run on, which the records do not store. Where they differ: "
             + "; ".join(
                 f"{r['cell']} ({len(r['arms_differing'])} of {r['arms']} arms"
                 + (", another winner" if r["cell"] in verdicts else "")
