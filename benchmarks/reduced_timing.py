@@ -125,8 +125,8 @@ def render(results: dict[str, Any]) -> str:
         text += (
             " Summarising the shipped records with the current code gives the shipped summary exactly, and the code "
             "that wrote the shipped records, rerun here on a CNN item, gives this machine's results, not the shipped "
-            "ones, while repeated runs here agree with each other exactly: the differing cells' results depend on the "
-            "machine and software they run on, which the records do not store. Where they differ: "
+            "ones, and that item repeated here in one process gives the same result each time: the differing cells' "
+            "results depend on the machine and software they run on, which the records do not store. Where they differ: "
             + "; ".join(
                 f"{r['cell']} ({len(r['arms_differing'])} of {r['arms']} arms"
                 + (", another winner" if r["cell"] in verdicts else "")
