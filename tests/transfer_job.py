@@ -45,7 +45,8 @@ from lightning_pgc.strategy import strategy as strategy_module
 SCENARIOS = ("stall", "freeze_leader", "donor_death", "resume")
 WIDTH = 4096  # 64 -> 4096 -> 4096 -> 2048 -> 10 with a BatchNorm: 25.4 M parameters
 STEPS = 24
-STALL_S = 6.0  # past max_lag (3) versions of the others, short of the fit's end
+MAX_LAG = 3
+STALL_S = 6.0  # past max_lag versions of the others, short of the fit's end
 VAL_EVERY = 8
 STATE_KEYS = "/state/"
 
@@ -91,17 +92,23 @@ def _measured(fn: Any, side: str) -> Any:
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
         Path("/proc/self/clear_refs").write_text("5")  # resets the peak (VmHWM) to the current size
         before, mapped = _status("VmRSS"), _status("RssFile") + _status("RssShmem")
+        pool = self.aggregates
+        pooled = pool.allocated
         start = time.monotonic()
         out = fn(self, *args, **kwargs)
         # Pages of the libraries' files the kernel dropped while this rank was frozen come back as it runs code
         # again: they count in VmHWM but are no copy of the state, so the growth of the file-backed part is taken
         # out (it only grows during the call: nothing is unmapped).
         reloaded = _status("RssFile") + _status("RssShmem") - mapped
+        # Meanwhile the comm thread goes on with the members' all-reduces and keeps their aggregates for the
+        # training thread: a buffer its pool adds then (at most ``max_lag`` in all) is no copy of the state either.
+        pool_growth = (pool.allocated - pooled) * pool.numel * pool.dtype.itemsize
         NOTES["transfers"].append(
             {
                 "side": side,
-                "rss_growth": _status("VmHWM") - before - max(reloaded, 0),
+                "rss_growth": _status("VmHWM") - before - max(reloaded, 0) - pool_growth,
                 "file_pages_reloaded": reloaded,
+                "aggregate_buffers_added": pool.allocated - pooled,
                 "seconds": time.monotonic() - start,
             }
         )
@@ -213,7 +220,7 @@ def trainer(scenario: str, out: Path, max_steps: int, faults: list[Callback]) ->
         scheme="pgc_cr",
         stragglers=1,
         start_method="fork",
-        max_lag=3,
+        max_lag=MAX_LAG,
         heartbeat_interval=0.1,
         heartbeat_misses=20,
         timeout=3.0,
