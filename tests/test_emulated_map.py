@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
+import torch
 
 from benchmarks import which_strategy
 from lightning_pgc.emulator.audit import audit
@@ -25,6 +27,7 @@ from lightning_pgc.emulator.cells import (
     run_arm,
 )
 from lightning_pgc.emulator.cluster import NODE_PATTERNS, SlowSpells, node_size
+from lightning_pgc.emulator.machine import environment
 from lightning_pgc.emulator.confirm import CONFIRM_FIRST, CONFIRM_SEEDS, confirm_plan, confirm_summary
 from lightning_pgc.emulator.crossmap import item_key, plan_items, read_records, run_round
 from lightning_pgc.emulator.rounds import HARD_TASKS, protocol_for, rounds, tiny_protocol
@@ -63,6 +66,7 @@ def test_tiny_map_round_resumes_and_yields_guide_rows(tmp_path):
         assert all(0 < t <= r["budget_s"] for t in times)
 
     summary = summarize(records, source="round.jsonl")
+    assert summary["environments"] == [{**environment(), "records": len(records)}]  # the machine each record ran on
     (cell,) = summary["cells"]
     compared = [a for a in cell["arms"] if a["strategy"] != "ddp"]
     assert compared and all("vs_ddp_late" in a and "vs_ddp_early" in a for a in compared)
@@ -410,3 +414,32 @@ def test_the_reduced_rounds_timing_tells_a_regenerated_arm_or_verdict_apart_from
     assert not rows[cell["label"]]["same_winner"]
     assert not rows[confirmed["label"]]["same_confirmation"]
     assert not rows[shipped["cells"][-1]["label"]]["present"]
+
+
+def test_a_changed_winner_is_within_the_stated_uncertainty_only_where_neither_summary_separated_it():
+    from benchmarks.reduced_timing import within_stated_uncertainty
+
+    def claim(winner, sure="not separated from the runner-up"):
+        return {"winner": winner, "sure": sure, "runner_up": None, "vs_runner_up": None}
+
+    assert within_stated_uncertainty(claim("a", "separated"), claim("a", "separated"))
+    assert within_stated_uncertainty(claim("a"), claim("b"))
+    assert not within_stated_uncertainty(claim("a", "separated"), claim("b"))
+    assert not within_stated_uncertainty(claim("a"), claim("b", "separated"))
+    assert not within_stated_uncertainty(claim("a"), claim(None, None))  # a winner against "no arm beats ddp"
+    assert not within_stated_uncertainty(claim(None, None), claim("b"))
+
+
+def test_every_record_names_the_machine_and_software_it_ran_on_and_the_summary_counts_them():
+    from lightning_pgc.emulator.machine import NOT_RECORDED, environments
+
+    here = environment()
+    assert here["torch"] == torch.__version__ and here["cores"] == os.cpu_count()
+    assert here["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and here["cpu"]
+    other = {**here, "cpu_capability": "DEFAULT"}
+    counted = environments([{"environment": here}, {"environment": other}, {"environment": here}, {}])
+    assert counted == [
+        {**here, "records": 2},
+        {**other, "records": 1},
+        {"environment": NOT_RECORDED, "records": 1},
+    ]

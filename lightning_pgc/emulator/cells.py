@@ -41,6 +41,7 @@ from lightning_pgc.examples.digits import load_digits_tensors
 from lightning_pgc.emulator.cluster import NODE_PATTERNS, Cluster, node_size
 from lightning_pgc.emulator.data import DataCondition, partition_streams
 from lightning_pgc.emulator.schedule import from_records
+from lightning_pgc.emulator.machine import environment
 from lightning_pgc.emulator.scoring import tuning_score
 from lightning_pgc.emulator.tasks import make_task, spec
 from lightning_pgc.emulator.train import Task, emulate_grid
@@ -474,4 +475,5 @@ def run_arm(cell: Cell, arm: Arm, protocol: Protocol = Protocol()) -> dict[str, 
         },
         "eval": {"seeds": list(protocol.eval_seeds), **evaluation},
         "cpu_s": time.process_time() - started,
+        "environment": environment(),
     }

@@ -30,6 +30,7 @@ import statistics
 from collections import defaultdict
 from typing import Any, Optional, Sequence
 
+from lightning_pgc.emulator.machine import environments
 from lightning_pgc.emulator.scoring import (
     compare,
     detectable_effect,
@@ -220,6 +221,7 @@ def summarize(records: Sequence[dict[str, Any]], source: str, alpha: float = ALP
         "power": f"normal approximation, Holm's first step; {POWER:.0%} power for a {EFFECT:.0%} effect",
         "items_done": len(records),
         "cpu_s_total": sum(r.get("cpu_s", 0.0) for r in records),
+        "environments": environments(records),
         "cells": cells,
     }
 
