@@ -138,7 +138,7 @@ def scheme_lines(summary: dict[str, Any], rows: list[dict[str, Any]]) -> list[st
         if strategy == "gc_cr":
             from lightning_pgc.emulator.cells import GC_CR_MAX_N
 
-            line += f"; it runs only up to n = {GC_CR_MAX_N}"
+            line += f"; above n = {GC_CR_MAX_N} it runs only where its `c` divides n"
         line += ". " + (f"It wins {len(wins)} cell(s): {win_text}." if wins else "It wins no cell.")
         if len(faster) > len(wins):
             line += (
