@@ -181,7 +181,8 @@ def render(results: dict[str, Any]) -> str:
     text += (
         f" The regenerated records ran on {_environment(results['environment'])}; the shipped ones on "
         + " and ".join(_environment(e) for e in shipped_envs)
-        + ". Summarising the shipped records with the current code gives the shipped summary exactly, and the code "
+        + ". Summarising the shipped records with the current code gives every shipped cell exactly (each arm's "
+        "setting and time, each winner and confirmation), and the code "
         "that wrote the shipped records, rerun here on a CNN item, gives this machine's results, not the shipped "
         "ones, and that item repeated here in one process gives the same result each time: the differing cells' "
         "results depend on the machine and software they run on (a record now names both). Where they differ: "
