@@ -49,8 +49,9 @@ def guide_block(out: dict, trace: dict) -> str:
             f"{rec['slow_rank']} sleeps {rec['slow_s']:g} s more at every step. The trace is "
             "[advise_trace.json](results/advise_trace.json); `"
             + out["command"]
-            + f"` took {out['advise_wall_s'] / 60:.0f} minutes on the shared 2 cores ({out['cpu_s'] / 60:.0f} CPU "
-            "minutes) and printed [advise_slow_rank.json](results/advise_slow_rank.json), shown as text:",
+            + f"` took {out['advise_wall_s'] / 60:.0f} minutes on 2 cores ({out['cpu_s'] / 60:.0f} CPU minutes; "
+            f"1-minute load average {out['load_after'][0]:.1f} after it) and printed "
+            "[advise_slow_rank.json](results/advise_slow_rank.json), shown as text:",
             "",
             "```text",
             advise.render(advice),
