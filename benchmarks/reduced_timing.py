@@ -51,10 +51,6 @@ def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     return a[:2] == b[:2] and abs(a[2] - b[2]) <= RTOL * max(1.0, abs(a[2]))
 
 
-def _winner(cell: dict[str, Any]) -> Any:
-    return (cell.get("winner") or {}).get("arm")
-
-
 def _claim(cell: dict[str, Any]) -> dict[str, Any]:
     """What a cell's summary claims: its winner (``None``: no arm separably faster than ddp), how sure, and the
     winner's comparison with its runner-up."""
@@ -100,7 +96,7 @@ def compare(shipped: dict[str, Any], regenerated: dict[str, Any]) -> list[dict[s
                 "present": True,
                 "arms": len(ours),
                 "arms_differing": sorted(a for a in ours if a not in new or not _same(ours[a], new[a])),
-                "same_winner": _winner(cell) == _winner(other),
+                "same_winner": claims[0]["winner"] == claims[1]["winner"],
                 "same_confirmation": _verdict(cell) == _verdict(other),
                 "shipped": claims[0],
                 "regenerated": claims[1],

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["environment", "environments"]
+__all__ = ["NOT_RECORDED", "environment", "environments"]
 
 #: what a record without an ``environment`` (one written before records carried it) is counted as
 NOT_RECORDED = "not recorded"
