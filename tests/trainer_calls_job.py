@@ -12,8 +12,9 @@ name):
 Every rank appends ``OUT/rank{k}.jsonl`` at the end of each Trainer call (the call, its parameter checksum, the
 step, the live ``pgc-*`` threads). Each process that runs the script (every rank under ``popen``, the launching
 process under ``fork``/``spawn``) writes ``OUT/script{k}.json``: what each call returned (how many results) and
-what is left when the script ends (threads, process groups). The training step logs with ``sync_dist=True``
-only under a condition that is false, which must not refuse the run.
+what is left when the script ends (threads, process groups), and the sockets it opened during the script that
+are still open once its process group is destroyed. The training step logs with ``sync_dist=True`` only under a
+condition that is false, which must not refuse the run.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import json
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,15 +70,24 @@ def pgc_threads() -> list[str]:
     return sorted(t.name for t in threading.enumerate() if t.name.startswith("pgc"))
 
 
-def open_sockets() -> int:
-    """Sockets this process holds (a process group that was not destroyed keeps its connections open)."""
-    links = []
+def open_sockets() -> set[str]:
+    """The sockets this process holds, by inode (a process group that was not destroyed keeps its connections)."""
+    links = set()
     for fd in os.listdir("/proc/self/fd"):
         try:
-            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+            links.add(os.readlink(f"/proc/self/fd/{fd}"))
         except OSError:  # the listing's own descriptor, closed by now
             pass
-    return sum(link.startswith("socket:") for link in links)
+    return {link for link in links if link.startswith("socket:")}
+
+
+def sockets_left(before: set[str], deadline_s: float = 20.0) -> list[str]:
+    """The sockets opened since ``before`` that are still open, polled until none is or ``deadline_s`` passes: a
+    peer's close reaches this process's side of a connection a moment later, and the OS may still be closing it."""
+    deadline = time.monotonic() + deadline_s
+    while (left := open_sockets() - before) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return sorted(left)
 
 
 class Record(Callback):
@@ -128,6 +139,7 @@ def count(results: Any) -> Any:
 def main(strategy_name: str, start_method: str, out: Path, short: bool = False) -> None:
     """``short``: only ``fit``, ``validate`` and the second Trainer's ``fit`` (for launchers that start fresh
     ranks, importing Lightning, at every call)."""
+    sockets_before = open_sockets()
     pl.seed_everything(0, verbose=False)
     model = Calls()
     first = trainer(strategy_name, start_method, out, STEPS)
@@ -148,11 +160,11 @@ def main(strategy_name: str, start_method: str, out: Path, short: bool = False) 
         "checksum": checksum(model),
         "threads": pgc_threads(),
         "process_groups": groups,
-        "sockets": open_sockets(),
     }
-    (out / f"script{second.global_rank}.json").write_text(json.dumps(script))
     if dist.is_initialized():  # as torch asks of every script: a gloo group alive at interpreter exit can abort it
         dist.destroy_process_group()
+    script["sockets_left"] = sockets_left(sockets_before)
+    (out / f"script{second.global_rank}.json").write_text(json.dumps(script))
 
 
 if __name__ == "__main__":
