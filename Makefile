@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m lightning_pgc.demo
+	$(PY) benchmarks/demo.py
 
 # two workers, whole files each (module-scoped jobs are shared by a file's tests); `pytest -q` runs serially
 test: $(STAMP)

@@ -13,7 +13,7 @@ import lightning.pytorch as pl
 
 from lightning_pgc.callbacks.stragglers import StragglerInjector
 from lightning_pgc.examples.digits import DigitsCNN, DigitsDataModule
-from lightning_pgc.experiments.callbacks import SimulatedCompute
+from pgc_lab.experiments.callbacks import SimulatedCompute
 from lightning_pgc.step_trace import StepTimeTrace
 
 if __name__ == "__main__":

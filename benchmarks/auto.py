@@ -4,7 +4,7 @@ its time to target when a rank is, and how many versions its switches take.
     python benchmarks/auto.py                  # both parts, 2 rounds (about 30 min on 2 shared cores)
     python benchmarks/auto.py --rounds 1 --seeds 1
 
-Part 1, no straggler: throughput (seconds per step, :func:`~lightning_pgc.experiments.stats.seconds_per_step`)
+Part 1, no straggler: throughput (seconds per step, :func:`~pgc_lab.experiments.stats.seconds_per_step`)
 of ``ddp``, the ``dgd`` arm fixed (``strategy="dgd"``) and ``pgc_auto``, MLPs of 1 M and 10 M parameters on
 synthetic data (the minimal script of ``benchmarks/step_time.py``, written again here), and the switches
 ``pgc_auto`` made (the goal: none, and at most 1.03x ``dgd``'s seconds per step).
@@ -36,11 +36,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from lightning_pgc.experiments.timing_model import TimingMLP
-from lightning_pgc.experiments.curves import at_index, first_crossing
-from lightning_pgc.experiments.launch import launch, launch_script
-from lightning_pgc.experiments.report import write_report
-from lightning_pgc.experiments.stats import seconds_per_step
+from pgc_lab.experiments.timing_model import TimingMLP
+from pgc_lab.experiments.curves import at_index, first_crossing
+from pgc_lab.experiments.launch import launch, launch_script
+from pgc_lab.experiments.report import write_report
+from pgc_lab.experiments.stats import seconds_per_step
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -3,7 +3,7 @@
     python benchmarks/bounded_staleness.py [--steps 200] [--seeds 0 1 2] [--windows 2 4]
     python benchmarks/bounded_staleness.py --choices round_robin oldest     # the partition-choice comparison
 
-Runs, one after the other, the digits CNN job (:func:`lightning_pgc.experiments.launch`) under ``ddp``, ``dgd``,
+Runs, one after the other, the digits CNN job (:func:`pgc_lab.experiments.launch`) under ``ddp``, ``dgd``,
 ``pgc_cr`` (s = 1) and ``bounded_staleness`` with replication r = 2 and every window c in ``--windows``, under two
 straggler conditions, with the same delay realisation for every strategy of a seed:
 
@@ -36,9 +36,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from lightning_pgc.experiments import launch
-from lightning_pgc.experiments import runs as grid  # the grid's per-run measurements
-from lightning_pgc.experiments.report import write_report
+from pgc_lab.experiments import launch
+from pgc_lab.experiments import runs as grid  # the grid's per-run measurements
+from pgc_lab.experiments.report import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKS = {

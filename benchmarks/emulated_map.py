@@ -10,10 +10,10 @@ Each round appends to ONE JSON Lines file, docs/results/emulated_map_<round>.jso
 ``--limit`` runs it in chunks), and is summarised into docs/results/emulated_map_<round>.json (per cell: each arm's
 restricted mean time to both targets, the ratio against ddp with its interval and permutation test, Holm-corrected
 per cell, the best arm at each s against its runner-up). Once every item is done, the same command runs the
-confirmation stage (lightning_pgc/emulator/confirm.py: each cell's candidate, runner-up and ddp on fresh seeds) into
+confirmation stage (benchmarks/pgc_lab/map/confirm.py: each cell's candidate, runner-up and ddp on fresh seeds) into
 docs/results/emulated_map_<round>_confirm.jsonl, also resumable; ``--confirm-complete-cells`` runs no screen item and
 confirms the cells whose screen is complete (a round stopped part-way). The rounds' cells and protocols:
-``lightning_pgc/emulator/rounds.py``; ``--tasks`` picks the proxy tasks (``lightning_pgc/emulator/cells.py``) of every
+``benchmarks/pgc_lab/map/rounds.py``; ``--tasks`` picks the proxy tasks (``lightning_pgc/emulator/cells.py``) of every
 round but ``hard``, which runs the harder tasks under their own protocol (``Protocol.for_task``).
 """
 
@@ -24,11 +24,11 @@ from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
-from lightning_pgc.emulator.confirm import confirm_plan, confirm_summary
-from lightning_pgc.emulator.crossmap import item_key, plan_items, read_records, run_round
-from lightning_pgc.emulator.rounds import DEFAULT_TASKS, protocol_for, records_path, rounds, summary_path
+from pgc_lab.map.confirm import confirm_plan, confirm_summary
+from pgc_lab.map.crossmap import item_key, plan_items, read_records, run_round
+from pgc_lab.map.rounds import DEFAULT_TASKS, protocol_for, records_path, rounds, summary_path
 from lightning_pgc.emulator.summary import cell_label, summarize
-from lightning_pgc.experiments.report import write_json
+from pgc_lab.experiments.report import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

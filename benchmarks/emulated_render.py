@@ -14,10 +14,10 @@ import math
 from pathlib import Path
 from typing import Any
 
-from lightning_pgc.emulator import rounds
-from lightning_pgc.emulator.rounds import cost, is_complete
+from pgc_lab.map import rounds
+from pgc_lab.map.rounds import cost, is_complete
 from lightning_pgc.emulator.summary import CHECK_HEADING, SCHEMES_HEADING, n_heading
-from lightning_pgc.experiments.report import update_block, write_json
+from pgc_lab.experiments.report import update_block, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

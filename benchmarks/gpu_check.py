@@ -44,9 +44,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from lightning_pgc.experiments.launch import launch_script
-from lightning_pgc.experiments.report import write_json, write_report
-from lightning_pgc.experiments.stats import seconds_per_step
+from pgc_lab.experiments.launch import launch_script
+from pgc_lab.experiments.report import write_json, write_report
+from pgc_lab.experiments.stats import seconds_per_step
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -66,7 +66,7 @@ def worker(args: argparse.Namespace) -> None:
 
     from lightning_pgc import PGCStrategy
     from lightning_pgc.callbacks.stragglers import StragglerInjector
-    from lightning_pgc.experiments.callbacks import parameter_checksum
+    from pgc_lab.experiments.callbacks import parameter_checksum
 
     cuda = args.accelerator == "cuda"
 

@@ -8,7 +8,7 @@
 
     WANDB_MODE=offline python benchmarks/grid.py --single [--devices 4] [--steps 200] [--seeds 0 1] [--c 2 4 8]
 
-Runs, one after the other, the digits CNN job (:func:`lightning_pgc.experiments.launch`: the packaged
+Runs, one after the other, the digits CNN job (:func:`pgc_lab.experiments.launch`: the packaged
 ``digits_cnn.yaml`` recipe plus a job config, run by ``lightning-pgc fit``) under ``ddp``, ``dgd``,
 ``ignore_stragglers`` and ``gc_fr``/``gc_cr``/``pgc_fr``/``pgc_cr`` with ``c = s + 1`` copies for every ``c`` in
 ``--c`` that ``n = --devices`` allows (``c <= n``; FR also needs ``c | n``; ``ignore_stragglers`` is run with the
@@ -43,13 +43,13 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from lightning_pgc.experiments import (
+from pgc_lab.experiments import (
     JobResult,
     launch,
     smoothed,
 )
-from lightning_pgc.experiments.report import update_block, write_report
-from lightning_pgc.experiments.runs import (
+from pgc_lab.experiments.report import update_block, write_report
+from pgc_lab.experiments.runs import (
     Config,
     Run,
     equal_wall_times,
@@ -591,7 +591,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
 
 def _script(name: str) -> Any:
     """The entry point ``benchmarks/<name>.py`` of another mode, loaded from its file (the scripts share code only
-    through :mod:`lightning_pgc.experiments`)."""
+    through :mod:`pgc_lab.experiments`)."""
     spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", Path(__file__).with_name(f"{name}.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -2,12 +2,12 @@
 
     WANDB_MODE=offline python benchmarks/grid.py [--max-jobs 40] [--only-cells stalls-sleep] [--render-only]
 
-Plans (:mod:`lightning_pgc.experiments.crossover`) a sweep (``--lrs`` at the recipe's momentum and the same effective rates at each of
+Plans (:mod:`pgc_lab.experiments.crossover`) a sweep (``--lrs`` at the recipe's momentum and the same effective rates at each of
 ``--momenta``, on ``--sweep-seeds``, ``--sweep-steps`` steps, under ``--sweep-delay``, per evaluation cost) and the
 main runs (``--seeds``, ``--steps``) of every arm in every cell (``--delays`` x ``--costs``) at the setting the
 sweep chose, as round ``--round`` (a new round reruns every arm of a cell together), runs the jobs that have no
 record yet (at most ``--max-jobs`` of them this invocation; sweep first), one at a time through
-:func:`lightning_pgc.experiments.launch`, and appends each finished job as one record to ``--runs``
+:func:`pgc_lab.experiments.launch`, and appends each finished job as one record to ``--runs``
 (``docs/grid_runs/``, one JSON Lines file per round; reused while its spec is unchanged). Then renders, from every record there: the crossover
 map (``docs/grid_map.png``), ``docs/grid_map.json`` and the block of ``docs/benchmarks.md`` between the
 ``gridmap`` markers. Cells whose runs are not all finished are marked incomplete. Interrupt it at any time and
@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from lightning_pgc.experiments import crossover as cx
-from lightning_pgc.experiments import runs as single
-from lightning_pgc.experiments.report import write_report
+from pgc_lab.experiments import crossover as cx
+from pgc_lab.experiments import runs as single
+from pgc_lab.experiments.report import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the evaluation costs by their measured job time here (sweep: about 30 s, 51 s and 109 s per 100-step job)
@@ -172,7 +172,7 @@ def run_jobs(
     jobs: list[cx.Job], store: cx.Store, args: argparse.Namespace, steps_of: dict[str, int], budget: list[int]
 ) -> int:
     """Run the jobs without a matching record (while ``budget[0] > 0``); returns how many ran."""
-    from lightning_pgc.experiments import launch
+    from pgc_lab.experiments import launch
 
     todo = []
     for job in jobs:

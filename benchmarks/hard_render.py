@@ -14,9 +14,9 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from lightning_pgc.emulator.rounds import summary_path
+from pgc_lab.map.rounds import summary_path
 from lightning_pgc.emulator.tasks import TARGET_RULE
-from lightning_pgc.experiments.report import update_block
+from pgc_lab.experiments.report import update_block
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

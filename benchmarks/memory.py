@@ -134,7 +134,7 @@ def main() -> None:
     if args.from_json:
         (DOCS / "memory.md").write_text(render(json.loads((RESULTS / "memory.json").read_text())))
         return
-    from lightning_pgc.experiments.launch import launch_script
+    from pgc_lab.experiments.launch import launch_script
 
     started = time.time()
     scratch = Path(args.out) / "rows.jsonl"  # every finished run, as it finishes (--resume reads it)

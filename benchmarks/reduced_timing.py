@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from lightning_pgc.emulator.machine import NOT_RECORDED, environment
-from lightning_pgc.experiments.report import replace_block
+from pgc_lab.experiments.report import replace_block
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "docs" / "results" / "emulated_map_reduced.json"

@@ -38,7 +38,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from lightning_pgc.experiments.launch import launch_script
+from pgc_lab.experiments.launch import launch_script
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -61,7 +61,7 @@ def run_worker(args: argparse.Namespace) -> None:
     from torch.utils.data import DataLoader, TensorDataset
 
     from lightning_pgc import PGCStrategy
-    from lightning_pgc.experiments.callbacks import parameter_checksum
+    from pgc_lab.experiments.callbacks import parameter_checksum
     from lightning_pgc.runtime.plane import CollectiveRuntime
 
     torch.set_num_threads(1)

@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_pgc.experiments import launch
-from lightning_pgc.experiments.report import write_report
+from pgc_lab.experiments import launch
+from pgc_lab.experiments.report import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 

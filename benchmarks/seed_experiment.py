@@ -14,11 +14,11 @@
 The arms are the packaged fragments ``seed_experiment/*.yaml`` (``dgd``, ``pgc_cr_c{2,4,8}``,
 ``bounded_c{2,4,8}``, ``gc_cr_c{2,4}``) and ``strategies/ddp.yaml``, each on top of ``cifar10_resnet18.yaml``
 with the straggler model of ``stragglers/seeds.yaml`` (read from that file; ``--delay-scale`` multiplies it).
-Every job is an experiments-harness spec (:mod:`lightning_pgc.experiments.spec`): its folder holds
+Every job is an experiments-harness spec (:mod:`pgc_lab.experiments.spec`): its folder holds
 ``spec.json`` and ``job.yaml`` (``lightning-pgc fit --config cifar10_resnet18.yaml --config job.yaml`` runs it)
 and, once finished, the harness's result files (validation curve on rank 0 every ``--val-every`` steps, work
 meter with gradient evaluations and FLOPs, utilization, the strategy's diagnostics with gradient ages).
-``--collect`` reads them back (:func:`lightning_pgc.experiments.read_result`) and writes
+``--collect`` reads them back (:func:`pgc_lab.experiments.read_result`) and writes
 ``seed_experiment.json`` and ``seed_experiment.md`` into ``--out``: per arm the time to ``--target`` validation
 loss, paired ratios against ``dgd`` and ``ddp`` with 95 % t intervals over the seeds, accuracy at equal wall
 clock, gradient evaluations, utilization and max age (the grid's statistics, :mod:`crossover`).
@@ -37,11 +37,11 @@ from typing import Any, Optional
 import yaml
 
 from lightning_pgc import recipe_files as recipes
-from lightning_pgc.experiments import FILES, job_config, launch, read_result
-from lightning_pgc.experiments import crossover as cx
-from lightning_pgc.experiments import runs as single
-from lightning_pgc.experiments.report import write_report
-from lightning_pgc.experiments.spec import recipe_path, resolve_spec
+from pgc_lab.experiments import FILES, job_config, launch, read_result
+from pgc_lab.experiments import crossover as cx
+from pgc_lab.experiments import runs as single
+from pgc_lab.experiments.report import write_report
+from pgc_lab.experiments.spec import recipe_path, resolve_spec
 
 RECIPE = "cifar10_resnet18.yaml"
 STRAGGLERS = "stragglers/seeds.yaml"

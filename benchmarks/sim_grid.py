@@ -9,7 +9,7 @@ with the per-step and per-message costs fitted on this machine by ``benchmarks/s
 ``pgc_cr`` with ``s = c - 1``, and ``bounded`` with ``r = 2`` and window ``c``), every ``n`` and ``c`` the schemes
 allow, under the map grid's three straggler models (:data:`DELAYS`), each seed being one delay realisation shared by
 every scheme. Per cell: steps per second, its paired ratio to ``dgd`` over the seeds with a 95 % t interval
-(:func:`lightning_pgc.experiments.stats.paired_t_interval`), worker utilization, gradient evaluations per step and
+(:func:`pgc_lab.experiments.stats.paired_t_interval`), worker utilization, gradient evaluations per step and
 the largest gradient age. These are *timing* numbers: how fast versions close, not how fast the loss falls (stale
 or dropped gradients cost steps; see ``docs/simulation.md``). Writes ``docs/sim_grid.json`` and the block of
 ``docs/simulation.md`` between its ``simgrid`` markers.
@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from lightning_pgc.codes import BoundedScheme, Scheme, make_scheme
-from lightning_pgc.experiments.crossover import DELAYS
-from lightning_pgc.experiments.report import write_report
-from lightning_pgc.experiments.stats import paired_t_interval
+from pgc_lab.experiments.crossover import DELAYS
+from pgc_lab.experiments.report import write_report
+from pgc_lab.experiments.stats import paired_t_interval
 from lightning_pgc.emulator.clock import Costs, simulate
 
 ROOT = Path(__file__).resolve().parents[1]

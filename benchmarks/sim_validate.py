@@ -2,7 +2,7 @@
 
     WANDB_MODE=offline python benchmarks/sim_validate.py [--steps 120] [--out outputs/sim_validate] [--reuse]
 
-Runs (one after the other, :func:`lightning_pgc.experiments.launch`, the packaged digits CNN recipe with
+Runs (one after the other, :func:`pgc_lab.experiments.launch`, the packaged digits CNN recipe with
 ``measure``) the jobs of :data:`JOBS`: a *fit* set (``dgd`` and ``pgc_cr`` under one delay model and seed) and a
 *validation* set (other delay models and seeds, and schemes the fit never saw: ``ignore``, ``gc_cr``,
 ``bounded``). From the fit set it takes the simulator's :class:`~lightning_pgc.emulator.clock.Costs`:
@@ -34,9 +34,9 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from lightning_pgc.codes import BoundedScheme, Scheme, make_scheme
-from lightning_pgc.experiments import JobResult, launch, read_result
-from lightning_pgc.experiments.report import write_report
-from lightning_pgc.experiments.spec import resolve_spec
+from pgc_lab.experiments import JobResult, launch, read_result
+from pgc_lab.experiments.report import write_report
+from pgc_lab.experiments.spec import resolve_spec
 from lightning_pgc.emulator.clock import Costs, SimResult, simulate
 
 ROOT = Path(__file__).resolve().parents[1]

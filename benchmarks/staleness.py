@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from lightning_pgc.experiments.crossover import DELAYS
-from lightning_pgc.experiments.report import write_json, write_report
-from lightning_pgc.experiments.runs import Config, read_run, run_row
-from lightning_pgc.experiments.stats import paired_t_interval
+from pgc_lab.experiments.crossover import DELAYS
+from pgc_lab.experiments.report import write_json, write_report
+from pgc_lab.experiments.runs import Config, read_run, run_row
+from pgc_lab.experiments.stats import paired_t_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 CORRECTIONS = ("none", "momentum", "lookahead", "delay_compensation")
@@ -152,7 +152,7 @@ def run_or_load(args: argparse.Namespace, name: str, spec: dict[str, Any], budge
             return record
     if args.render_only or (budget[0] is not None and budget[0] <= 0):
         return None
-    from lightning_pgc.experiments import launch
+    from pgc_lab.experiments import launch
 
     if budget[0] is not None:
         budget[0] -= 1

@@ -23,11 +23,11 @@ from typing import Any, Optional
 import numpy as np
 
 from lightning_pgc.emulator.cells import LRS, Arm, Cell, Protocol
-from lightning_pgc.emulator.crossmap import item_key, plan_items, read_records, run_round
-from lightning_pgc.emulator.rounds import cost, records_path
+from pgc_lab.map.crossmap import item_key, plan_items, read_records, run_round
+from pgc_lab.map.rounds import cost, records_path
 from lightning_pgc.emulator.scoring import compare, holm, restricted_mean
 from lightning_pgc.staleness import default_lookahead
-from lightning_pgc.experiments.report import write_report
+from pgc_lab.experiments.report import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 

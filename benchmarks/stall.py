@@ -7,7 +7,7 @@ Per round, four runs side by side: pgc and ddp, each without and with a :class:`
 ``--stall-seconds`` on rank 2 at step ``--stall-step``. For each run: the *other* ranks' seconds per step
 (throughput from step 5 to their last step), the stalled rank's skipped steps and state transfers, its peak
 RSS and mailbox high-water mark, and whether every replica ended identical. Runs the worker of
-``benchmarks/step_time.py`` through :func:`lightning_pgc.experiments.launch.launch_script`. Writes docs/stall.json
+``benchmarks/step_time.py`` through :func:`pgc_lab.experiments.launch.launch_script`. Writes docs/stall.json
 and docs/stall.md (every number in the .md is in the .json).
 """
 
@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from lightning_pgc.experiments.launch import launch_script
-from lightning_pgc.experiments.report import write_report
-from lightning_pgc.experiments.stats import seconds_per_step
+from pgc_lab.experiments.launch import launch_script
+from pgc_lab.experiments.report import write_report
+from pgc_lab.experiments.stats import seconds_per_step
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import torch
 
-from lightning_pgc.experiments.report import write_report
+from pgc_lab.experiments.report import write_report
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 #: the models of the collective-plane benchmark: (pgc run, ddp run) of docs/step_time_planes.json

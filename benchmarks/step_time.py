@@ -27,10 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lightning_pgc.experiments.timing_model import TimingMLP
-from lightning_pgc.experiments.launch import launch_script
-from lightning_pgc.experiments.report import write_report
-from lightning_pgc.experiments.stats import seconds_per_step
+from pgc_lab.experiments.timing_model import TimingMLP
+from pgc_lab.experiments.launch import launch_script
+from pgc_lab.experiments.report import write_report
+from pgc_lab.experiments.stats import seconds_per_step
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -134,7 +134,7 @@ def run_worker(args: argparse.Namespace) -> None:
     trainer.fit(module, DataLoader(data, batch_size=batch, shuffle=True))
     rank = trainer.global_rank
     st = trainer.strategy
-    from lightning_pgc.experiments.callbacks import parameter_checksum
+    from pgc_lab.experiments.callbacks import parameter_checksum
 
     params = sum(p.numel() for p in trainer.lightning_module.parameters())
     result = {

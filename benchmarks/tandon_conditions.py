@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from lightning_pgc.codes import make_scheme
-from lightning_pgc.experiments.report import write_json
+from pgc_lab.experiments.report import write_json
 from lightning_pgc.codes.tandon import (
     MAX_ENUMERATED_SUBSETS,
     RESIDUAL_TOL,

@@ -11,8 +11,8 @@ import math
 import time
 from pathlib import Path
 
-from lightning_pgc.theory import corrections as tc
-from lightning_pgc.experiments.report import write_json
+from pgc_lab import corrections as tc
+from pgc_lab.experiments.report import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,7 @@
 
     python benchmarks/theory_run.py [--steps 300] [--every 10] [--out outputs/theory_run]
 
-Runs the digits recipe on 4 real CPU processes (:func:`lightning_pgc.experiments.launch` with
+Runs the digits recipe on 4 real CPU processes (:func:`pgc_lab.experiments.launch` with
 ``PGCDiagnostics(theory_every_n_steps=...)``) for ``pgc_cr`` with
 ``s = 1`` and ``s = 3`` and for ``pgc_fr`` with ``s = 1``, under small log-normal delays; every ``--every`` steps rank 0
 recomputes every copy in every rank's cache and logs ``pgc/theory/...``. Also evaluates the quadratic mechanism
@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from lightning_pgc.theory import quadratic as th
-from lightning_pgc.experiments import launch
-from lightning_pgc.experiments.report import save_figure, write_json, write_report
+from pgc_lab.experiments import launch
+from pgc_lab.experiments.report import save_figure, write_json, write_report
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -44,7 +44,7 @@ from lightning_pgc.codes import make_scheme
 from lightning_pgc.emulator.clock import Costs, simulate
 from lightning_pgc.emulator.cluster import COMPUTE_S, PATTERNS, delay_model
 from lightning_pgc.emulator.data import DataCondition, partition_streams
-from lightning_pgc.emulator.record import load, load_trajectory
+from pgc_lab.map.record import load, load_trajectory
 from lightning_pgc.emulator.schedule import Version, from_records
 from lightning_pgc.emulator.scoring import compare
 from lightning_pgc.emulator.train import Task, emulate

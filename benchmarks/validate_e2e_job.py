@@ -17,9 +17,9 @@ import lightning_pgc  # noqa: F401
 from lightning_pgc import PGCStrategy
 from lightning_pgc.callbacks import StragglerInjector
 from lightning_pgc.emulator.cluster import delay_model
-from lightning_pgc.emulator.record import ScheduleRecorder
+from pgc_lab.map.record import ScheduleRecorder
 from lightning_pgc.examples.digits import DigitsCNN, DigitsDataModule
-from lightning_pgc.experiments.callbacks import SimulatedCompute
+from pgc_lab.experiments.callbacks import SimulatedCompute
 
 BATCH = 16
 

@@ -8,7 +8,7 @@ and that file derived from a summary of the emulated map.
 pattern, the bound and the data condition; the cell's winner with its ratio of restricted mean times to ddp's and
 the 95 % interval, the Holm-adjusted p, the seeds, its runner-up at the same ``s`` and that comparison, and how sure
 the claim is; in a cell without a winner, ``ddp`` with the best arm's ratio (how close it came). The decision is the
-confirmation stage's where the cell has one (:mod:`lightning_pgc.emulator.confirm`: the screen's candidate, its
+confirmation stage's where the cell has one (:mod:`pgc_lab.map.confirm`: the screen's candidate, its
 runner-up and ddp on fresh seeds), else the screen's (an arm faster than ddp after Holm's correction over the cell's
 family, never an arm whose ratio is a bound). README shows the rows at the
 largest ``n`` of each (task, pattern, bound, data); the guide shows every row. Where no pipelined scheme (``pgc_fr``,
@@ -23,9 +23,9 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from lightning_pgc.emulator.rounds import is_complete
+from pgc_lab.map.rounds import is_complete
 from lightning_pgc.emulator.summary import n_heading, slug
-from lightning_pgc.experiments.report import update_block, write_json
+from pgc_lab.experiments.report import update_block, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = ROOT / "docs" / "which_strategy.json"

@@ -16,7 +16,7 @@ Pure tensor math on flat parameter and gradient vectors (no Lightning, no ``torc
   Hessian. It keeps the parameters of the last ``c`` versions (the versions a cached entry can have).
 
 Every replica applies the same aggregates, so ``beta_t - beta_v`` is known locally, with no communication. The
-theory (stability boundaries and rates on the quadratic model) is in :mod:`lightning_pgc.theory.corrections` and
+theory (stability boundaries and rates on the quadratic model) is in ``benchmarks/pgc_lab/corrections.py`` (in the repository) and
 ``docs/theory.md``.
 """
 

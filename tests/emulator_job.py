@@ -13,7 +13,7 @@ import lightning.pytorch as pl
 import lightning_pgc  # noqa: F401
 from lightning_pgc import PGCStrategy
 from lightning_pgc.examples.digits import DigitsCNN, DigitsDataModule
-from lightning_pgc.emulator.record import ScheduleRecorder
+from pgc_lab.map.record import ScheduleRecorder
 from lightning_pgc.callbacks import StragglerInjector
 
 DELAY = "lognormal(median=0.01, sigma=1.0)"  # varies the admitted sets from version to version

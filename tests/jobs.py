@@ -1,4 +1,4 @@
-"""``run_job``: the tests' way to run one job, a thin layer over :func:`lightning_pgc.experiments.launch`.
+"""``run_job``: the tests' way to run one job, a thin layer over :func:`pgc_lab.experiments.launch`.
 
 It keeps the keyword form the tests were written in (``run_job(tmp_path, "pgc", strategy="pgc", devices=4)``)
 and returns :meth:`JobResult.legacy`, the dict they read. Two digits-model keys are spelled out here: ``batch_norm``
@@ -16,12 +16,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from lightning_pgc.experiments import launch
+from pgc_lab.experiments import launch
 
 
 def run_job(tmp_path: Path, name: str, timeout: float = 240, **spec: Any) -> dict[str, Any]:
     """Run one job in ``tmp_path / name``; return {"ranks", "valves", "summary" (with "spec"), "curve", "out",
-    "stderr": the whole log}. Raises :class:`~lightning_pgc.experiments.JobFailed` when the job fails."""
+    "stderr": the whole log}. Raises :class:`~pgc_lab.experiments.JobFailed` when the job fails."""
     model = dict(spec.pop("model", {}))
     if "batch_norm" in spec:
         model["batch_norm"] = spec.pop("batch_norm")

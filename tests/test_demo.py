@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from lightning_pgc import demo
-from lightning_pgc.experiments import JobResult
+from pgc_lab import demo
+from pgc_lab.experiments import JobResult
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,7 +71,7 @@ def test_every_demo_job_is_the_map_grids_job_for_its_cell_arm_and_seed():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import grid_map
 
-    from lightning_pgc.experiments import crossover as cx
+    from pgc_lab.experiments import crossover as cx
 
     grid_args = grid_map.parse_args(["--no-wandb"])
     args = demo.parse_args(["--seed", "3"])

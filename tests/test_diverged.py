@@ -11,7 +11,7 @@ import re
 import pytest
 
 from lightning_pgc.codes import SCHEMES, BoundedScheme, make_scheme
-from lightning_pgc.experiments import JobFailed
+from pgc_lab.experiments import JobFailed
 from lightning_pgc.decisions import DivergedError, Leader
 from lightning_pgc.decisions.bounded import BoundedLeader
 from lightning_pgc.decisions.header import Header

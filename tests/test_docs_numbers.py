@@ -863,7 +863,7 @@ def test_benchmarks_block_is_what_grid_renders_from_benchmarks_json() -> None:
 
 
 def test_demo_page_is_what_the_demo_renders_from_demo_json() -> None:
-    from lightning_pgc import demo
+    from pgc_lab import demo
 
     saved = json.loads((DOCS / "demo.json").read_text())
     args = demo.parse_args([])
@@ -925,7 +925,7 @@ def test_emulated_map_blocks_are_what_the_renderer_makes_from_their_json() -> No
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import emulated_render as er
 
-    from lightning_pgc.emulator.rounds import is_complete, shipped_summary
+    from pgc_lab.map.rounds import is_complete, shipped_summary
 
     shipped = shipped_summary()  # the full round once it is complete, else the reduced one
     source = shipped.relative_to(ROOT).as_posix()

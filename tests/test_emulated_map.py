@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from benchmarks import which_strategy
-from lightning_pgc.emulator.audit import audit
+from pgc_lab.map.audit import audit
 from lightning_pgc.emulator.cells import (
     CORRECTIONS,
     LR_REACH,
@@ -28,9 +28,9 @@ from lightning_pgc.emulator.cells import (
 )
 from lightning_pgc.emulator.cluster import NODE_PATTERNS, SlowSpells, node_size
 from lightning_pgc.emulator.machine import environment
-from lightning_pgc.emulator.confirm import CONFIRM_FIRST, CONFIRM_SEEDS, confirm_plan, confirm_summary
-from lightning_pgc.emulator.crossmap import item_key, plan_items, read_records, run_round
-from lightning_pgc.emulator.rounds import HARD_TASKS, protocol_for, rounds, tiny_protocol
+from pgc_lab.map.confirm import CONFIRM_FIRST, CONFIRM_SEEDS, confirm_plan, confirm_summary
+from pgc_lab.map.crossmap import item_key, plan_items, read_records, run_round
+from pgc_lab.map.rounds import HARD_TASKS, protocol_for, rounds, tiny_protocol
 from lightning_pgc.emulator.scoring import (
     detectable_effect,
     holm,
@@ -227,7 +227,7 @@ def test_the_winner_is_compared_with_its_runner_up_at_equal_s_and_bounds_are_nev
 
 
 def test_the_audit_command_prints_one_json_object_about_the_shipped_round():
-    """``python -m lightning_pgc.emulator.audit`` on the shipped round: one JSON object with the documented fields,
+    """``python benchmarks/map_audit.py`` on the shipped round: one JSON object with the documented fields,
     equal to the audit of the round's records, and the protocol's promises hold there: every arm family of the map
     in it, at least 20 evaluation seeds per arm, every node-level cell with s at or above the node size, and every
     arm that missed everywhere listed by the summary as a bound."""
@@ -235,11 +235,11 @@ def test_the_audit_command_prints_one_json_object_about_the_shipped_round():
     import sys
     from pathlib import Path
 
-    from lightning_pgc.emulator.audit import shipped_records, shipped_summaries
+    from pgc_lab.map.audit import shipped_records, shipped_summaries
 
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run(
-        [sys.executable, "-m", "lightning_pgc.emulator.audit"],
+        [sys.executable, "benchmarks/map_audit.py"],
         cwd=root,
         env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
         capture_output=True,

@@ -24,7 +24,7 @@ from lightning_pgc.codes.bounded import BoundedScheme
 from lightning_pgc.examples.digits import DigitsCNN, load_digits_tensors
 from lightning_pgc.emulator.aggregate import plan_for
 from lightning_pgc.emulator.data import DataCondition, partition_streams
-from lightning_pgc.emulator.record import load, load_trajectory
+from pgc_lab.map.record import load, load_trajectory
 from lightning_pgc.emulator.schedule import Version
 from lightning_pgc.emulator.train import Task, VersionAggregate
 from lightning_pgc.staleness import StalenessCorrection

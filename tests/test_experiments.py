@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from lightning_pgc.experiments import FILES, job_config, read_result
-from lightning_pgc.experiments.callbacks import ResourceMeter
-from lightning_pgc.experiments.spec import recipe_path, resolve_spec
+from pgc_lab.experiments import FILES, job_config, read_result
+from pgc_lab.experiments.callbacks import ResourceMeter
+from pgc_lab.experiments.spec import recipe_path, resolve_spec
 
 
 def test_job_config_is_a_lightningcli_config_over_the_recipe(tmp_path: Path) -> None:
@@ -65,7 +65,7 @@ def test_start_method_faults_and_resources_reach_the_config(tmp_path: Path) -> N
         "init_args": {"rank": 2, "step": 4, "seconds": 1.5},
     }
     assert forked["trainer"]["callbacks"][4] == {
-        "class_path": "lightning_pgc.experiments.callbacks.ResourceMeter",
+        "class_path": "pgc_lab.experiments.callbacks.ResourceMeter",
         "init_args": {"after_steps": [50, 150]},
     }
     with pytest.raises(ValueError, match="after_steps must be positive"):

@@ -131,7 +131,7 @@ def test_more_than_s_frozen_ranks_fail_every_survivor_fast_naming_them(tmp_path)
     missing ranks within the heartbeat window (1 s) plus ``timeout`` (1 s) of the last version it closed, the
     other ranks get the error (ABORT; tested in-process in test_runtime.py), and the job exits non-zero instead of
     hanging."""
-    from lightning_pgc.experiments import JobFailed
+    from pgc_lab.experiments import JobFailed
 
     with pytest.raises(JobFailed) as failed:
         run_job(
@@ -230,7 +230,7 @@ def test_more_than_s_killed_ranks_fail_every_survivor_fast_naming_them_and_leave
 def _failing_job_watched(tmp_path, name: str, failover=None, **spec):
     """Run a job that must fail (4 ranks, pgc, heartbeat window 1 s, timeout 1 s) while watching its processes;
     returns the JobFailed and, per process of the job, when it was gone. Asserts none is left."""
-    from lightning_pgc.experiments import JobFailed
+    from pgc_lab.experiments import JobFailed
 
     failed: list[JobFailed] = []
 
@@ -323,7 +323,7 @@ def test_sigterm_on_every_rank_stops_the_job_cleanly_with_a_checkpoint(tmp_path)
     """A SIGTERM on every rank at step 5 stops the job as under ``ddp``: each rank raises Lightning's
     ``SIGTERMException`` at its next batch, rank 0's ``ModelCheckpoint(save_on_exception=True)`` writes a checkpoint
     of its state, nothing hangs and the launcher exits 0 (as Lightning's ``SIGTERMException``, a ``SystemExit``)."""
-    from lightning_pgc.experiments import launch
+    from pgc_lab.experiments import launch
 
     result = launch(
         {

@@ -15,8 +15,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import grid  # noqa: E402
 
-from lightning_pgc.experiments import at_index, cumulative_at, first_crossing, interpolate, launch, smoothed  # noqa: E402
-from lightning_pgc.experiments import runs as grid_runs  # noqa: E402
+from pgc_lab.experiments import at_index, cumulative_at, first_crossing, interpolate, launch, smoothed  # noqa: E402
+from pgc_lab.experiments import runs as grid_runs  # noqa: E402
 
 
 def test_interpolation_and_crossing():

@@ -16,7 +16,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import grid_map  # noqa: E402
 
-from lightning_pgc.experiments import crossover as cx  # noqa: E402
+from pgc_lab.experiments import crossover as cx  # noqa: E402
 
 T_975_DF2 = 4.302652729911275  # Student t, two-sided 95 %, 2 degrees of freedom (tables)
 
@@ -374,7 +374,7 @@ def test_smoke_grid_two_steps_per_cell_real_jobs(tmp_path):
 def test_records_are_appended_and_the_newest_line_of_a_name_wins(tmp_path):
     """The store only appends: a rerun's record supersedes the earlier one, a fresh reader sees the same, and a
     last member cut short while it is being written is ignored."""
-    from lightning_pgc.experiments.results import RunRecords
+    from pgc_lab.experiments.results import RunRecords
 
     records = RunRecords(tmp_path)
     records.append("round1", [{"job": "a", "x": 1.0}, {"job": "b", "x": float("nan")}])

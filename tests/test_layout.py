@@ -10,14 +10,8 @@ from pathlib import Path
 
 import pytest
 
-#: research code and tools that ``import lightning_pgc`` (and the CLI) must not load
-RESEARCH = (
-    "lightning_pgc.theory",
-    "lightning_pgc.emulator",
-    "lightning_pgc.experiments",
-    "lightning_pgc.demo",
-    "lightning_pgc.demo_cells",
-)
+#: the parts that only ``advise`` needs, which ``import lightning_pgc`` (and the CLI's start) must not load
+RESEARCH = ("lightning_pgc.theory", "lightning_pgc.emulator")
 
 
 def _loaded(statement: str) -> list[str]:
@@ -36,9 +30,7 @@ def test_import_lightning_pgc_loads_no_research_code(statement: str) -> None:
 
 def test_the_research_code_is_where_it_was_left_out_from() -> None:
     """The modules the check above keeps out exist, so a rename cannot make it pass vacuously."""
-    loaded = _loaded("import " + ", ".join(m for m in RESEARCH if m != "lightning_pgc.demo"))
-    assert set(RESEARCH) - {"lightning_pgc.demo"} <= set(loaded)
-    assert "lightning_pgc.demo_cells" in _loaded("import lightning_pgc.demo")
+    assert set(RESEARCH) <= set(_loaded("import " + ", ".join(RESEARCH)))
 
 
 def test_public_names_are_importable_from_the_package_and_its_callbacks() -> None:
@@ -97,17 +89,18 @@ def test_an_installed_package_reads_the_recipes_inside_it(tmp_path: Path, monkey
 
 
 def test_the_module_map_in_the_design_page_is_generated_from_the_package() -> None:
-    """docs/design.md's map is :func:`render`'s output exactly (regenerate: ``python docs/module_map.py``)."""
+    """docs/design.md's map is :func:`render`'s output exactly (regenerate: ``python benchmarks/module_map.py``)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("module_map", ROOT / "docs" / "module_map.py")
+    spec = importlib.util.spec_from_file_location("module_map", ROOT / "benchmarks" / "module_map.py")
     assert spec is not None and spec.loader is not None
     module_map = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module_map)
     block = module_map.render()
     assert module_map.current((ROOT / "docs" / "design.md").read_text()) == block
-    every = sorted(p.relative_to(ROOT / "lightning_pgc") for p in (ROOT / "lightning_pgc").rglob("*.py"))
-    assert all(f" {p.name} " in block or f" {p.parent.name}/ " in block for p in every)  # no module left out
+    for tree in (ROOT / "lightning_pgc", ROOT / "benchmarks" / "pgc_lab"):
+        every = sorted(p.relative_to(tree) for p in tree.rglob("*.py"))
+        assert all(f" {p.name} " in block or f" {p.parent.name}/ " in block for p in every)  # no module left out
     assert "theory_metrics.py" in block and "TheoryMeter: the convergence theory's constants" in block
 
 

@@ -87,7 +87,7 @@ def test_the_no_pipelined_win_statement_cites_the_theory_it_rests_on():
 
 def test_the_which_strategy_file_follows_the_map_it_was_derived_from():
     """The file is exactly what the rule derives from the emulated map summary it names (the round the docs show)."""
-    from lightning_pgc.emulator.rounds import shipped_summary
+    from pgc_lab.map.rounds import shipped_summary
 
     table = json.loads((ROOT / "docs" / "which_strategy.json").read_text())
     assert table["source"] == shipped_summary().relative_to(ROOT).as_posix()
@@ -98,7 +98,7 @@ def test_the_which_strategy_file_follows_the_map_it_was_derived_from():
 def test_a_round_that_is_not_finished_is_neither_rendered_nor_turned_into_the_guide(tmp_path):
     import emulated_render
 
-    from lightning_pgc.emulator.rounds import is_complete, shipped_summary
+    from pgc_lab.map.rounds import is_complete, shipped_summary
 
     summary = json.loads(shipped_summary().read_text())
     assert is_complete(summary)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lightning_pgc.experiments.report import replace_block, update_block, write_json
+from pgc_lab.experiments.report import replace_block, update_block, write_json
 
 BEGIN, END = "<!-- x:begin -->", "<!-- x:end -->"
 

@@ -10,7 +10,7 @@ import torch
 import lightning_pgc  # noqa: F401
 from lightning_pgc import PGCStrategy
 from lightning_pgc.codes import BoundedScheme, make_scheme
-from lightning_pgc.experiments import read_result
+from pgc_lab.experiments import read_result
 from lightning_pgc.staleness import (
     StalenessCorrection,
     accounted_momentum,

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from lightning_pgc.experiments.stats import (
+from pgc_lab.experiments.stats import (
     equal_wall_time,
     paired_bootstrap_interval,
     paired_t_interval,

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lightning_pgc.theory import quadratic as th
-from lightning_pgc.theory import corrections as tc
+from pgc_lab import corrections as tc
 from lightning_pgc.codes import StaleCache, make_scheme
 from lightning_pgc.staleness import StalenessCorrection, accounted_momentum, implicit_momentum
 

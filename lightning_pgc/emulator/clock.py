@@ -111,7 +111,7 @@ class SimResult:
 
     @property
     def utilization(self) -> list[float]:
-        """Per rank: busy time over its wall time (as :class:`~lightning_pgc.experiments.callbacks.WorkMeter`)."""
+        """Per rank: busy time over its wall time (as the real-rank experiments' work meter measures it)."""
         return [b / w if w > 0 else float("nan") for b, w in zip(self.busy_s, self.wall_s)]
 
     def step_times(self, rank: int = 0) -> list[float]:

@@ -3,7 +3,7 @@
 - :mod:`~lightning_pgc.theory.quadratic`: what the convergence proofs assume, tested on one aggregate and on exact
   stochastic simulations of the schemes (coefficients, the error decomposition, the constants, delayed-gradient
   stability);
-- :mod:`~lightning_pgc.theory.corrections`: the staleness corrections' stability boundaries and convergence rates.
+- ``benchmarks/pgc_lab/corrections.py`` (in the repository): the staleness corrections' stability boundaries and convergence rates.
 
 ``docs/theory.md`` explains both.
 """

@@ -1,9 +1,9 @@
 """What a job leaves in its output folder, and :class:`JobResult`, the only reader of those files.
 
-The writers are the callbacks of :mod:`lightning_pgc.experiments.callbacks`; they take every file name from
+The writers are the callbacks of :mod:`pgc_lab.experiments.callbacks`; they take every file name from
 :data:`FILES`, so this module is the one place that knows the layout:
 
-- ``spec.json``: the job spec as launched (written by :func:`~lightning_pgc.experiments.launch`);
+- ``spec.json``: the job spec as launched (written by :func:`~pgc_lab.experiments.launch`);
 - ``job.yaml``: the LightningCLI config the job ran (``lightning-pgc fit --config <recipe> --config job.yaml``
   reproduces it);
 - ``job.log``: stdout and stderr of every rank; ``job_done.json``: exit status and wall time of the launch;

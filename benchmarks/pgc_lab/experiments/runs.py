@@ -1,6 +1,6 @@
 """A run of the benchmark grids: one job's result read back (:class:`Run`) and every column measured on it.
 
-:func:`read_run` reads a finished job (:class:`~lightning_pgc.experiments.results.JobResult`) as a :class:`Run` of
+:func:`read_run` reads a finished job (:class:`~pgc_lab.experiments.results.JobResult`) as a :class:`Run` of
 one :class:`Config` (a scheme with its ``s`` and ``c``); :func:`run_row` measures it: time and steps to the target
 validation loss, gradient evaluations and FLOPs, utilization, ages, coordinator waits. The one-table grid, the map
 grid, the bounded-staleness and staleness benchmarks and the seed experiment all read their jobs this way.
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
 
-from lightning_pgc.experiments.curves import at_index, cumulative_at, first_crossing, interpolate
-from lightning_pgc.experiments.results import JobResult, read_result
-from lightning_pgc.experiments.spec import resolve_spec
+from pgc_lab.experiments.curves import at_index, cumulative_at, first_crossing, interpolate
+from pgc_lab.experiments.results import JobResult, read_result
+from pgc_lab.experiments.spec import resolve_spec
 
 __all__ = ["Config", "Run", "equal_wall_times", "isnan", "read_run", "reusable", "run_row", "seed_mean"]
 

@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from lightning_pgc.experiments.curves import crossing, interpolate
+from pgc_lab.experiments.curves import crossing, interpolate
 
 __all__ = [
     "PairedInterval",

@@ -1,6 +1,6 @@
 """The demo's race: its arms, each at its own tuned setting, its two cells of the map grid, and how a race is judged
 (the winner of the run, the map's verdict over its seeds, the guide's row). No Lightning, nothing run here:
-:mod:`lightning_pgc.demo` runs the race and prints it."""
+:mod:`pgc_lab.demo` runs the race and prints it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: the map grid's rendered results, when this is a checkout (not part of an installed package)
 MAP = ROOT / "docs" / "grid_map.json"
 #: the staleness benchmark's results: the tuning of the corrected arm, which the map grid does not sweep

@@ -1,7 +1,7 @@
 """The audit of the shipped emulated map: what it covers and where its protocol's rules bind, as one JSON object.
 
-    python -m lightning_pgc.emulator.audit                 # the rounds the docs show (shipped_summaries)
-    python -m lightning_pgc.emulator.audit --records docs/results/emulated_map_full.jsonl
+    python benchmarks/map_audit.py                 # the rounds the docs show (shipped_summaries)
+    python benchmarks/map_audit.py --records docs/results/emulated_map_full.jsonl
 
 Fields: ``tasks``, ``arms`` (the arm families: strategy and correction, without ``c``), ``n`` (cluster sizes),
 ``min_seeds_per_arm`` (the fewest evaluation seeds of any (cell, arm)), ``edge_choices`` (tuned settings still on an
@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from lightning_pgc.emulator.cluster import NODE_PATTERNS, node_size
-from lightning_pgc.emulator.crossmap import read_records
-from lightning_pgc.emulator.rounds import DOCS, round_records, shipped_summary, summary_path
+from pgc_lab.map.crossmap import read_records
+from pgc_lab.map.rounds import DOCS, round_records, shipped_summary, summary_path
 from lightning_pgc.emulator.summary import cell_label
 
 __all__ = ["arm_family", "audit", "main", "shipped_records", "shipped_summaries"]
@@ -60,7 +60,7 @@ def audit(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def shipped_summaries(docs: Path = DOCS) -> list[dict[str, Any]]:
     """The summaries of the rounds the docs show: the shipped round of the digits tasks
-    (:func:`~lightning_pgc.emulator.rounds.shipped_summary`) and the hard round of the harder tasks, where it has
+    (:func:`~pgc_lab.map.rounds.shipped_summary`) and the hard round of the harder tasks, where it has
     run."""
     out = [json.loads(shipped_summary(docs).read_text())]
     hard = summary_path("hard", docs)

@@ -14,7 +14,7 @@ from typing import Any, Optional, Sequence
 
 from lightning_pgc.emulator.cells import Cell, Protocol
 from lightning_pgc.emulator.cluster import PATTERNS
-from lightning_pgc.emulator.crossmap import plan_items, read_records
+from pgc_lab.map.crossmap import plan_items, read_records
 from lightning_pgc.emulator.summary import cell_label
 
 __all__ = [
@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 #: the checkout's docs/ (the real map, the clock's fit, the rounds' files)
-DOCS = Path(__file__).resolve().parents[2] / "docs"
+DOCS = Path(__file__).resolve().parents[3] / "docs"
 #: The three delay models of the real 4-rank map (docs/grid_map.json), for the cells that mirror it.
 REAL_DELAYS = {
     "stalls": ("lognormal + stalls", "lognormal(median=0.02, sigma=0.5) + spikes(prob=0.002, low=1.0, high=3.0)"),

@@ -169,7 +169,7 @@ def job_config(spec: dict[str, Any]) -> dict[str, Any]:
     """
     spec = resolve_spec(spec)
     out = Path(spec["out"]).resolve()
-    cb = "lightning_pgc.experiments.callbacks."
+    cb = "pgc_lab.experiments.callbacks."
     callbacks: list[dict[str, Any]] = [
         {"class_path": cb + "JobRecorder", "init_args": {"out": str(out), "save_checkpoint": spec["save_checkpoint"]}},
         {"class_path": cb + "LossRecorder", "init_args": {"out": str(out), "sync": bool(spec["sync_loss"])}},

@@ -8,7 +8,7 @@ Every finished job is one record in a :class:`Store` (``docs/grid_runs/``, one J
 by the job's name and checked against its spec, so the grid runs incrementally and the report re-renders from
 whatever is finished.
 :func:`summarize_cell` turns a cell's records into per-arm statistics (paired t intervals against ``dgd`` and
-``ddp`` from :mod:`lightning_pgc.experiments.stats`) and the cell's winner with its margin, or marks the cell
+``ddp`` from :mod:`pgc_lab.experiments.stats`) and the cell's winner with its margin, or marks the cell
 incomplete. ``benchmarks/grid.py`` runs the jobs and writes the report; ``benchmarks/seed_experiment.py`` collects
 cluster runs with the same cell statistics. :data:`DELAYS` are the straggler models, shared with the simulated grid
 (``benchmarks/sim_grid.py``).
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
-from lightning_pgc.experiments.results import RunRecords
-from lightning_pgc.experiments.stats import (
+from pgc_lab.experiments.results import RunRecords
+from pgc_lab.experiments.stats import (
     PairedInterval,
     equal_wall_time,
     paired_t_interval,
@@ -291,7 +291,7 @@ def plan_main(
 # ================================================================================================ the store
 class Store:
     """The raw per-run records, named by :attr:`Job.name`, in append-only JSON Lines files
-    (:class:`~lightning_pgc.experiments.results.RunRecords`): one file per round of main runs (``round<r>``) and one
+    (:class:`~pgc_lab.experiments.results.RunRecords`): one file per round of main runs (``round<r>``) and one
     for the sweep (``sweep``).
 
     A record is reused only when its spec equals the job's (``wandb`` and ``out`` ignored), so changing a setting

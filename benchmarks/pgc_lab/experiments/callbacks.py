@@ -1,9 +1,9 @@
 """Measurement callbacks of the experiments harness: they work with any strategy (``ddp`` included) and any
 classification recipe whose batches are ``(inputs, targets)``.
 
-A job config lists them under ``trainer.callbacks`` (:func:`~lightning_pgc.experiments.job_config` does it from a
+A job config lists them under ``trainer.callbacks`` (:func:`~pgc_lab.experiments.job_config` does it from a
 spec); they can as well be added to any ``lightning-pgc fit`` command line by ``class_path``. Every file they write
-is named in :data:`lightning_pgc.experiments.results.FILES`.
+is named in :data:`pgc_lab.experiments.results.FILES`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import lightning.pytorch as pl
 import torch
 
 from lightning_pgc.callbacks import PGCDiagnostics, StalenessValve
-from lightning_pgc.experiments.results import CURVE_HEADER, FILES, VAL_CURVE_HEADER, rank_file, valve_file
+from pgc_lab.experiments.results import CURVE_HEADER, FILES, VAL_CURVE_HEADER, rank_file, valve_file
 from lightning_pgc.strategy import PGCStrategy
 from lightning_pgc.callbacks.stragglers import StragglerInjector
 
@@ -409,7 +409,7 @@ class ValidationCurve(pl.Callback):
 
 class JobRecorder(pl.Callback):
     """Writes the per-rank and summary result files of a job when fit ends (see
-    :mod:`lightning_pgc.experiments.results`), and closes the W&B run with the job's totals.
+    :mod:`pgc_lab.experiments.results`), and closes the W&B run with the job's totals.
 
     Reads, when present among the trainer's callbacks: :class:`LossRecorder` (clock of the training curve),
     :class:`WorkMeter` (``measure``), :class:`ResourceMeter` (``resources``), :class:`ValidationCurve`,

@@ -18,8 +18,8 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 import yaml
 
-from lightning_pgc.experiments.results import FILES, JobResult, read_progress, read_result
-from lightning_pgc.experiments.spec import job_config, recipe_path, resolve_spec
+from pgc_lab.experiments.results import FILES, JobResult, read_progress, read_result
+from pgc_lab.experiments.spec import job_config, recipe_path, resolve_spec
 
 __all__ = ["JobFailed", "command", "launch", "launch_script"]
 
@@ -49,6 +49,15 @@ class JobFailed(RuntimeError):
         self.result = result
 
 
+#: the folder that holds the lab package: a job's config names the lab's callbacks, so its ranks import them
+LAB_PATH = str(Path(__file__).resolve().parents[2])
+
+
+def lab_pythonpath(env: Mapping[str, str]) -> str:
+    """``PYTHONPATH`` for a process that imports the lab: the lab's folder first, then what ``env`` had."""
+    return os.pathsep.join(p for p in (LAB_PATH, env.get("PYTHONPATH", "")) if p)
+
+
 def command(spec: dict[str, Any]) -> list[str]:
     """The command line a job runs (its ranks 1..n-1 are started by Lightning re-running it)."""
     spec = resolve_spec(spec)
@@ -71,7 +80,7 @@ def launch(
     check: bool = True,
     on_progress: Optional[Callable[[int], None]] = None,
 ) -> JobResult:
-    """Run the job ``spec`` (see :mod:`lightning_pgc.experiments.spec`) and return what it wrote.
+    """Run the job ``spec`` (see :mod:`pgc_lab.experiments.spec`) and return what it wrote.
 
     Writes ``spec.json`` and ``job.yaml`` into ``spec["out"]``, runs ``python -m lightning_pgc fit --config
     <recipe> --config job.yaml`` there with every rank's output in ``job.log``, and reads the result files.
@@ -103,6 +112,7 @@ def launch(
         "WANDB_SILENT": "true",
         "WANDB_X_DISABLE_STATS": "true",
         "WANDB_CONSOLE": "off",
+        "PYTHONPATH": lab_pythonpath(os.environ),
     }
     for key in INHERITED:
         env.pop(key, None)
@@ -162,7 +172,12 @@ def launch_script(
     for r in range(ranks):
         (out / f"rank{r}.json").unlink(missing_ok=True)
     cmd = [sys.executable, str(script), "--worker", "--out", str(out), *args]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONWARNINGS": "ignore"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "PYTHONWARNINGS": "ignore",
+        "PYTHONPATH": lab_pythonpath(os.environ),
+    }
     for key in INHERITED:
         env.pop(key, None)
     if not one_process_per_rank:

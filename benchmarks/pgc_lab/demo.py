@@ -22,10 +22,10 @@ to ``ddp`` in this run and over the map's 5 seeds when docs/grid_map.json is the
 map's verdict and the guide's row for this kind of cluster; writes a loss-vs-wall-clock PNG (one panel per cell,
 every arm, the target line), ``results.md`` and ``results.json``.
 
-    python -m lightning_pgc.demo [--settings slow,rare] [--only ddp,pgc] [--seed 0] [--out outputs/demo] [--wandb]
+    python benchmarks/demo.py [--settings slow,rare] [--only ddp,pgc] [--seed 0] [--out outputs/demo] [--wandb]
                                  [--docs]
 
-The time to target is :func:`lightning_pgc.experiments.crossing` of the validation loss, measured on rank 0 every
+The time to target is :func:`pgc_lab.experiments.crossing` of the validation loss, measured on rank 0 every
 ``--val-every`` steps on the whole validation set. Not the training loss: under PGC the decoded training loss
 mixes the losses of model versions ``t..t-c+1`` (and of the received ranks' partitions only). Needs the
 ``[bench]`` extra.
@@ -40,7 +40,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Optional
 
-from lightning_pgc.demo_cells import (
+from pgc_lab.demo_cells import (
     ARMS,
     COMPUTE_S_PER_EVAL,
     MAP,
@@ -56,7 +56,7 @@ from lightning_pgc.demo_cells import (
     split_vs_ddp,
     verdict,
 )
-from lightning_pgc.experiments import FILES, JobResult, crossing, launch
+from pgc_lab.experiments import FILES, JobResult, crossing, launch
 
 __all__ = ["ARMS", "MAP", "SETTINGS", "STALENESS", "Arm", "Outcome", "Setting", "main", "map_winner", "verdict"]
 
@@ -349,7 +349,7 @@ def print_results(console: Any, outcomes: list[Outcome], args: argparse.Namespac
 def main(argv: Optional[list[str]] = None) -> None:
     args = parse_args(argv)
     console = make_console()
-    command = ("python -m lightning_pgc.demo " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    command = ("python benchmarks/demo.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
     runs = selected(args)
     cells = ", ".join(f"{s.title} ({s.map_cell})" for s in SETTINGS.values() if any(r[0] is s for r in runs))
     console.print(

@@ -1,0 +1,9 @@
+"""The lab: the code that produces the project's own results, run from the checkout and not installed.
+
+- :mod:`pgc_lab.experiments`: real-rank experiment jobs, their callbacks, results files and statistics;
+- :mod:`pgc_lab.map`: the emulated crossover map's rounds, confirmation, records and audit;
+- :mod:`pgc_lab.corrections`: the staleness corrections' stability boundaries and convergence rates;
+- :mod:`pgc_lab.demo` and :mod:`pgc_lab.demo_cells`: the race that ``make demo`` runs.
+
+The scripts in ``benchmarks/`` find this package beside them; the tests put ``benchmarks/`` on the path.
+"""
