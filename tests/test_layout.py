@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -129,3 +130,82 @@ def test_pure_packages_import_no_lightning_and_no_torch_distributed(package: str
                 continue
             bad = [n for n in names if any(n == m or n.startswith(m + ".") for m in IMPURE)]
             assert bad == [], f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def _package_modules() -> dict[str, Path]:
+    modules = {}
+    for path in (ROOT / "lightning_pgc").rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return modules
+
+
+def _imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that ``name`` imports anywhere in its source (function-level imports included), with
+    the packages above them."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for target in targets:
+            parts = target.split(".")
+            found |= {".".join(parts[:k]) for k in range(1, len(parts) + 1)} & set(modules)
+    return found - {name}
+
+
+def test_every_module_of_the_package_is_reachable_from_what_a_user_runs() -> None:
+    """The wheel holds what a user imports or runs: every module under lightning_pgc/ is imported, directly or not,
+    by the package's ``__init__``, its ``__main__``, the console script or a class path a recipe names (the lab
+    lives in benchmarks/pgc_lab, outside the wheel)."""
+    modules = _package_modules()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    entries = {"lightning_pgc", "lightning_pgc.__main__"}
+    entries |= {m.rpartition(":")[0] for m in re.findall(r'=\s*"(lightning_pgc[\w.]*:\w+)"', pyproject)}
+    for recipe in (ROOT / "recipes").rglob("*.yaml"):
+        for value in re.findall(
+            r"^\s*(?:class_path|-)?\s*:?\s*(lightning_pgc(?:\.\w+)+)\s*$", recipe.read_text(), re.M
+        ):
+            parts = value.split(".")
+            entries |= {".".join(parts[:k]) for k in range(1, len(parts) + 1)} & set(modules)
+    seen: set[str] = set()
+    todo = [e for e in entries if e in modules]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(_imported(name, modules[name], modules))
+    assert sorted(set(modules) - seen) == []
+    assert "lightning_pgc.emulator.advise" in seen  # the walk follows the CLI's function-level imports
+
+
+def test_the_package_runs_with_only_lightning_and_torch() -> None:
+    """With Lightning and torch imported (their own optional probes run as usual), every other optional package and
+    the lab are made unimportable; ``import lightning_pgc`` and ``Trainer(strategy="pgc")`` still work."""
+    code = """
+import sys
+import lightning.pytorch as pl, torch
+BLOCKED = {"jsonargparse", "sklearn", "torchvision", "wandb", "matplotlib", "rich", "pgc_lab"}
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+for name in [m for m in sys.modules if m.split(".")[0] in BLOCKED]:
+    del sys.modules[name]
+sys.meta_path.insert(0, Block())
+import lightning_pgc, lightning_pgc.callbacks
+trainer = pl.Trainer(strategy="pgc", devices=2, accelerator="cpu", logger=False, enable_progress_bar=False)
+print(type(trainer.strategy).__name__)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines()[-1] == "PGCStrategy"
