@@ -70,7 +70,8 @@ def test_wheel_contents_and_metadata(wheel: Path) -> None:
     for recipe in recipes.available():
         assert f"lightning_pgc/recipes/{recipe}" in names
     assert "lightning_pgc/py.typed" in names
-    assert "benchmarks/pgc_lab/experiments/launch.py" in names
+    assert "lightning_pgc/strategy/strategy.py" in names and "lightning_pgc/emulator/advise.py" in names
+    assert not any("pgc_lab" in n or n.startswith("lightning_pgc/experiments/") for n in names)  # the lab stays out
     assert not any(n.startswith(("tests/", "benchmarks/", "docs/")) for n in names)
     dist_info = f"lightning_pgc-{lightning_pgc.__version__}.dist-info"
     assert f"{dist_info}/licenses/LICENSE" in names
