@@ -43,7 +43,7 @@ bench-grid: $(STAMP)
 	$(PY) benchmarks/grid.py
 
 # the emulated crossover map (resumable: rerun to resume; ROUND=reduced for the reduced round, TASKS= the proxy
-# tasks; its cost: docs/emulator.md), its tables, README's table and the guide's map section
+# tasks; its cost: docs/results/emulator.md), its tables, README's table and the guide's map section
 ROUND ?= full
 TASKS ?= mlp
 emulated-map: $(STAMP)

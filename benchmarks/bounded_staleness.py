@@ -16,14 +16,14 @@ grid). Rank 0 evaluates the whole validation set every ``--val-every`` steps. Re
 over the seeds: time to the target validation loss, steps to it, max gradient age, coverage waits (bounded only),
 fit wall time and final validation loss, each as the mean and the [min, max] over the seeds.
 
-Writes ``docs/bounded_staleness.json`` (settings, command, every run, the table), ``docs/bounded_staleness.png``
+Writes ``docs/results/bounded_staleness.json`` (settings, command, every run, the table), ``docs/results/bounded_staleness.png``
 (validation loss vs wall clock, seed mean, one panel per condition) and the generated block of
-``docs/bounded_staleness.md`` (between its markers; the prose around it is kept). Jobs go to ``--out``.
+``docs/results/bounded_staleness.md`` (between its markers; the prose around it is kept). Jobs go to ``--out``.
 
 With ``--choices``, only bounded staleness runs (r = 2, every window in ``--windows``), once per partition choice
 (``PGCStrategy(choice=...)``), the choices interleaved (their order alternates with the seed), with the duplicated
-evaluations as an extra column; it writes ``docs/bounded_choice.json``, ``docs/bounded_choice.png`` and the
-block between the ``bounded-choice`` markers of ``docs/bounded_staleness.md``.
+evaluations as an extra column; it writes ``docs/results/bounded_choice.json``, ``docs/results/bounded_choice.png`` and the
+block between the ``bounded-choice`` markers of ``docs/results/bounded_staleness.md``.
 """
 
 from __future__ import annotations
@@ -278,7 +278,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
         help="compare these partition choices of bounded staleness (only bounded runs)",
     )
     p.add_argument("--out", default=str(ROOT / "outputs" / "bounded_staleness"))
-    p.add_argument("--docs", default=str(ROOT / "docs"))
+    p.add_argument("--docs", default=str(ROOT / "docs" / "results"))
     p.add_argument("--reuse", action="store_true", help="use jobs already finished in --out with the same spec")
     return p.parse_args(argv)
 

@@ -1,10 +1,10 @@
 """The emulated crossover map: which strategy wins, with which s, by n, straggler pattern, compute or
 communication bound, and data condition (emulated: real leaders and schemes on the simulated clock, real training).
 
-    nice -n 10 python benchmarks/emulated_map.py --round reduced --workers 2   # the reduced round (docs/emulator.md)
+    nice -n 10 python benchmarks/emulated_map.py --round reduced --workers 2   # the reduced round (docs/results/emulator.md)
     python benchmarks/emulated_map.py --round full --workers 2 --limit 100      # the full round, 100 items at a time
     python benchmarks/emulated_map.py --round reduced --summarize-only
-    nice -n 10 python benchmarks/emulated_map.py --round hard --workers 2      # the harder tasks (docs/hard_tasks.md)
+    nice -n 10 python benchmarks/emulated_map.py --round hard --workers 2      # the harder tasks (docs/results/hard_tasks.md)
 
 Each round appends to ONE JSON Lines file, docs/results/emulated_map_<round>.jsonl (resumable: rerun the same command;
 ``--limit`` runs it in chunks), and is summarised into docs/results/emulated_map_<round>.json (per cell: each arm's
@@ -31,7 +31,7 @@ from lightning_pgc.emulator.summary import cell_label, summarize
 from pgc_lab.experiments.report import write_json
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs"
+DOCS = ROOT / "docs" / "results"
 
 
 def main(argv: list[str] | None = None) -> None:

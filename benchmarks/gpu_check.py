@@ -1,8 +1,8 @@
 """GPU check of the collective data plane: a channels_last ResNet-18 (11.2 M parameters), pgc vs ddp, on one GPU.
 
     python benchmarks/gpu_check.py --json round1.json               # on a machine with a CUDA GPU (one round)
-    python benchmarks/gpu_check.py --merge round1.json round2.json   # -> docs/gpu_check.json and docs/gpu_check.md
-    python benchmarks/gpu_check.py --render                          # docs/gpu_check.json -> docs/gpu_check.md
+    python benchmarks/gpu_check.py --merge round1.json round2.json   # -> docs/results/gpu_check.json and docs/results/gpu_check.md
+    python benchmarks/gpu_check.py --render                          # docs/results/gpu_check.json -> docs/results/gpu_check.md
     python benchmarks/gpu_check.py --accelerator cpu --steps 8 --skip 2 --ranks 2 --passes-params 1000000 \\
         --json /tmp/gpu_check.json                                   # a dry run of the script itself (gloo, CPU)
 
@@ -49,7 +49,7 @@ from pgc_lab.experiments.report import write_json, write_report
 from pgc_lab.experiments.stats import seconds_per_step
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs"
+DOCS = ROOT / "docs" / "results"
 REPEATS = 20  # timed calls per pass (after two warm-up calls)
 ALLREDUCE_REPEATS = 5  # timed gloo all-reduces of the payload (after one warm-up)
 PROFILED_STEPS = 3
@@ -539,7 +539,7 @@ def _gist(said: str) -> str:
 
 
 def render(res: dict[str, Any]) -> str:
-    """docs/gpu_check.md from the results file (a run's file, or several rounds merged)."""
+    """docs/results/gpu_check.md from the results file (a run's file, or several rounds merged)."""
     if "rounds" not in res:
         res = merge([res])
     rounds = res["rounds"]
@@ -549,7 +549,7 @@ def render(res: dict[str, Any]) -> str:
         "",
         f"Produced by `{res['command']}` on one H200 GPU ({res['machine']}; torch {v['torch']}, Lightning "
         f"{v['lightning']}, Python {v['python']}), {len(rounds)} round(s) of the same command, each round's value "
-        "in order; every number below is in docs/gpu_check.json. The model is a channels_last ResNet-18 on random "
+        "in order; every number below is in docs/results/gpu_check.json. The model is a channels_last ResNet-18 on random "
         f"32x32 images kept on the GPU, batch 64 per rank, SGD with momentum; {res['steps']} steps, throughput "
         f"measured after step {res['skip']} (wall time per step, after `torch.cuda.synchronize`); host<->device "
         f"copies counted by the profiler over {res['profiled_steps']} steps, per step, the mean over ranks.",
@@ -694,9 +694,11 @@ def main() -> None:
     p.add_argument(
         "--json", default=str(ROOT / "outputs" / "gpu_check" / "round.json"), help="this round's results file"
     )
-    p.add_argument("--render", action="store_true", help="write docs/gpu_check.md from docs/gpu_check.json")
     p.add_argument(
-        "--merge", nargs="+", metavar="JSON", help="merge these runs' files into docs/gpu_check.json (+ .md)"
+        "--render", action="store_true", help="write docs/results/gpu_check.md from docs/results/gpu_check.json"
+    )
+    p.add_argument(
+        "--merge", nargs="+", metavar="JSON", help="merge these runs' files into docs/results/gpu_check.json (+ .md)"
     )
     p.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="ranks sharing the GPU, one run each")
     p.add_argument("--steps", type=int, default=30)

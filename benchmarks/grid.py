@@ -20,10 +20,10 @@ Every job is one W&B run (offline unless ``--wandb-online``) in one group, with 
 model as config, so the runs line up in the W&B UI (``wandb sync <out>/*/wandb/offline-run-*`` uploads them).
 Users without W&B get the same numbers as plain files:
 
-- ``docs/benchmarks.csv``: one row per run (every measured column),
-- ``docs/benchmarks.json``: the command, settings, grid wall time, the per-(scheme, c) table and every run,
-- ``docs/benchmarks_loss_vs_wall.png``, ``docs/benchmarks_loss_vs_step.png``: validation and training loss,
-- ``docs/benchmarks.md``: the table and settings, rewritten between its ``grid:begin``/``grid:end`` markers
+- ``docs/results/benchmarks.csv``: one row per run (every measured column),
+- ``docs/results/benchmarks.json``: the command, settings, grid wall time, the per-(scheme, c) table and every run,
+- ``docs/results/benchmarks_loss_vs_wall.png``, ``docs/results/benchmarks_loss_vs_step.png``: validation and training loss,
+- ``docs/results/benchmarks.md``: the table and settings, rewritten between its ``grid:begin``/``grid:end`` markers
   (text outside the markers is kept).
 
 Jobs, logs and W&B directories go to ``--out`` (default ``outputs/grid``). ``--reuse`` skips jobs whose results
@@ -404,7 +404,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     )
     p.add_argument("--schemes", nargs="+", default=None, help="only these scheme families")
     p.add_argument("--out", default=str(ROOT / "outputs" / "grid"))
-    p.add_argument("--docs", default=str(ROOT / "docs"), help="where benchmarks.{md,csv,json,*.png} go")
+    p.add_argument("--docs", default=str(ROOT / "docs" / "results"), help="where benchmarks.{md,csv,json,*.png} go")
     p.add_argument("--reuse", action="store_true", help="skip jobs already finished in --out with the same spec")
     p.add_argument("--no-wandb", action="store_true")
     p.add_argument("--wandb-online", action="store_true")

@@ -8,8 +8,8 @@ main runs (``--seeds``, ``--steps``) of every arm in every cell (``--delays`` x 
 sweep chose, as round ``--round`` (a new round reruns every arm of a cell together), runs the jobs that have no
 record yet (at most ``--max-jobs`` of them this invocation; sweep first), one at a time through
 :func:`pgc_lab.experiments.launch`, and appends each finished job as one record to ``--runs``
-(``docs/grid_runs/``, one JSON Lines file per round; reused while its spec is unchanged). Then renders, from every record there: the crossover
-map (``docs/grid_map.png``), ``docs/grid_map.json`` and the block of ``docs/benchmarks.md`` between the
+(``docs/results/grid_runs/``, one JSON Lines file per round; reused while its spec is unchanged). Then renders, from every record there: the crossover
+map (``docs/results/grid_map.png``), ``docs/results/grid_map.json`` and the block of ``docs/results/benchmarks.md`` between the
 ``gridmap`` markers. Cells whose runs are not all finished are marked incomplete. Interrupt it at any time and
 run the same command again to continue. ``--render-only`` runs nothing.
 """
@@ -93,9 +93,9 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     )
     p.add_argument("--start-method", default="popen", choices=["popen", "fork"])
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before a job is killed")
-    p.add_argument("--runs", default=str(ROOT / "docs" / "grid_runs"), help="the folder of the run records")
+    p.add_argument("--runs", default=str(ROOT / "docs" / "results" / "grid_runs"), help="the folder of the run records")
     p.add_argument("--out", default=str(ROOT / "outputs" / "grid_map"), help="job folders (not shipped)")
-    p.add_argument("--docs", default=str(ROOT / "docs"), help="grid_map.{json,png} and benchmarks.md")
+    p.add_argument("--docs", default=str(ROOT / "docs" / "results"), help="grid_map.{json,png} and benchmarks.md")
     p.add_argument("--no-wandb", action="store_true")
     p.add_argument("--wandb-project", default="lightning_pgc-benchmarks")
     return p.parse_args(argv)

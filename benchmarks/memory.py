@@ -3,7 +3,7 @@
     python benchmarks/memory.py                                   # 10 M and 100 M parameters (about 18 min on 2 cores)
     python benchmarks/memory.py --sizes 10 --schemes pgc_cr       # one size, one scheme (and ddp)
     python benchmarks/memory.py --sizes 100 --schemes pgc_cr gc_cr --merge   # add 100 M rows to the results file
-    python benchmarks/memory.py --from-json                       # only rewrite docs/memory.md
+    python benchmarks/memory.py --from-json                       # only rewrite docs/results/memory.md
     python benchmarks/memory.py --resume                          # go on after an interruption (OUT/rows.jsonl)
 
 A run whose ranks are still going after ``--run-timeout`` seconds (900) is killed, every rank, and kept as a row that
@@ -20,7 +20,7 @@ caches (the partitions it holds: ``c`` for the coded schemes and ``bounded``, 1 
 (``gc_cr``, ``pgc_cr_naive``) code in float64 by design (their decoding weights need it): their code and the
 all-reduce's buffer are twice a float32 gradient each, which the table shows.
 
-Writes docs/results/memory.json and docs/memory.md (every number in the page is in the JSON).
+Writes docs/results/memory.json and docs/results/memory.md (every number in the page is in the JSON).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs"
-RESULTS = DOCS / "results"
+DOCS = ROOT / "docs" / "results"
+RESULTS = DOCS
 
 SIZES = {10: 10_000, 100: 100_000}  # millions of parameters -> hidden width of the 1024-H-4 MLP
 SCHEMES = ["pgc_cr", "pgc_fr", "gc_cr", "gc_fr", "pgc_cr_naive", "ignore", "dgd", "bounded"]
@@ -124,7 +124,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--diagnostics-every", type=int, default=4)
     p.add_argument("--merge", action="store_true", help="keep the results file's rows of the sizes and schemes not run")
-    p.add_argument("--from-json", action="store_true", help="only rewrite docs/memory.md from its results file")
+    p.add_argument("--from-json", action="store_true", help="only rewrite docs/results/memory.md from its results file")
     p.add_argument("--resume", action="store_true", help="keep the runs OUT/rows.jsonl holds from an interrupted run")
     p.add_argument("--run-timeout", type=float, default=900, help="seconds before a run's ranks are killed")
     args = p.parse_args()
@@ -243,7 +243,7 @@ def render(res: dict) -> str:
         "",
         f"Produced by {' and '.join(f'`{c.strip()}`' for c in res['commands'])} ({res['machine']}; "
         f"{res['minutes']:.0f} min); every number below is "
-        "in [results/memory.json](results/memory.json). Each run is one fit of an MLP 1024-H-4 on 4 CPU ranks, "
+        "in [memory.json](memory.json). Each run is one fit of an MLP 1024-H-4 on 4 CPU ranks, "
         f"{res['steps']} steps of plain SGD, the probe diagnostics (when on) every {res['diagnostics_every']} steps. "
         "Peak RSS is the process's high-water mark (transient copies included), in MB; rank 0 is the leader. "
         "The goal of a rank: ddp's peak on that rank plus one gradient per partition it caches. `over goal` and "

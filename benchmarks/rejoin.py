@@ -22,7 +22,7 @@ state from the leader. Measured, on the clock every process shares:
   after, from ``/proc/self``): one extra copy of the state would show as ``state_mb``.
 
 Four ranks share two cores, and the stalled rank sleeps meanwhile (it frees a core for the others); the transfer
-runs while the other ranks train. Writes docs/results/rejoin.json and docs/rejoin.md.
+runs while the other ranks train. Writes docs/results/rejoin.json and docs/results/rejoin.md.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from typing import Any
 from pgc_lab.experiments.launch import launch_script
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs"
+DOCS = ROOT / "docs" / "results"
 SIZES = {1: 816, 10: 2580, 25: 4096, 100: 8160}  # million parameters -> W
 STALLED, STALL_STEP, MAX_LAG = 2, 3, 3
 
@@ -322,12 +322,12 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), choices=list(SIZES))
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--behind", type=int, default=8, help="versions the others get ahead of the sleeping rank")
-    p.add_argument("--from-json", action="store_true", help="only rewrite docs/rejoin.md from its results file")
+    p.add_argument("--from-json", action="store_true", help="only rewrite docs/results/rejoin.md from its results file")
     args = p.parse_args()
     if args.worker:
         run_worker(args)
         return
-    results = DOCS / "results" / "rejoin.json"
+    results = DOCS / "rejoin.json"
     if args.from_json:
         res = json.loads(results.read_text())
     else:

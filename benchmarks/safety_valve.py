@@ -8,8 +8,8 @@ Runs, on 4 real CPU processes, the digits CNN (SGD, momentum 0.9) at a learning 
 ``StalenessValve(threshold=1.0, factor=0.5, check_every_n_steps=5)``. ``--repeats`` runs of every configuration
 (seeds 0, 1, ...; PGC runs are not bit-reproducible across runs anyway: the straggler pattern is real timing).
 Reports final validation accuracy/loss (full validation set after fit), the mean training loss of the last 20 steps,
-the valve's actions, and whether the 4 replicas ended bit-identical. Writes docs/safety_valve.json,
-docs/safety_valve.md and docs/safety_valve.png, and prints every path it writes.
+the valve's actions, and whether the 4 replicas ended bit-identical. Writes docs/results/safety_valve.json,
+docs/results/safety_valve.md and docs/results/safety_valve.png, and prints every path it writes.
 """
 
 from __future__ import annotations
@@ -134,7 +134,7 @@ def plot(results: dict, args: argparse.Namespace) -> Any:
 
 
 def render(payload: dict) -> str:
-    """The page, from what ``docs/safety_valve.json`` holds (tests/test_docs_numbers.py renders it again)."""
+    """The page, from what ``docs/results/safety_valve.json`` holds (tests/test_docs_numbers.py renders it again)."""
     args, valve, rows = payload["args"], payload["valve"], payload["summary"]
 
     def fmt(values: list, spec: str = ".3f") -> str:
@@ -151,9 +151,9 @@ def render(payload: dict) -> str:
         "",
         (
             "<!-- numbers: "
-            "2=docs/safety_valve.json#summary.*.val_acc 3=docs/safety_valve.json#summary.*.val_loss "
-            "4=docs/safety_valve.json#summary.*.train_loss_last20 5=docs/safety_valve.json#summary.*.final_lr "
-            "6=docs/safety_valve.json#summary.*.valve_actions 6=docs/safety_valve.json#summary.*.first_action_step "
+            "2=docs/results/safety_valve.json#summary.*.val_acc 3=docs/results/safety_valve.json#summary.*.val_loss "
+            "4=docs/results/safety_valve.json#summary.*.train_loss_last20 5=docs/results/safety_valve.json#summary.*.final_lr "
+            "6=docs/results/safety_valve.json#summary.*.valve_actions 6=docs/results/safety_valve.json#summary.*.first_action_step "
             "-->"
         ),
         "",
@@ -179,7 +179,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--delay", default="lognormal(median=0.003, sigma=1.0)")
     p.add_argument("--out", default=str(ROOT / "outputs" / "safety_valve"))
-    p.add_argument("--docs", default=str(ROOT / "docs"))
+    p.add_argument("--docs", default=str(ROOT / "docs" / "results"))
     args = p.parse_args()
     out, docs = Path(args.out), Path(args.docs)
     docs.mkdir(parents=True, exist_ok=True)

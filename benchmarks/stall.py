@@ -7,8 +7,8 @@ Per round, four runs side by side: pgc and ddp, each without and with a :class:`
 ``--stall-seconds`` on rank 2 at step ``--stall-step``. For each run: the *other* ranks' seconds per step
 (throughput from step 5 to their last step), the stalled rank's skipped steps and state transfers, its peak
 RSS and mailbox high-water mark, and whether every replica ended identical. Runs the worker of
-``benchmarks/step_time.py`` through :func:`pgc_lab.experiments.launch.launch_script`. Writes docs/stall.json
-and docs/stall.md (every number in the .md is in the .json).
+``benchmarks/step_time.py`` through :func:`pgc_lab.experiments.launch.launch_script`. Writes docs/results/stall.json
+and docs/results/stall.md (every number in the .md is in the .json).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pgc_lab.experiments.report import write_report
 from pgc_lab.experiments.stats import seconds_per_step
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs"
+DOCS = ROOT / "docs" / "results"
 STEP_TIME = Path(__file__).with_name("step_time.py")  # its --worker mode: one fit of an MLP on synthetic data
 STALLED = 2
 
@@ -61,7 +61,9 @@ def main() -> None:
     p.add_argument("--skip", type=int, default=5)
     p.add_argument("--out", default=str(ROOT / "outputs" / "stall"))
     p.add_argument("--note", default="", help="what else ran on the machine, for the record")
-    p.add_argument("--from-json", action="store_true", help="only rewrite docs/stall.md from docs/stall.json")
+    p.add_argument(
+        "--from-json", action="store_true", help="only rewrite docs/results/stall.md from docs/results/stall.json"
+    )
     args = p.parse_args()
     if args.from_json:
         result = json.loads((DOCS / "stall.json").read_text())
@@ -128,7 +130,7 @@ def render_markdown(res: dict) -> str:
         "# A 20 s stall on one rank",
         "",
         f"Produced by `{res['command'].strip()}` ({res['machine']}; {res['minutes']:.0f} min); every number below "
-        f"is in docs/stall.json. A 10 M-parameter MLP (1024-10000-4, batch 32 per rank, SGD), {res['steps']} "
+        f"is in docs/results/stall.json. A 10 M-parameter MLP (1024-10000-4, batch 32 per rank, SGD), {res['steps']} "
         f"steps; in the `_stall` runs rank {res['stalled_rank']}'s training thread sleeps "
         f"{res['stall_seconds']:g} s at step {res['stall_step']} (`lightning_pgc.callbacks.faults.Stall`; its process and "
         "background threads stay alive). Seconds per step are the *other* ranks' throughput from step "

@@ -1,6 +1,6 @@
 """The passes over the gradient a pgc step makes and a ddp step makes, timed one by one, and the overlap ddp gets.
 
-    python benchmarks/step_passes.py    # writes docs/step_time_passes.json and .md (about 3 min on 2 cores)
+    python benchmarks/step_passes.py    # writes docs/results/step_time_passes.json and .md (about 3 min on 2 cores)
 
 **Passes.** A ``pgc_cr`` step (c = 2) keeps what backward left in ``param.grad`` as the partition's cache entry (no
 copy), then makes three passes over the payload: it encodes the code straight from the fresh and the cached
@@ -8,7 +8,7 @@ gradients (one fused ``add`` per parameter: reads two, writes one; ``Gradients.e
 (one read) and writes its contribution, the code times its decode weight, into the all-reduce buffer (one read, one
 write; ``codes.shares.contribute``). Lightning's ddp (``gradient_as_bucket_view=False``) copies each gradient into
 its bucket divided by the world size and copies the reduced bucket back into ``param.grad``. Each pass is timed
-alone on one thread at the payload size of each model of ``docs/step_time_planes.json``, beside the passes the
+alone on one thread at the payload size of each model of ``docs/results/step_time_planes.json``, beside the passes the
 earlier data path made (a copy of ``param.grad`` into a flat slot, a finite check of the slot, a two-kernel encode)
 and the alternative of pointing ``param.grad`` at a zeroed flat slot (backward then adds into it): that one is timed
 on a real backward of the model, against a backward that allocates its gradients.
@@ -36,8 +36,8 @@ import torch
 
 from pgc_lab.experiments.report import write_report
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
-#: the models of the collective-plane benchmark: (pgc run, ddp run) of docs/step_time_planes.json
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "results"
+#: the models of the collective-plane benchmark: (pgc run, ddp run) of docs/results/step_time_planes.json
 PAIRS = {
     "10m": ("10m/pgc_cr/n4", "10m/ddp/n4"),
     "25m": ("25m/pgc_cr/n4", "25m/ddp/n4"),
@@ -268,7 +268,7 @@ def main() -> None:
         "machine": f"{cores} CPU cores shared with other jobs, 1 thread per pass",
         "load": load,
         "ranks": RANKS,
-        "source": "docs/step_time_planes.json",
+        "source": "docs/results/step_time_planes.json",
         "models": models,
         "overlap": overlap(list(PAIRS)),
         "overlap_load": os.getloadavg()[0],
@@ -284,7 +284,7 @@ def render(res: dict) -> str:
         "# Step time: the passes over the gradient, and the overlap",
         "",
         f"Produced by `{res['command']}` ({res['machine']}, load average {res['load']:.1f}; "
-        f"{res['minutes']:.0f} min); every number below is in docs/step_time_passes.json. Each pass is timed "
+        f"{res['minutes']:.0f} min); every number below is in docs/results/step_time_passes.json. Each pass is timed "
         f"alone on one thread (median of {REPEATS}) at the payload size of a model of "
         f"[{Path(res['source']).name}](step_time_planes.md). With {res['ranks']} ranks on {cores} cores a rank's "
         f"passes cost about {res['ranks']}/{cores} of their one-thread time in wall time per step; that estimate "

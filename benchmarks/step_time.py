@@ -12,7 +12,7 @@ finished step ``skip`` to the moment every rank finished the last step, divided 
 (a rank that lags and catches up in bursts cannot make it look fast). Each rank also reports its bytes sent and
 received (the PGC runtime counts them), its peak RSS and, under pgc, the leader's per-rank admission table.
 
-Writes docs/step_time.json, docs/step_time.md and docs/step_time.png (every number in the .md is in the .json).
+Writes docs/results/step_time.json, docs/results/step_time.md and docs/results/step_time.png (every number in the .md is in the .json).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pgc_lab.experiments.report import write_report
 from pgc_lab.experiments.stats import seconds_per_step
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs"
+DOCS = ROOT / "docs" / "results"
 
 MODELS = {  # name -> (input, hidden, classes, batch per rank)
     "tiny": (16, 32, 4, 32),
@@ -213,7 +213,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--skip", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="fewer steps (a smoke run; not for docs)")
-    p.add_argument("--from-json", action="store_true", help="only rewrite the .md and .png from docs/step_time.json")
+    p.add_argument(
+        "--from-json", action="store_true", help="only rewrite the .md and .png from docs/results/step_time.json"
+    )
     args = p.parse_args()
     if args.worker:
         run_worker(args)
@@ -432,7 +434,7 @@ def render_planes_markdown(res: dict) -> str:
         "# Step time: the collective data plane against ddp",
         "",
         f"Produced by `{res['command'].strip()}` ({res['machine']}; {res['minutes']:.0f} min); every number below "
-        "is in docs/step_time_planes.json. The collective data plane: one all-reduce per step on a gloo data "
+        "is in docs/results/step_time_planes.json. The collective data plane: one all-reduce per step on a gloo data "
         "group. Step time is throughput (wall time from every rank past step "
         f"{res['skip']} to every rank done, per step). The machine is shared with other jobs, so absolute times are "
         "noisy: compare the ratios, each measured within one round (each pgc run next to its ddp run, the pair's "
@@ -508,7 +510,7 @@ def render_markdown(res: dict) -> str:
         "# Step time: pgc vs ddp",
         "",
         f"Produced by `{res['command'].strip()}` ({res['machine']}; {res['minutes']:.0f} min); every number "
-        "below is in docs/step_time.json. "
+        "below is in docs/results/step_time.json. "
         "Step time is throughput: wall time from every rank past step "
         f"{res['skip']} to every rank done, per step. MLPs on synthetic data, SGD, batch 32 per rank, "
         f"`diagnostics=False`. `slow`: rank {res['slow']['rank']} sleeps {res['slow']['seconds']} s after every "

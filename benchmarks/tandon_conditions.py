@@ -12,7 +12,7 @@ admits it at the default ``max_condition``, and the spread over single seeds. Al
   least-squares residual ``|a^T B_K - 1|_inf`` (which passes ``RESIDUAL_TOL``) and ``max |a|``;
 - ``decode_error``: the float64 and float32 decode error on the worst received set of the chosen (24, 4) B.
 
-Writes docs/tandon_conditions.json (every number of the table and the prose in docs/math.md) and prints it.
+Writes docs/results/tandon_conditions.json (every number of the table and the prose in docs/math.md) and prints it.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def main() -> None:
         "residual_counterexample": counterexample,
         "decode_error": decode_error,
     }
-    path = write_json(ROOT / "docs" / "tandon_conditions.json", result)
+    path = write_json(ROOT / "docs" / "results" / "tandon_conditions.json", result)
     print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=1))
     print(f"wrote {path}")
 

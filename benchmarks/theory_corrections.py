@@ -1,5 +1,5 @@
-"""The staleness corrections on the quadratic model: writes ``docs/staleness_theory.json`` (the table of
-``docs/theory.md``, section 7).
+"""The staleness corrections on the quadratic model: writes ``docs/results/staleness_theory.json`` (the table of
+``docs/results/theory.md``, section 7).
 
     python benchmarks/theory_corrections.py [--kappa 100] [--dc-lambda 0.5]
 """
@@ -21,7 +21,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--kappa", type=float, default=100.0)
     p.add_argument("--dc-lambda", type=float, default=0.5, help="effective Hessian fraction of delay compensation")
-    p.add_argument("--out", default=str(ROOT / "docs" / "staleness_theory.json"))
+    p.add_argument("--out", default=str(ROOT / "docs" / "results" / "staleness_theory.json"))
     args = p.parse_args()
     started = time.monotonic()
     rows = tc.correction_table(kappa=args.kappa, dc_lambda=args.dc_lambda)

@@ -1,4 +1,4 @@
-"""Measure the theory's constants in real digits runs and draw the figures of docs/theory.md.
+"""Measure the theory's constants in real digits runs and draw the figures of docs/results/theory.md.
 
     python benchmarks/theory_run.py [--steps 300] [--every 10] [--out outputs/theory_run]
 
@@ -7,8 +7,8 @@ Runs the digits recipe on 4 real CPU processes (:func:`pgc_lab.experiments.launc
 ``s = 1`` and ``s = 3`` and for ``pgc_fr`` with ``s = 1``, under small log-normal delays; every ``--every`` steps rank 0
 recomputes every copy in every rank's cache and logs ``pgc/theory/...``. Also evaluates the quadratic mechanism
 checks (delayed-gradient stability boundary, staleness error against the delay). Writes
-``docs/theory_run.json``, ``docs/theory_decomposition.png``, ``docs/theory_constants.png``,
-``docs/theory_estimator.png``, ``docs/theory_quadratic.png`` and prints every path it writes.
+``docs/results/theory_run.json``, ``docs/results/theory_decomposition.png``, ``docs/results/theory_constants.png``,
+``docs/results/theory_estimator.png``, ``docs/results/theory_quadratic.png`` and prints every path it writes.
 """
 
 from __future__ import annotations
@@ -260,13 +260,13 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--delay", default="lognormal(median=0.003, sigma=1.0)")
     p.add_argument("--out", default=str(ROOT / "outputs" / "theory_run"))
-    p.add_argument("--docs", default=str(ROOT / "docs"))
-    p.add_argument("--replot", action="store_true", help="only redraw the figures from docs/theory_run.json")
+    p.add_argument("--docs", default=str(ROOT / "docs" / "results"))
+    p.add_argument("--replot", action="store_true", help="only redraw the figures from docs/results/theory_run.json")
     p.add_argument(
         "--resummarize",
         action="store_true",
         help="only recompute the per-run summaries (medians, shares, expectation ratios) of "
-        "docs/theory_run.json from its saved series, with --skip",
+        "docs/results/theory_run.json from its saved series, with --skip",
     )
     args = p.parse_args()
     out, docs = Path(args.out), Path(args.docs)

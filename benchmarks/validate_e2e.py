@@ -22,7 +22,7 @@ every real job: 8 ranks share 2 cores with whatever else runs, so step times str
 at niceness ``--nice`` (3: low enough that the ranks are not starved by a loaded machine; at 10 on a machine with a
 load average near 20, one 120-step job took ten minutes, most of it waiting for a core).
 
-Writes docs/results/validation_e2e.json and its table into docs/emulator.md (between its markers).
+Writes docs/results/validation_e2e.json and its table into docs/results/emulator.md (between its markers).
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--out", default=str(ROOT / "outputs" / "validate_e2e"))
-    p.add_argument("--docs", default=str(ROOT / "docs"))
+    p.add_argument("--docs", default=str(ROOT / "docs" / "results"))
     p.add_argument("--reuse", action="store_true", help="read finished jobs in --out instead of re-running them")
     p.add_argument("--timeout", type=float, default=900.0)
     p.add_argument("--patterns", nargs="*", default=list(PATTERNS))
@@ -305,7 +305,7 @@ def _s(x: Optional[float], fmt: str = "{:.1f}") -> str:
 
 
 def render(result: dict[str, Any]) -> str:
-    """The block of docs/emulator.md."""
+    """The block of docs/results/emulator.md."""
     lines = [
         MARK_BEGIN,
         "",
@@ -313,7 +313,7 @@ def render(result: dict[str, Any]) -> str:
         f"job, digits CNN, lr {result['lr']:g}, momentum {result['momentum']:g}, target validation loss "
         f"{result['target']:g}; finished {result['finished']}; 1-minute load average between "
         f"{result['load_min']:.1f} and {result['load_max']:.1f} around the jobs). Every number is in "
-        "[validation_e2e.json](results/validation_e2e.json).",
+        "[validation_e2e.json](validation_e2e.json).",
         "",
         "| pattern | arm | step s real / emulated | time to target s real / emulated | versions to target real / "
         "emulated | ratio to ddp real / emulated (seed 0) / emulated (all seeds) [95 %] | verdict real / emulated | agree |",

@@ -17,7 +17,7 @@ Pure tensor math on flat parameter and gradient vectors (no Lightning, no ``torc
 
 Every replica applies the same aggregates, so ``beta_t - beta_v`` is known locally, with no communication. The
 theory (stability boundaries and rates on the quadratic model) is in ``benchmarks/pgc_lab/corrections.py`` (in the repository) and
-``docs/theory.md``.
+``docs/results/theory.md``.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def default_lookahead(scheme: Any) -> float:
     """``k`` of ``"lookahead"`` when ``lookahead_steps`` is not given: ``c - 1`` (the window's oldest age) for the
     pipelined schemes, the nominal mean age (:func:`nominal_mean_age`) for ``bounded``.
 
-    On the quadratic model (``docs/theory.md``, section 7) ``k = c - 1`` converges faster than ``k = (c - 1) / 2`` at
+    On the quadratic model (``docs/results/theory.md``, section 7) ``k = c - 1`` converges faster than ``k = (c - 1) / 2`` at
     ``c = 2`` and ``c = 4``, and it needed fewer steps to target in the measurements of both (4 real ranks, c = 2;
     the emulated cluster, c = 2 and 4). ``bounded`` was measured with its mean age only.
     """
@@ -105,7 +105,7 @@ def implicit_momentum(mean_age: float) -> float:
 def accounted_momentum(momentum: float, mean_age: float) -> float:
     """The explicit momentum that, added to the window's implicit momentum, gives ``momentum``: ``max(0, m - mu)``.
 
-    Clipped at 0 (torch's optimizers refuse negative momentum). See ``docs/theory.md`` for the derivation and what it
+    Clipped at 0 (torch's optimizers refuse negative momentum). See ``docs/results/theory.md`` for the derivation and what it
     does to the stability boundary and to the rate on the quadratic model.
     """
     if not 0.0 <= momentum < 1.0:

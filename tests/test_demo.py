@@ -193,9 +193,9 @@ def test_the_verdict_names_the_winner_the_maps_verdict_and_the_guides_row(tmp_pa
 
 
 def test_the_shipped_race_ran_every_arm_in_both_cells_and_its_verdicts_agree_with_the_map_and_name_the_guides_row():
-    """docs/demo.json, what `make demo` last printed: every arm in both cells, identical replicas, and a verdict that
+    """docs/results/demo.json, what `make demo` last printed: every arm in both cells, identical replicas, and a verdict that
     does not disagree with the map and quotes the guide's row for its cell."""
-    saved = json.loads((ROOT / "docs" / "demo.json").read_text())
+    saved = json.loads((ROOT / "docs" / "results" / "demo.json").read_text())
     outcomes = demo.read_outcomes(saved["results"])
     for setting in demo.SETTINGS.values():
         runs = [o for o in outcomes if o.setting == setting.key]

@@ -4,7 +4,7 @@ results file, recipe or code that its page cites.
 **Where citations go.** A page cites its sources in HTML comments. A comment governs the lines below it, up to the
 next comment or the next heading; a heading is governed by the first comment of the section it opens:
 
-    <!-- numbers: docs/step_time.json#seconds_per_step #ratios.*.median -->
+    <!-- numbers: docs/results/step_time.json#seconds_per_step #ratios.*.median -->
 
 **A citation** is a file and a key path into it, ``.``-separated keys or list indices. A key may be a glob (``*``:
 any one, ``slowrank-*``), and in a list of records a key that is not an index selects the records with a string
@@ -83,7 +83,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+RESULTS = DOCS / "results"
+PAGES = [ROOT / "README.md", *sorted(DOCS.glob("*.md")), *sorted(RESULTS.glob("*.md"))]
 NUMBER = re.compile(
     r"(?<![\w.])(?<![^\W\dx]-)"  # not inside a word or a version, nor a hyphenated name's part (ResNet-18)
     r"(?P<core>[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?)"
@@ -111,27 +112,27 @@ RUN_AS_PASTED: dict[str, set[str]] = {"README.md": {"## A complete example"}}  #
 GENERATED: dict[str, set[str]] = {
     "README.md": {"which"},  # tests/test_readme.py
     "docs/guide.md": {"which-guide", "advise", "hard-guide"},  # tests/test_readme.py; below
-    "docs/benchmarks.md": {"gridmap", "grid", "emulated"},  # tests/test_grid_map.py; below
-    "docs/emulator.md": {"emulated-cost", "validation-e2e", "reduced-timing"},  # below
-    "docs/bounded_staleness.md": {"bounded", "bounded-choice"},  # below
-    "docs/simulation.md": {"sim", "simgrid"},  # below
-    "docs/demo.md": {"*"},  # below
-    "docs/tasks.md": {"*"},  # below
-    "docs/hard_tasks.md": {"hard-map"},  # below
-    "docs/staleness_emulated.md": {"*"},  # below
-    "docs/staleness.md": {"*"},  # below
-    "docs/staleness_bounded.md": {"*"},  # below
-    "docs/staleness_exponential.md": {"*"},  # below
-    "docs/staleness_stalls.md": {"*"},  # below
-    "docs/safety_valve.md": {"*"},  # below
-    "docs/step_time.md": {"*"},  # below
-    "docs/step_time_planes.md": {"*"},  # below
-    "docs/step_time_passes.md": {"*"},  # below
-    "docs/gpu_check.md": {"*"},  # below
-    "docs/rejoin.md": {"*"},  # below
-    "docs/auto.md": {"*"},  # below
-    "docs/memory.md": {"*"},  # below
-    "docs/stall.md": {"*"},  # below
+    "docs/results/benchmarks.md": {"gridmap", "grid", "emulated"},  # tests/test_grid_map.py; below
+    "docs/results/emulator.md": {"emulated-cost", "validation-e2e", "reduced-timing"},  # below
+    "docs/results/bounded_staleness.md": {"bounded", "bounded-choice"},  # below
+    "docs/results/simulation.md": {"sim", "simgrid"},  # below
+    "docs/results/demo.md": {"*"},  # below
+    "docs/results/tasks.md": {"*"},  # below
+    "docs/results/hard_tasks.md": {"hard-map"},  # below
+    "docs/results/staleness_emulated.md": {"*"},  # below
+    "docs/results/staleness.md": {"*"},  # below
+    "docs/results/staleness_bounded.md": {"*"},  # below
+    "docs/results/staleness_exponential.md": {"*"},  # below
+    "docs/results/staleness_stalls.md": {"*"},  # below
+    "docs/results/safety_valve.md": {"*"},  # below
+    "docs/results/step_time.md": {"*"},  # below
+    "docs/results/step_time_planes.md": {"*"},  # below
+    "docs/results/step_time_passes.md": {"*"},  # below
+    "docs/results/gpu_check.md": {"*"},  # below
+    "docs/results/rejoin.md": {"*"},  # below
+    "docs/results/auto.md": {"*"},  # below
+    "docs/results/memory.md": {"*"},  # below
+    "docs/results/stall.md": {"*"},  # below
     "docs/math.md": {"table:| n | s | C(n,s) |"},  # its rows, below
     "docs/design.md": {"module-map"},  # tests/test_layout.py
 }
@@ -461,7 +462,7 @@ def _select(x: Any, keys: list[str]) -> list[Any]:
 
 
 def _resolve(name: str) -> Path:
-    for candidate in (ROOT / name, DOCS / name, ROOT / "recipes" / name):
+    for candidate in (ROOT / name, DOCS / name, RESULTS / name, ROOT / "recipes" / name):
         if candidate.is_file():
             return candidate
     raise FileNotFoundError(name)
@@ -856,8 +857,8 @@ def test_benchmarks_block_is_what_grid_renders_from_benchmarks_json() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import grid
 
-    result = json.loads((DOCS / "benchmarks.json").read_text())
-    text = (DOCS / "benchmarks.md").read_text()
+    result = json.loads((RESULTS / "benchmarks.json").read_text())
+    text = (RESULTS / "benchmarks.md").read_text()
     block = text[text.index(grid.MARK_BEGIN) : text.index(grid.MARK_END) + len(grid.MARK_END)]
     assert block == grid.render_markdown(result, result["table"])
 
@@ -865,19 +866,19 @@ def test_benchmarks_block_is_what_grid_renders_from_benchmarks_json() -> None:
 def test_demo_page_is_what_the_demo_renders_from_demo_json() -> None:
     from pgc_lab import demo
 
-    saved = json.loads((DOCS / "demo.json").read_text())
+    saved = json.loads((RESULTS / "demo.json").read_text())
     args = demo.parse_args([])
     args.__dict__.update(saved["settings"])
     outcomes = demo.read_outcomes(saved["results"])
-    assert demo.page(outcomes, args, saved["command"]) == (DOCS / "demo.md").read_text()
+    assert demo.page(outcomes, args, saved["command"]) == (RESULTS / "demo.md").read_text()
 
 
 def test_staleness_emulated_page_is_what_its_script_renders_from_its_json() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import staleness_emulated as se
 
-    summary = json.loads((DOCS / "staleness_emulated.json").read_text())
-    assert se.render(summary) == (DOCS / "staleness_emulated.md").read_text()
+    summary = json.loads((RESULTS / "staleness_emulated.json").read_text())
+    assert se.render(summary) == (RESULTS / "staleness_emulated.md").read_text()
     assert se.summarize(se.read_records(se.RECORDS)) == summary  # the summary is the records'
 
 
@@ -885,12 +886,12 @@ def test_tasks_page_is_what_its_script_renders_from_its_json() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import task_sensitivity as ts
 
-    results = json.loads((DOCS / "results" / "task_sensitivity.json").read_text())
-    assert ts.render(results) == (DOCS / "tasks.md").read_text()
+    results = json.loads((RESULTS / "task_sensitivity.json").read_text())
+    assert ts.render(results) == (RESULTS / "tasks.md").read_text()
 
 
 def test_math_conditioning_table_is_tandon_conditions_json() -> None:
-    saved = json.loads((DOCS / "tandon_conditions.json").read_text())
+    saved = json.loads((RESULTS / "tandon_conditions.json").read_text())
     text = (DOCS / "math.md").read_text()
     table = text[text.index("| n | s | C(n,s) |") :].split("\n\n")[0].splitlines()
     assert len(table) == 2 + len(saved["rows"])  # header, separator, one line per saved row: nothing else
@@ -916,9 +917,9 @@ def test_bounded_staleness_blocks_are_what_the_benchmark_renders_from_their_json
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import bounded_staleness as bs
 
-    text = (DOCS / "bounded_staleness.md").read_text()
+    text = (RESULTS / "bounded_staleness.md").read_text()
     for name, results in (("bounded", "bounded_staleness.json"), ("bounded-choice", "bounded_choice.json")):
-        assert _block(text, *bs.MARKS[name]) == bs.render_markdown(json.loads((DOCS / results).read_text())), name
+        assert _block(text, *bs.MARKS[name]) == bs.render_markdown(json.loads((RESULTS / results).read_text())), name
 
 
 def test_emulated_map_blocks_are_what_the_renderer_makes_from_their_json() -> None:
@@ -931,9 +932,9 @@ def test_emulated_map_blocks_are_what_the_renderer_makes_from_their_json() -> No
     source = shipped.relative_to(ROOT).as_posix()
     summary = json.loads(shipped.read_text())
     assert is_complete(summary), source
-    grid = json.loads((DOCS / "grid_map.json").read_text())
-    assert _block((DOCS / "benchmarks.md").read_text(), er.BEGIN, er.END) == er.render(summary, source, grid)
-    cost = _block((DOCS / "emulator.md").read_text(), er.COST_BEGIN, er.COST_END)
+    grid = json.loads((RESULTS / "grid_map.json").read_text())
+    assert _block((RESULTS / "benchmarks.md").read_text(), er.BEGIN, er.END) == er.render(summary, source, grid)
+    cost = _block((RESULTS / "emulator.md").read_text(), er.COST_BEGIN, er.COST_END)
     assert cost == er.render_cost(summary["cost"], source)
 
 
@@ -942,10 +943,10 @@ def test_simulation_blocks_are_what_the_simulator_scripts_render_from_their_json
     import sim_grid
     import sim_validate
 
-    text = (DOCS / "simulation.md").read_text()
-    validation = json.loads((DOCS / "sim_validation.json").read_text())
+    text = (RESULTS / "simulation.md").read_text()
+    validation = json.loads((RESULTS / "sim_validation.json").read_text())
     assert _block(text, sim_validate.MARK_BEGIN, sim_validate.MARK_END) == sim_validate.render(validation)
-    grid = json.loads((DOCS / "sim_grid.json").read_text())
+    grid = json.loads((RESULTS / "sim_grid.json").read_text())
     assert _block(text, sim_grid.MARK_BEGIN, sim_grid.MARK_END) == sim_grid.render(grid, grid["command"])
 
 
@@ -954,12 +955,12 @@ def test_advise_and_end_to_end_blocks_are_what_their_scripts_render_from_their_j
     import advise_trace
     import validate_e2e
 
-    out = json.loads((DOCS / "results" / "advise_slow_rank.json").read_text())
-    trace = json.loads((DOCS / "results" / "advise_trace.json").read_text())
+    out = json.loads((RESULTS / "advise_slow_rank.json").read_text())
+    trace = json.loads((RESULTS / "advise_trace.json").read_text())
     guide = (DOCS / "guide.md").read_text()
     assert _block(guide, advise_trace.MARK_BEGIN, advise_trace.MARK_END) == advise_trace.guide_block(out, trace)
-    e2e = json.loads((DOCS / "results" / "validation_e2e.json").read_text())
-    page = (DOCS / "emulator.md").read_text()
+    e2e = json.loads((RESULTS / "validation_e2e.json").read_text())
+    page = (RESULTS / "emulator.md").read_text()
     assert _block(page, validate_e2e.MARK_BEGIN, validate_e2e.MARK_END) == validate_e2e.render(e2e)
 
 
@@ -967,15 +968,18 @@ def test_advise_and_end_to_end_blocks_are_what_their_scripts_render_from_their_j
 def test_measured_pages_are_what_their_benchmark_renders_from_their_json(name: str) -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     module = __import__(name)
-    assert module.render_markdown(json.loads((DOCS / f"{name}.json").read_text())) == (DOCS / f"{name}.md").read_text()
+    assert (
+        module.render_markdown(json.loads((RESULTS / f"{name}.json").read_text()))
+        == (RESULTS / f"{name}.md").read_text()
+    )
 
 
 def test_the_data_plane_page_is_what_the_benchmark_renders_from_its_json() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import step_time
 
-    page = step_time.render_planes_markdown(json.loads((DOCS / "step_time_planes.json").read_text()))
-    assert page == (DOCS / "step_time_planes.md").read_text()
+    page = step_time.render_planes_markdown(json.loads((RESULTS / "step_time_planes.json").read_text()))
+    assert page == (RESULTS / "step_time_planes.md").read_text()
 
 
 def test_the_added_passes_page_is_what_its_benchmark_renders_and_reads_the_plane_it_cites() -> None:
@@ -983,49 +987,49 @@ def test_the_added_passes_page_is_what_its_benchmark_renders_and_reads_the_plane
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import step_passes
 
-    passes = json.loads((DOCS / "step_time_passes.json").read_text())
-    assert step_passes.render(passes) == (DOCS / "step_time_passes.md").read_text()
-    planes = json.loads((DOCS / "step_time_planes.json").read_text())["seconds_per_step"]
+    passes = json.loads((RESULTS / "step_time_passes.json").read_text())
+    assert step_passes.render(passes) == (RESULTS / "step_time_passes.md").read_text()
+    planes = json.loads((RESULTS / "step_time_planes.json").read_text())["seconds_per_step"]
     for model, (pgc, ddp) in step_passes.PAIRS.items():
         gap = [(a - b) * 1e3 for a, b in zip(planes[pgc], planes[ddp])]
         assert passes["models"][model]["measured_gap_ms"] == pytest.approx(gap)
 
 
 def test_the_gpu_check_page_is_what_its_benchmark_renders_from_its_json() -> None:
-    """Every number of docs/gpu_check.md (measured on one GPU) is rendered from docs/gpu_check.json."""
+    """Every number of docs/results/gpu_check.md (measured on one GPU) is rendered from docs/results/gpu_check.json."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import gpu_check
 
-    result = json.loads((DOCS / "gpu_check.json").read_text())
-    assert gpu_check.render(result) == (DOCS / "gpu_check.md").read_text()
+    result = json.loads((RESULTS / "gpu_check.json").read_text())
+    assert gpu_check.render(result) == (RESULTS / "gpu_check.md").read_text()
     assert gpu_check.merge([result]) == result  # (a merged file merges to itself)
 
 
 def test_the_rejoin_page_is_what_its_benchmark_renders_from_its_results_file() -> None:
-    """docs/rejoin.md (state transfer from 1 M to 100 M parameters) is rendered from docs/results/rejoin.json."""
+    """docs/results/rejoin.md (state transfer from 1 M to 100 M parameters) is rendered from docs/results/rejoin.json."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import rejoin
 
-    result = json.loads((DOCS / "results" / "rejoin.json").read_text())
-    assert rejoin.render(result) == (DOCS / "rejoin.md").read_text()
+    result = json.loads((RESULTS / "rejoin.json").read_text())
+    assert rejoin.render(result) == (RESULTS / "rejoin.md").read_text()
 
 
 def test_the_auto_page_is_what_its_benchmark_renders_from_its_results_file() -> None:
-    """docs/auto.md (pgc_auto against ddp and the fixed arms) is rendered from docs/results/auto.json."""
+    """docs/results/auto.md (pgc_auto against ddp and the fixed arms) is rendered from docs/results/auto.json."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import auto
 
-    result = json.loads((DOCS / "results" / "auto.json").read_text())
-    assert auto.render(result) == (DOCS / "auto.md").read_text()
+    result = json.loads((RESULTS / "auto.json").read_text())
+    assert auto.render(result) == (RESULTS / "auto.md").read_text()
 
 
 def test_the_memory_page_is_what_its_benchmark_renders_from_its_results_file() -> None:
-    """docs/memory.md (every rank's peak RSS under ddp and each scheme) is rendered from docs/results/memory.json."""
+    """docs/results/memory.md (every rank's peak RSS under ddp and each scheme) is rendered from docs/results/memory.json."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import memory
 
-    result = json.loads((DOCS / "results" / "memory.json").read_text())
-    assert memory.render(result) == (DOCS / "memory.md").read_text()
+    result = json.loads((RESULTS / "memory.json").read_text())
+    assert memory.render(result) == (RESULTS / "memory.md").read_text()
     assert memory.add_goals([dict(r) for r in result["runs"]]) == result["runs"]  # (the goals follow from the runs)
 
 
@@ -1034,24 +1038,24 @@ def test_staleness_pages_are_what_the_benchmark_renders_from_their_json(report: 
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import staleness
 
-    saved = json.loads((DOCS / f"{report}.json").read_text())
-    assert staleness.render(saved) == (DOCS / f"{report}.md").read_text()
+    saved = json.loads((RESULTS / f"{report}.json").read_text())
+    assert staleness.render(saved) == (RESULTS / f"{report}.md").read_text()
 
 
 def test_the_safety_valve_page_is_what_its_benchmark_renders_from_its_json() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import safety_valve
 
-    saved = json.loads((DOCS / "safety_valve.json").read_text())
-    assert safety_valve.render(saved) == (DOCS / "safety_valve.md").read_text()
+    saved = json.loads((RESULTS / "safety_valve.json").read_text())
+    assert safety_valve.render(saved) == (RESULTS / "safety_valve.md").read_text()
 
 
 def test_the_hard_tasks_page_is_what_its_script_renders_from_the_hard_rounds_summary() -> None:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import hard_render
 
-    source = DOCS / "results" / "emulated_map_hard.json"
-    text = (DOCS / "hard_tasks.md").read_text()
+    source = RESULTS / "emulated_map_hard.json"
+    text = (RESULTS / "hard_tasks.md").read_text()
     block = text[text.index(hard_render.BEGIN) : text.index(hard_render.END) + len(hard_render.END)]
     assert block == hard_render.render(json.loads(source.read_text()), str(source))
     guide = (DOCS / "guide.md").read_text()
@@ -1065,7 +1069,7 @@ def test_a_hard_cell_where_ddp_missed_on_every_seed_gets_no_verdict_and_never_ke
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import hard_render
 
-    summary = json.loads((DOCS / "results" / "emulated_map_hard.json").read_text())
+    summary = json.loads((RESULTS / "emulated_map_hard.json").read_text())
     missed = [c for c in summary["cells"] if c["ddp_missed"]]
     assert missed, "the shipped hard round has a cell where ddp missed on every seed"
     rows = {line for line in hard_render.guide_block(summary).splitlines() if line.startswith("| ")}
@@ -1092,7 +1096,7 @@ def test_the_reduced_rounds_timing_paragraph_is_what_its_script_renders_from_its
     import reduced_timing
 
     results = json.loads(reduced_timing.RESULTS.read_text())
-    text = (DOCS / "emulator.md").read_text()
+    text = (RESULTS / "emulator.md").read_text()
     block = text[text.index(reduced_timing.BEGIN) : text.index(reduced_timing.END) + len(reduced_timing.END)]
     assert block == reduced_timing.block(results)
     assert (

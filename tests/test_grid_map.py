@@ -390,9 +390,9 @@ def test_records_are_appended_and_the_newest_line_of_a_name_wins(tmp_path):
     assert RunRecords(tmp_path).get("round1", "a") == {"job": "a", "x": 2.0}
 
 
-@pytest.mark.parametrize("page", ["docs", "docs/first_pass"], ids=["map", "first_pass"])
+@pytest.mark.parametrize("page", ["docs/results", "docs/results/first_pass"], ids=["map", "first_pass"])
 def test_grid_map_json_is_what_the_shipped_records_render(page, tmp_path):
-    """Re-rendering from the records in docs/grid_runs with the command grid_map.json names gives grid_map.json
+    """Re-rendering from the records in docs/results/grid_runs with the command grid_map.json names gives grid_map.json
     again (its render time and output folder aside)."""
     shipped = json.loads((ROOT / page / "grid_map.json").read_text())
     argv = shipped["command"].split("benchmarks/grid.py ", 1)[1].split()
@@ -405,9 +405,9 @@ def test_grid_map_json_is_what_the_shipped_records_render(page, tmp_path):
     assert rendered == shipped
 
 
-@pytest.mark.parametrize("page", ["docs", "docs/first_pass"], ids=["map", "first_pass"])
+@pytest.mark.parametrize("page", ["docs/results", "docs/results/first_pass"], ids=["map", "first_pass"])
 def test_benchmarks_map_block_is_what_grid_renders_from_grid_map_json(page):
-    """The map's block in docs/benchmarks.md, and the first pass's (momentum 0.9 only) in its own page, are exactly
+    """The map's block in docs/results/benchmarks.md, and the first pass's (momentum 0.9 only) in its own page, are exactly
     what benchmarks/grid.py renders from the grid_map.json beside them."""
     docs = ROOT / page
     result = json.loads((docs / "grid_map.json").read_text())
@@ -420,14 +420,14 @@ NUMBER_WORDS = ["no", "one", "two", "three", "four", "five", "six", "seven", "ei
 
 
 def test_the_summarys_count_of_separated_winners_is_the_maps():
-    """docs/benchmarks.md says how many complete cells have a winner separated from its runner-up (the margin's
+    """docs/results/benchmarks.md says how many complete cells have a winner separated from its runner-up (the margin's
     interval excludes 1) and names each such cell's winner and runner-up with the margin; all of it is derived from
-    docs/grid_map.json here, so a re-render that changes the count, a winner or a margin fails until the summary
+    docs/results/grid_map.json here, so a re-render that changes the count, a winner or a margin fails until the summary
     is updated."""
-    cells = json.loads((ROOT / "docs" / "grid_map.json").read_text())["cells"]
+    cells = json.loads((ROOT / "docs" / "results" / "grid_map.json").read_text())["cells"]
     complete = {k: c for k, c in cells.items() if c["status"] == "complete"}
     separated = {k: c for k, c in complete.items() if c["margin"]["high"] < 1}
-    text = " ".join((ROOT / "docs" / "benchmarks.md").read_text().replace("**", "").split()).lower()
+    text = " ".join((ROOT / "docs" / "results" / "benchmarks.md").read_text().replace("**", "").split()).lower()
     plural = "cell has" if len(separated) == 1 else "cells have"
     assert (
         f"{NUMBER_WORDS[len(separated)]} of the {len(complete)} {plural} a winner separated from its runner-up"

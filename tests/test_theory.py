@@ -264,7 +264,7 @@ def test_lemma1_identity_fails_when_staleness_differs_between_partitions():
         rhs = run.sq(grad_t - run.grad_F(v)) - run.sq(run.grad_F(v)) + run.sq(g_hat)
         assert abs(lhs - rhs) > 0.1 * lhs, (i, lhs, rhs)
         rhs_by_age[t - v] = rhs
-    # the values docs/theory.md quotes: LHS 0.00858, RHS -0.0398 (i = stale) and 0.0570 (i = fresh)
+    # the values docs/results/theory.md quotes: LHS 0.00858, RHS -0.0398 (i = stale) and 0.0570 (i = fresh)
     assert float(lhs) == pytest.approx(0.00858, abs=5e-6)
     assert float(rhs_by_age[1]) == pytest.approx(-0.0398, abs=5e-5)
     assert float(rhs_by_age[0]) == pytest.approx(0.0570, abs=5e-5)
@@ -314,7 +314,7 @@ def test_lemma4_same_partition_copies_on_a_quadratic_with_n_equal_c_equal_2():
         # ... but their noise about grad F(beta_v) is uncorrelated: Lemma 4's cross terms do vanish here.
         assert run.inner(ga - run.grad_F(va), gb - run.grad_F(vb)) == pytest.approx(0.0, abs=1e-15)
     assert max(abs(c) for c in covs) > 0.15  # exact: 0.1875 for one partition with eta = 0.5
-    # docs/theory.md: the 0.1875 is all trajectory (0.25, the stale noise 0); for the other partition beta_t moved
+    # docs/results/theory.md: the 0.1875 is all trajectory (0.25, the stale noise 0); for the other partition beta_t moved
     # against the stale copy's noise (-0.25), which cancels the trajectory term
     assert sorted(parts) == [(0.25, -0.25), (0.25, 0.0)]
     assert sorted(round(float(c), 12) for c in covs) == [0.0, 0.1875]

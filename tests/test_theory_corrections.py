@@ -15,7 +15,7 @@ from lightning_pgc.codes import StaleCache, make_scheme
 from lightning_pgc.staleness import StalenessCorrection, accounted_momentum, implicit_momentum
 
 
-MOMENTA = [0.0, 0.3, 0.6, 0.9]  #: the momenta the closed forms are checked at (docs/theory.md cites them)
+MOMENTA = [0.0, 0.3, 0.6, 0.9]  #: the momenta the closed forms are checked at (docs/results/theory.md cites them)
 
 
 # ================================================================================================ closed forms

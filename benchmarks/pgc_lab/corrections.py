@@ -1,9 +1,9 @@
 """Staleness corrections on the quadratic model: stability boundaries and convergence rates, exactly.
 
-Research code (numpy, float64; not imported by ``import lightning_pgc``). ``docs/theory.md`` (section 7) states the
+Research code (numpy, float64; not imported by ``import lightning_pgc``). ``docs/results/theory.md`` (section 7) states the
 results and ``tests/test_theory_corrections.py`` checks them against closed forms and against the real schemes.
 
-The model (``docs/theory.md``, section 4): one eigen-direction of a quadratic, curvature ``h``, ``a = lr * h``.
+The model (``docs/results/theory.md``, section 4): one eigen-direction of a quadratic, curvature ``h``, ``a = lr * h``.
 On identical partitions every ``pgc_cr``/``pgc_fr`` aggregate holds one gradient of each age ``0..c-1``, so with
 heavy-ball momentum ``m`` (torch's SGD: ``x_(t+1) = x_t - lr g_t + m (x_t - x_(t-1))``) the iterate follows
 
@@ -15,7 +15,7 @@ where ``f`` (the *gradient filter*) says how much of ``x_(t-j)`` the aggregate a
 - look-ahead by ``k`` steps: each gradient is computed at ``x_u + k (x_u - x_(u-1))``, :func:`lookahead_filter`;
 - delay compensation with an effective Hessian fraction ``lam``: an entry of age ``d`` is
   ``h x_(t-d) + lam h (x_t - x_(t-d))``, :func:`compensated_filter` (``lam = 1``: the exact correction on a quadratic,
-  every gradient fresh again; the ``g * g`` stand-in gives ``lam = lambda E[g^2] / h``, see ``docs/theory.md``);
+  every gradient fresh again; the ``g * g`` stand-in gives ``lam = lambda E[g^2] / h``, see ``docs/results/theory.md``);
 - momentum accounting: the same window with ``m`` replaced by ``max(0, m - D / (1 + D))``
   (:func:`lightning_pgc.staleness.accounted_momentum`).
 

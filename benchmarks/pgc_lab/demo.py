@@ -2,7 +2,7 @@
 a cell where stragglers are rare, both cells of the map grid.
 
 The digits CNN on 4 CPU processes (the map grid's ``sleep`` cost: the 38k-parameter CNN plus 25 ms of simulated
-compute per gradient), one seed, in two cells of the map grid (docs/benchmarks.md):
+compute per gradient), one seed, in two cells of the map grid (docs/results/benchmarks.md):
 
 - **one slow rank** (``slowrank-sleep``): rank 3 is 0.1 s slower on every step;
 - **stragglers are rare** (``stalls-sleep``): log-normal jitter and rare 1-3 s stalls, where not waiting has little
@@ -11,14 +11,14 @@ compute per gradient), one seed, in two cells of the map grid (docs/benchmarks.m
 The race (:data:`ARMS`): ``ddp``; ``ignore_stragglers`` c = 2; the map's best GC; PGC without and with its best
 staleness correction; ``bounded_staleness``; ``pgc_auto``. Each arm runs at the learning rate and momentum its own tuning chose
 (the map grid's sweep, ``dgd``'s for ``pgc_auto``, which starts as ``dgd``; the corrected arm's, which the map grid does not sweep, from the staleness benchmark,
-docs/staleness.json); every job is otherwise the map's own job for its cell, arm and seed (tests/test_demo.py
+docs/results/staleness.json); every job is otherwise the map's own job for its cell, arm and seed (tests/test_demo.py
 checks the specs against ``benchmarks/grid_map.py`` and the choices against the shipped results).
 
 Why digits, not the map's harder tasks: a race of 7 arms in 2 cells is 14 jobs of 4 ranks; on 2 cores that fits
 the demo's budget of about 10 minutes only with the small digits CNN.
 
 Prints, per cell, a table of every arm (time and steps to the target validation loss, seconds per step, the ratio
-to ``ddp`` in this run and over the map's 5 seeds when docs/grid_map.json is there), the winner of this run, the
+to ``ddp`` in this run and over the map's 5 seeds when docs/results/grid_map.json is there), the winner of this run, the
 map's verdict and the guide's row for this kind of cluster; writes a loss-vs-wall-clock PNG (one panel per cell,
 every arm, the target line), ``results.md`` and ``results.json``.
 
@@ -253,7 +253,7 @@ def _row(o: Outcome, outcomes: list[Outcome]) -> dict[str, Any]:
 
 
 def read_outcomes(rows: list[dict[str, Any]]) -> list[Outcome]:
-    """Outcomes from saved rows (results.json, docs/demo.json), without their curves."""
+    """Outcomes from saved rows (results.json, docs/results/demo.json), without their curves."""
     return [Outcome(**{**{k: v for k, v in r.items() if k not in DERIVED}, "curve": []}) for r in rows]
 
 
@@ -272,20 +272,24 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
         help="log every job as an offline W&B run (in its folder under --out; `wandb sync` uploads it)",
     )
     p.add_argument("--wandb-project", default="lightning_pgc-demo")
-    p.add_argument("--docs", action="store_true", help="also write docs/demo.md, docs/demo.json, docs/demo_loss.png")
+    p.add_argument(
+        "--docs",
+        action="store_true",
+        help="also write docs/results/demo.md, docs/results/demo.json, docs/results/demo_loss.png",
+    )
     p.set_defaults(target_quantity="validation loss")  # saved with the settings: what the target is a value of
     return p.parse_args(argv)
 
 
 def page(outcomes: list[Outcome], args: argparse.Namespace, command: str) -> str:
-    """docs/demo.md: the command, the table, each setting's verdict, the PNG."""
+    """docs/results/demo.md: the command, the table, each setting's verdict, the PNG."""
     verdicts = "\n\n".join(
         f"- **{s.headline}.** {verdict(s, outcomes)} What the cell shows: {s.why}" for s in shown_settings(outcomes)
     )
     return (
         "# The demo's results\n\nProduced by `make demo` (here: `" + command + "`) on a 2-core, no-GPU machine; "
         "timings are noisy, compare rows of the same setting. One seed: the map's column is the paired ratio over "
-        "its seeds, from [grid_map.json](grid_map.json) (docs/benchmarks.md). Every other number below is in "
+        "its seeds, from [grid_map.json](grid_map.json) (docs/results/benchmarks.md). Every other number below is in "
         "[demo.json](demo.json).\n\n"
         + markdown_table(outcomes, args)
         + "\n\n"
@@ -361,7 +365,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     print_results(console, outcomes, args)
 
     root = Path(args.out).resolve()
-    docs = ROOT / "docs"
+    docs = ROOT / "docs" / "results"
     png = root / "loss_vs_wall_clock.png"
     plot(outcomes, args, png)
     (root / "results.md").write_text(markdown_table(outcomes, args) + "\n")

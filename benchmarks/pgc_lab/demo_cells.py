@@ -12,9 +12,9 @@ from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the map grid's rendered results, when this is a checkout (not part of an installed package)
-MAP = ROOT / "docs" / "grid_map.json"
+MAP = ROOT / "docs" / "results" / "grid_map.json"
 #: the staleness benchmark's results: the tuning of the corrected arm, which the map grid does not sweep
-STALENESS = ROOT / "docs" / "staleness.json"
+STALENESS = ROOT / "docs" / "results" / "staleness.json"
 #: the recipe's SGD momentum (``DigitsModule``): not written into a job's model arguments, as in the map grid
 RECIPE_MOMENTUM = 0.9
 #: the map grid's cost of both cells: simulated compute per gradient evaluation
@@ -68,7 +68,7 @@ class Setting:
         return f"{self.title} (map cell {self.map_cell})"
 
 
-GRID = "the map grid's sweep (docs/grid_map.json)"
+GRID = "the map grid's sweep (docs/results/grid_map.json)"
 ARMS: tuple[Arm, ...] = (
     Arm("ddp", "ddp", "ddp", None, 0.1, 0.9, "ddp", GRID),
     Arm("ignore", "ignore_stragglers c=2", "ignore_stragglers", 1, 0.5, 0.0, "ignore_c2", GRID),
@@ -82,7 +82,7 @@ ARMS: tuple[Arm, ...] = (
         0.1,
         0.9,
         "pgc_fr_c2",
-        "the staleness benchmark's sweep (docs/staleness.json)",
+        "the staleness benchmark's sweep (docs/results/staleness.json)",
         {"staleness_correction": "lookahead", "lookahead_steps": 1.0},
     ),
     Arm("bounded", "bounded_staleness r=2 c=2", "bounded_staleness", 1, 0.05, 0.9, "bounded_c2", GRID),
@@ -113,7 +113,7 @@ SETTINGS: dict[str, Setting] = {
             "hide, so what a tolerant arm saves per step is about what its dropped or stale gradients cost in steps.",
             "single workers stall for 1-3 s now and then",
             "the guide's row for 4 workers (docs/guide.md, emulated on the digits MLP) recommends pgc_cr c=2 with "
-            "look-ahead under its own stall model (docs/emulator.md, rank stalls); this cell's stalls come with "
+            "look-ahead under its own stall model (docs/results/emulator.md, rank stalls); this cell's stalls come with "
             "probability 0.002 per rank and step",
         ),
     )
@@ -139,7 +139,7 @@ class Outcome:
     key: str = ""  # the arm's key
     lr: float = math.nan
     momentum: float = math.nan
-    #: the map's paired ratio to ddp over its seeds (estimate, low, high, seeds), when docs/grid_map.json is there
+    #: the map's paired ratio to ddp over its seeds (estimate, low, high, seeds), when docs/results/grid_map.json is there
     map_vs_ddp: Optional[dict[str, Any]] = None
 
     @property

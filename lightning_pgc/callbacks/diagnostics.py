@@ -16,7 +16,7 @@ standard error (``pgc/displacement_sq_rse``, ``pgc/L_hat_probe_rse``; see
 :class:`~lightning_pgc.callbacks.probe.CoordinateSample`). The probe gradient's squared norm is exact.
 
 Optionally (``theory_every_n_steps``, off by default) the leader's rank also measures what the convergence
-theory of the paper only assumes (``docs/theory.md``): the staleness bias ``gamma_hat``, the noise ratio ``xi_hat``,
+theory of the paper only assumes (``docs/results/theory.md``): the staleness bias ``gamma_hat``, the noise ratio ``xi_hat``,
 the extra error of the received-subset estimator over the straggler pattern, the exact decomposition of the
 aggregate's error into subset-selection, sampling and staleness terms, and how correlated the copies of one
 partition are (:class:`~lightning_pgc.callbacks.theory_metrics.TheoryMeter`).
@@ -70,7 +70,7 @@ class PGCDiagnostics(Callback):
         loss_every_n_steps: steps between probe-batch losses (``pgc/probe_loss``; one forward pass without grad).
         history_size: how many logged rows :attr:`history` keeps (the newest).
         theory_every_n_steps: steps between the measurements of the theory's constants (``pgc/theory/...``, see
-            ``docs/theory.md``); ``None`` (default) turns them off. Rank 0 only; each costs about
+            ``docs/results/theory.md``); ``None`` (default) turns them off. Rank 0 only; each costs about
             one forward/backward pass over the (probe) training set per version in use (``c`` in the steady
             state) plus about ``n c`` mini-batch gradients.
         theory_probe_per_partition: samples of each partition used for ``grad F_j`` (a fixed, seeded subset, the

@@ -3,7 +3,7 @@
 At a measured version ``t`` the leader's rank recomputes every copy in every rank's cache at the model version it
 was computed at, and the whole-partition gradients, then evaluates :mod:`lightning_pgc.codes.measures` on them:
 the error decomposition of the aggregate, ``gamma_hat``, ``xi_hat``, the copy statistics and the received-subset
-estimator's moments (``docs/theory.md``). Rank 0 only; nothing of the run changes.
+estimator's moments (``docs/results/theory.md``). Rank 0 only; nothing of the run changes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """StalenessValve: lower the learning rate (or the bounded window) when the measured staleness term grows.
 
 Every rank measures the same quantity on the same probe batch and takes the same decision, with no collective;
-``docs/safety_valve.md`` shows what it does to a run whose learning rate is too high for its staleness.
+``docs/results/safety_valve.md`` shows what it does to a run whose learning rate is too high for its staleness.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each of ``n`` ranks holds ``r`` partitions (cyclic placement), evaluates ONE of 
 and sends that gradient uncoded. A table keeps the newest ``(rank, version)`` per partition; version ``t`` closes
 when every partition has an entry with ``t - v_i < c``, and the aggregate is ``sum_i w_i g_i`` with ``w_i = 1/n``
 (or proportional to partition sizes). ``r`` (replication) and ``c`` (staleness window) are independent.
-See ``docs/bounded_staleness.md``.
+See ``docs/results/bounded_staleness.md``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The convergence theory's quantities measured on one aggregate: copy weights, error decomposition, constants.
 
-Pure math (numpy / torch, float64), no Lightning and no ``torch.distributed``. ``docs/theory.md`` explains every
+Pure math (numpy / torch, float64), no Lightning and no ``torch.distributed``. ``docs/results/theory.md`` explains every
 quantity; ``tests/test_theory.py`` checks them exhaustively on small cases, and
 :class:`~lightning_pgc.callbacks.PGCDiagnostics` (``theory_every_n_steps``) evaluates them during a real run.
 

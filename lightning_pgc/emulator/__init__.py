@@ -2,5 +2,5 @@
 
 Not imported by ``import lightning_pgc``. :func:`~lightning_pgc.emulator.train.emulate` trains a model on a
 schedule of admitted sets and ages (from the simulated clock or a recorded real run), computing every aggregate
-exactly; see ``docs/emulator.md``.
+exactly; see ``docs/results/emulator.md``.
 """

@@ -59,8 +59,8 @@ __all__ = [
 #: the proxy tasks by kind, the preferred first: ``compute`` (a ratio of at least :data:`KIND_SPLIT`) and ``comm``
 #: (below it); the first one the emulator knows is used. Both are the digits MLP, whose advice on a trace is timed in
 #: docs/guide.md. The harder proxy tasks (``bncnn``, a conv net with many FLOPs per gradient element, and ``lm``, a
-#: transformer; docs/tasks.md) are chosen with ``--task`` and run under their own protocol: an arm costs minutes of
-#: CPU there (docs/hard_tasks.md), so advice over every arm of a trace takes hours, and they are not the default.
+#: transformer; docs/results/tasks.md) are chosen with ``--task`` and run under their own protocol: an arm costs minutes of
+#: CPU there (docs/results/hard_tasks.md), so advice over every arm of a trace takes hours, and they are not the default.
 PROXY_TASKS: dict[str, tuple[str, ...]] = {"compute": ("mlp",), "comm": ("mlp",)}
 #: the ratio between the map's two bounds on a log scale, ``sqrt(4 * 0.5)``: at or above it a job is compute-bound
 KIND_SPLIT = math.sqrt(RATIOS["compute"] * RATIOS["comm"])

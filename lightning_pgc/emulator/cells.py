@@ -65,7 +65,7 @@ __all__ = [
 
 #: the learning rates of the starting grid (the edge rule extends it: :func:`run_arm`)
 LRS: tuple[float, ...] = (0.05, 0.1, 0.2, 0.4, 0.8, 1.6)
-#: the momenta of the starting grid; 0.25 because most stale arms of a grid without it chose 0 (docs/emulator.md)
+#: the momenta of the starting grid; 0.25 because most stale arms of a grid without it chose 0 (docs/results/emulator.md)
 MOMENTA: tuple[float, ...] = (0.0, 0.25, 0.5, 0.7, 0.8, 0.9)
 #: how far the edge rule may extend the learning rate: at most this many halvings below the starting grid's smallest
 #: lr and doublings above its largest (the map's own grid: 0.003125 to 25.6)

@@ -8,7 +8,7 @@ code carries and their ages), the leader's decisions (:class:`~lightning_pgc.dec
 ``try_close`` decides every close and admitted set) and the delay models of :mod:`lightning_pgc.delays`
 (:func:`~lightning_pgc.delays.delay_for`: the same realisation a real run with the same seed sleeps). What it
 does not run is the model: it answers *when* versions close and *which* codes they use, not what loss a run
-reaches (see ``docs/simulation.md``).
+reaches (see ``docs/results/simulation.md``).
 
 A simulated rank follows the runtime's step (``PGCStrategy.optimizer_step``): at the start of version ``t`` it
 skips computing if the aggregate of ``t`` already reached it (Invariant 3); otherwise it computes
@@ -47,7 +47,7 @@ _delay = functools.lru_cache(maxsize=1 << 18)(delay_for)
 
 @dataclass(frozen=True)
 class Costs:
-    """Per-step and per-message costs of the simulated machine, in seconds (see ``docs/simulation.md``).
+    """Per-step and per-message costs of the simulated machine, in seconds (see ``docs/results/simulation.md``).
 
     Args:
         compute_s: one partition gradient (forward + backward of one mini-batch, plus any simulated compute).

@@ -226,7 +226,7 @@ def summarize(records: Sequence[dict[str, Any]], source: str, alpha: float = ALP
     }
 
 
-#: headings of the summary's block in docs/benchmarks.md (``benchmarks/emulated_render.py`` writes them; README's guide,
+#: headings of the summary's block in docs/results/benchmarks.md (``benchmarks/emulated_render.py`` writes them; README's guide,
 #: ``benchmarks/which_strategy.py``, links to their anchors)
 CHECK_HEADING = "### Emulated map: the check against the real 4-rank cells"
 SCHEMES_HEADING = "### Emulated map: where each scheme wins and loses"

@@ -8,7 +8,7 @@ A partition's cache entry is what backward left in ``param.grad``, kept as it is
 tensors autograd allocated, one per parameter, and the loss. Backward writes the fresh gradient where it is cached
 and encoded, so no pass copies it. (Pointing ``param.grad`` at a preallocated flat slot instead, as DDP's
 ``gradient_as_bucket_view`` does, makes autograd add the new gradient into it: the slot must be zeroed first, and
-zeroing plus adding reads and writes more bytes than the copy it saves; see docs/step_time_passes.md.)
+zeroing plus adding reads and writes more bytes than the copy it saves; see docs/results/step_time_passes.md.)
 :meth:`Gradients.encode` writes a code straight from the entries, one fused kernel per parameter;
 :meth:`Gradients.apply` points ``param.grad`` at the aggregate.
 

@@ -5,5 +5,5 @@
   stability);
 - ``benchmarks/pgc_lab/corrections.py`` (in the repository): the staleness corrections' stability boundaries and convergence rates.
 
-``docs/theory.md`` explains both.
+``docs/results/theory.md`` explains both.
 """

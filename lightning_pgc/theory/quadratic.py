@@ -4,7 +4,7 @@ Pure math (numpy / torch, float64), no Lightning and no ``torch.distributed``; n
 lightning_pgc``. The quantities measured on one aggregate (coefficients, the error decomposition, the constants),
 which :class:`~lightning_pgc.callbacks.PGCDiagnostics` also evaluates during a real run, live in
 :mod:`lightning_pgc.codes.measures` and are re-exported here, so the lab and its users read both from one place.
-``docs/theory.md`` explains every quantity; ``tests/test_theory.py`` checks them exhaustively on small cases.
+``docs/results/theory.md`` explains every quantity; ``tests/test_theory.py`` checks them exhaustively on small cases.
 
 Notation (as in ``docs/math.md``): ``n`` ranks and partitions, ``c = s + 1`` copies, model version ``t``.
 ``g_j^(v)`` is the mini-batch gradient of partition ``j`` at version ``v``; ``grad F_j(beta_v)`` the gradient of

@@ -4,7 +4,7 @@ The grid is cells (straggler model x cost of a gradient evaluation) times arms (
 own learning rate and momentum) times seeds. :func:`plan_sweep` lists the short sweep over rates and momenta,
 :func:`choose_setting` picks each arm's setting by a rule fixed before any result (lowest mean final validation
 loss over the sweep's seeds; ties: the smaller rate), :func:`plan_main` lists the main runs at those settings.
-Every finished job is one record in a :class:`Store` (``docs/grid_runs/``, one JSON Lines file per round), keyed
+Every finished job is one record in a :class:`Store` (``docs/results/grid_runs/``, one JSON Lines file per round), keyed
 by the job's name and checked against its spec, so the grid runs incrementally and the report re-renders from
 whatever is finished.
 :func:`summarize_cell` turns a cell's records into per-arm statistics (paired t intervals against ``dgd`` and
@@ -593,7 +593,7 @@ def arms_table(cells: Mapping[str, Mapping[str, Any]], keys: Sequence[str]) -> s
 
 
 def render_markdown(result: Mapping[str, Any]) -> str:
-    """The generated block of docs/benchmarks.md from the grid's result (``docs/grid_map.json``) alone."""
+    """The generated block of docs/results/benchmarks.md from the grid's result (``docs/results/grid_map.json``) alone."""
     s = result["settings"]
     cells = result["cells"]
     complete = [k for k, c in cells.items() if c["status"] != "incomplete"]

@@ -72,7 +72,7 @@ def shipped_summaries(docs: Path = DOCS) -> list[dict[str, Any]]:
 def shipped_records(docs: Path = DOCS) -> tuple[list[Path], list[dict[str, Any]]]:
     """The records files of the rounds the docs show (:func:`shipped_summaries`), and those rounds' records."""
     summaries = shipped_summaries(docs)
-    return [docs.parent / s["source"] for s in summaries], [r for s in summaries for r in round_records(s, docs)]
+    return [docs.parents[1] / s["source"] for s in summaries], [r for s in summaries for r in round_records(s, docs)]
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -89,7 +89,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         raise SystemExit(f"{', '.join(map(str, paths))}: no records (run benchmarks/emulated_map.py first)")
     out = audit(records)
     out["records"] = [
-        p.resolve().relative_to(DOCS.parent).as_posix() if p.resolve().is_relative_to(DOCS.parent) else str(p)
+        p.resolve().relative_to(DOCS.parents[1]).as_posix() if p.resolve().is_relative_to(DOCS.parents[1]) else str(p)
         for p in paths
     ]
     print(json.dumps(out))

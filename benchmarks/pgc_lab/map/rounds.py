@@ -1,8 +1,8 @@
 """The rounds of the emulated crossover map: the cells and tuning protocol of each, which round the docs show, and
 what a round costs in CPU time.
 
-The cells that mirror the real 4-rank map read it (``docs/grid_map.json``: each arm's chosen lr and momentum) and the
-simulated clock's fit to real runs (``docs/sim_validation.json``), so the rounds need a checkout's ``docs/``.
+The cells that mirror the real 4-rank map read it (``docs/results/grid_map.json``: each arm's chosen lr and momentum) and the
+simulated clock's fit to real runs (``docs/results/sim_validation.json``), so the rounds need a checkout's ``docs/results/``.
 ``benchmarks/emulated_map.py`` runs a round, ``benchmarks/emulated_render.py`` renders it (and its :func:`cost`).
 """
 
@@ -42,8 +42,8 @@ __all__ = [
 ]
 
 #: the checkout's docs/ (the real map, the clock's fit, the rounds' files)
-DOCS = Path(__file__).resolve().parents[3] / "docs"
-#: The three delay models of the real 4-rank map (docs/grid_map.json), for the cells that mirror it.
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "results"
+#: The three delay models of the real 4-rank map (docs/results/grid_map.json), for the cells that mirror it.
 REAL_DELAYS = {
     "stalls": ("lognormal + stalls", "lognormal(median=0.02, sigma=0.5) + spikes(prob=0.002, low=1.0, high=3.0)"),
     "slowrank": ("slow node", "lognormal(median=0.02, sigma=0.5) + slowranks(ranks=[{last}], seconds=0.1)"),
@@ -61,7 +61,7 @@ REAL_ARMS = {
 
 
 def mirror_costs(docs: Path = DOCS) -> tuple[float, float, float, float]:
-    """The simulated clock's costs fitted to real 4-rank runs (docs/sim_validation.json), with the real map's
+    """The simulated clock's costs fitted to real 4-rank runs (docs/results/sim_validation.json), with the real map's
     25 ms of simulated compute per gradient in place of the fit's own."""
     fit = json.loads((docs / "sim_validation.json").read_text())
     c = fit["costs"]
@@ -99,7 +99,7 @@ def reduced_cells(tasks: Sequence[str] = DEFAULT_TASKS) -> list[Cell]:
     return cells
 
 
-#: the harder proxy tasks (docs/tasks.md: ddp needs hundreds of versions to their late targets) the ``hard`` round runs
+#: the harder proxy tasks (docs/results/tasks.md: ddp needs hundreds of versions to their late targets) the ``hard`` round runs
 HARD_TASKS: tuple[str, ...] = ("bncnn", "lm")
 
 
@@ -176,12 +176,12 @@ SHARED_FILES = {"pilot": "reduced"}
 
 def records_path(round_name: str, docs: Path = DOCS) -> Path:
     """The round's JSON Lines file (a round of :data:`SHARED_FILES`: the other round's)."""
-    return docs / "results" / f"emulated_map_{SHARED_FILES.get(round_name, round_name)}.jsonl"
+    return docs / f"emulated_map_{SHARED_FILES.get(round_name, round_name)}.jsonl"
 
 
 def summary_path(round_name: str, docs: Path = DOCS) -> Path:
     """The round's summary, ``docs/results/emulated_map_<round>.json``."""
-    return docs / "results" / f"emulated_map_{round_name}.json"
+    return docs / f"emulated_map_{round_name}.json"
 
 
 def is_complete(summary: dict[str, Any]) -> bool:
@@ -197,7 +197,7 @@ def round_records(summary: dict[str, Any], docs: Path = DOCS, confirm: bool = Fa
     if not summary.get(field):
         return []
     labels = {cell["label"] for cell in summary["cells"]}
-    return [r for r in read_records(docs.parent / summary[field]) if cell_label(r["cell"]) in labels]
+    return [r for r in read_records(docs.parents[1] / summary[field]) if cell_label(r["cell"]) in labels]
 
 
 def shipped_summary(docs: Path = DOCS) -> Path:
@@ -213,7 +213,7 @@ def shipped_summary(docs: Path = DOCS) -> Path:
 #: the first map's full round (30 settings x 2 tuning seeds + 10 evaluation seeds, c = 2 and n / 8, no corrections):
 #: its summary keeps that round's measured CPU seconds per item at every n up to 256 (``cost.per_item_cpu_s``), the
 #: shape by which :func:`cost` prices the n a round did not measure
-FIRST_MAP = "results/emulated_map_first_full.json"
+FIRST_MAP = "emulated_map_first_full.json"
 
 
 def _per_item(records: list[dict[str, Any]]) -> dict[tuple[int, str], list[float]]:
