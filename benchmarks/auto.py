@@ -23,7 +23,7 @@ slowness began and ended.
 
 Jobs run interleaved (every scenario and arm once per round and seed), the 1-minute load average is recorded
 before each job (``os.getloadavg``), and the machine is shared: state the load next to every number.
-Writes docs/results/auto.json and docs/auto.md (:func:`render`).
+Writes docs/results/auto.json and docs/results/auto.md (:func:`render`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from pgc_lab.experiments.report import write_report
 from pgc_lab.experiments.stats import seconds_per_step
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ROOT / "docs"
+DOCS = ROOT / "docs" / "results"
 OUT = ROOT / "outputs" / "auto"
 
 MODELS = {"1m": (1024, 1000, 4, 32), "10m": (1024, 10000, 4, 32)}  # input, hidden, classes, batch per rank
@@ -68,6 +68,8 @@ SLOW_WINDOW = {  # versions the slowness starts and ends (None: it does not)
 }
 FIXED_ARMS = ("dgd", "ignore_stragglers", "pgc")
 ARMS = ("ddp",) + FIXED_ARMS + ("pgc_auto",)
+#: the strategy name each arm runs: the ``pgc`` arm is the uncorrected scheme, ``pgc_cr`` (the page says so)
+STRATEGY_OF = {"pgc": "pgc_cr"}
 GOALS = {"vs best fixed": 1.1, "vs ddp": 0.6}
 
 
@@ -160,7 +162,7 @@ def overhead(rounds: int) -> dict[str, Any]:
 def job_spec(scenario: str, arm: str, seed: int, out: Path) -> dict[str, Any]:
     return {
         "out": str(out),
-        "strategy": arm,
+        "strategy": STRATEGY_OF.get(arm, arm),
         "start_method": "fork",
         "devices": 4,
         "max_steps": MAX_STEPS,
@@ -259,7 +261,7 @@ def _f(values: list[Any], digits: int = 2) -> str:
 
 
 def render(res: dict[str, Any]) -> str:
-    """docs/auto.md from the results file."""
+    """docs/results/auto.md from the results file."""
     md = [
         "# `pgc_auto`: what it costs and what it saves",
         "",
@@ -352,7 +354,7 @@ def main() -> None:
         "command": "python benchmarks/auto.py " + " ".join(sys.argv[1:]),
         "machine": f"{os.cpu_count()} CPU cores",
     }
-    previous = DOCS / "results" / "auto.json"
+    previous = DOCS / "auto.json"
     if args.part != "both" and previous.exists():  # one part again: keep the other, and the command that ran it
         old = json.loads(previous.read_text())
         res.update({k: v for k, v in old.items() if k in ("overhead", "stragglers")})
@@ -366,7 +368,7 @@ def main() -> None:
     loads += [x for s in res["stragglers"]["summary"].values() for x in s["load1"]]
     res["load1_min"], res["load1_max"] = min(loads), max(loads)
     res["wall_s"] = time.time() - started
-    write_report(DOCS / "results", "auto", res, newline=True)
+    write_report(DOCS, "auto", res, newline=True)
     (DOCS / "auto.md").write_text(render(res))
     print(render(res))
 

@@ -67,7 +67,7 @@ def strategy_of(fragment: str, seed: int) -> tuple[str, dict[str, Any]]:
     strategy = yaml.safe_load(recipe_path(fragment).read_text())["trainer"]["strategy"]
     if isinstance(strategy, str):
         return strategy, ({} if strategy == "ddp" else {"seed": seed})
-    return "pgc", {**strategy["init_args"], "seed": seed}  # the registered name's defaults, overridden
+    return "pgc_cr", {**strategy["init_args"], "seed": seed}  # the uncorrected scheme's defaults, overridden
 
 
 def seeds_delay(scale: float) -> str:

@@ -2,7 +2,8 @@
 
 Importing the package registers the strategy names ``pgc``, ``pgc_cr``, ``pgc_fr``, ``gc_cr``, ``gc_fr``,
 ``ignore_stragglers``, ``dgd`` and ``bounded_staleness`` in Lightning's ``StrategyRegistry``, so
-``Trainer(strategy="pgc")`` works.
+``Trainer(strategy="pgc")`` works. ``pgc`` is ``pgc_cr`` with the look-ahead staleness correction; ``pgc_cr`` is
+uncorrected.
 """
 
 from lightning.pytorch.strategies import StrategyRegistry

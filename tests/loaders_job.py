@@ -167,10 +167,9 @@ class Recorder(pl.LightningModule):
 def strategy(name: str) -> pl.strategies.Strategy:
     if name == "ddp":
         return DDPStrategy(start_method="fork")
-    scheme, stragglers, _ = REGISTERED[name]
-    extra = {} if stragglers is None else {"stragglers": stragglers}
+    _, kwargs = REGISTERED[name]
     # no diagnostics: its probes call training_step on a whole loaded batch, off the record
-    return lightning_pgc.PGCStrategy(scheme=scheme, start_method="fork", diagnostics=False, **extra)
+    return lightning_pgc.PGCStrategy(start_method="fork", diagnostics=False, **kwargs)
 
 
 def main(out: Path, names: list[str]) -> None:

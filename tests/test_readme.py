@@ -1,5 +1,5 @@
 """README.md can be acted on: its example runs as pasted, its "Which strategy should I use" table (and the guide's map
-section) is what benchmarks/which_strategy.py renders from docs/which_strategy.json (and that file follows the map it
+section) is what benchmarks/which_strategy.py renders from docs/results/which_strategy.json (and that file follows the map it
 names), and the error messages docs/troubleshooting.md quotes are the ones the code raises."""
 
 from __future__ import annotations
@@ -54,10 +54,10 @@ def _heading_slugs(path: str) -> set[str]:
 
 
 def test_the_which_strategy_table_and_the_guides_section_are_rendered_from_its_file():
-    """README's block and docs/guide.md's are what the renderer makes of docs/which_strategy.json; every row states
+    """README's block and docs/guide.md's are what the renderer makes of docs/results/which_strategy.json; every row states
     the task, n, pattern, arm, ratio with interval and how sure, and its evidence link lands on a heading; where no
     pipelined scheme wins a cell, both pages say so in plain words."""
-    table = json.loads((ROOT / "docs" / "which_strategy.json").read_text())
+    table = json.loads((ROOT / "docs" / "results" / "which_strategy.json").read_text())
     from lightning_pgc.strategy import REGISTERED
 
     which_strategy.check(table, set(REGISTERED))
@@ -79,8 +79,31 @@ def test_the_which_strategy_table_and_the_guides_section_are_rendered_from_its_f
     assert said == (which_strategy.NO_PGC.replace("(docs/", "(") in guide)
 
 
+def test_the_registered_pgc_is_the_pipelined_configuration_the_map_recommends():
+    """``strategy="pgc"`` runs the pipelined arm the map names most often (scheme, s and staleness correction, at the
+    correction's default ``k``), so the default and the guide's evidence cannot drift apart; the uncorrected scheme
+    stays available as ``pgc_cr``."""
+    from collections import Counter
+
+    from lightning_pgc.strategy import REGISTERED
+
+    table = json.loads((ROOT / "docs" / "results" / "which_strategy.json").read_text())
+    corrections = ("lookahead", "delay_compensation", "momentum")
+    named = Counter(
+        (r["strategy"], r["s"], next((w for w in r["arm"].split() if w in corrections), None))
+        for r in table["rows"]
+        if r["strategy"] in which_strategy.PIPELINED
+    )
+    assert named, "the map names no pipelined arm: decide what strategy='pgc' runs, and say so in README"
+    (scheme, s, correction), _ = named.most_common(1)[0]
+    expected = {"scheme": scheme, "stragglers": s, **({"staleness_correction": correction} if correction else {})}
+    assert REGISTERED["pgc"][1] == expected
+    assert REGISTERED["pgc_cr"][1] == {"scheme": "pgc_cr", "stragglers": 1}
+    assert f"`pgc` | `{scheme}` with the look-ahead staleness correction" in README or correction != "lookahead"
+
+
 def test_the_no_pipelined_win_statement_cites_the_theory_it_rests_on():
-    for page, anchor in (("docs/theory.md", "1-what-the-paper-claims"), ("docs/math.md", "the-schemes")):
+    for page, anchor in (("docs/results/theory.md", "1-what-the-paper-claims"), ("docs/math.md", "the-schemes")):
         assert f"({page}#{anchor})" in which_strategy.NO_PGC
         assert anchor in _heading_slugs(page)
 
@@ -89,7 +112,7 @@ def test_the_which_strategy_file_follows_the_map_it_was_derived_from():
     """The file is exactly what the rule derives from the emulated map summary it names (the round the docs show)."""
     from pgc_lab.map.rounds import shipped_summary
 
-    table = json.loads((ROOT / "docs" / "which_strategy.json").read_text())
+    table = json.loads((ROOT / "docs" / "results" / "which_strategy.json").read_text())
     assert table["source"] == shipped_summary().relative_to(ROOT).as_posix()
     source = json.loads((ROOT / table["source"]).read_text())
     assert table == which_strategy.build(source, table["source"])

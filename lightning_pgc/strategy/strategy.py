@@ -88,24 +88,36 @@ from lightning_pgc.strategy.rejoin import StateTransfer
 
 log = logging.getLogger("lightning_pgc.strategy")  # the name users filter on
 
-#: Registered names -> (scheme, tolerated stragglers); ``None`` keeps the constructor's ``stragglers``.
-REGISTERED: dict[str, tuple[str, Optional[int], str]] = {
-    "pgc": ("pgc_cr", 1, "Pipelined gradient coding, cyclic repetition, tolerates 1 straggler"),
-    "pgc_cr": ("pgc_cr", 1, "Pipelined gradient coding with cyclic repetition (s=1)"),
-    "pgc_fr": ("pgc_fr", 1, "Pipelined gradient coding with fractional repetition (s=1)"),
-    "gc_cr": ("gc_cr", 1, "Gradient coding (Tandon et al.) with cyclic repetition (s=1)"),
-    "gc_fr": ("gc_fr", 1, "Gradient coding with fractional repetition (s=1)"),
-    "ignore_stragglers": ("ignore", 1, "Average the fastest n-1 gradients, ignore the slowest rank"),
-    "dgd": ("dgd", 0, "Distributed gradient descent through the PGC runtime (waits for all ranks)"),
+#: Registered names -> (description, the constructor's keyword arguments). A name without ``stragglers`` keeps the
+#: constructor's default. ``pgc`` is the pipelined configuration the map supports (tests/test_readme.py ties it to
+#: docs/results/which_strategy.json); ``pgc_cr`` is the uncorrected scheme.
+REGISTERED: dict[str, tuple[str, dict[str, Any]]] = {
+    "pgc": (
+        "Pipelined gradient coding, cyclic repetition (s=1), with the look-ahead staleness correction",
+        {"scheme": "pgc_cr", "stragglers": 1, "staleness_correction": "lookahead"},
+    ),
+    "pgc_cr": (
+        "Pipelined gradient coding with cyclic repetition (s=1), uncorrected",
+        {"scheme": "pgc_cr", "stragglers": 1},
+    ),
+    "pgc_fr": ("Pipelined gradient coding with fractional repetition (s=1)", {"scheme": "pgc_fr", "stragglers": 1}),
+    "gc_cr": ("Gradient coding (Tandon et al.) with cyclic repetition (s=1)", {"scheme": "gc_cr", "stragglers": 1}),
+    "gc_fr": ("Gradient coding with fractional repetition (s=1)", {"scheme": "gc_fr", "stragglers": 1}),
+    "ignore_stragglers": (
+        "Average the fastest n-1 gradients, ignore the slowest rank",
+        {"scheme": "ignore", "stragglers": 1},
+    ),
+    "dgd": (
+        "Distributed gradient descent through the PGC runtime (waits for all ranks)",
+        {"scheme": "dgd", "stragglers": 0},
+    ),
     "pgc_auto": (
-        "auto",
-        None,
         "Starts as dgd and switches to ignoring the slowest ranks (and back) from the step times it measures",
+        {"scheme": "auto"},
     ),
     "bounded_staleness": (
-        "bounded",
-        None,
         "Bounded-staleness table: replication 2, newest entry per partition younger than c=2",
+        {"scheme": "bounded"},
     ),
 }
 
@@ -127,7 +139,7 @@ class PGCStrategy(DDPStrategy):
 
     Args:
         scheme: one of ``dgd``, ``ignore``, ``gc_fr``, ``gc_cr``, ``pgc_fr``, ``pgc_cr``, ``pgc_cr_naive``,
-            ``bounded`` (bounded staleness, ``docs/bounded_staleness.md``: set ``replication`` and ``staleness``), or
+            ``bounded`` (bounded staleness, ``docs/results/bounded_staleness.md``: set ``replication`` and ``staleness``), or
             ``auto`` (``pgc_auto``, ``docs/guide.md``: starts as ``dgd`` and switches to ``ignore`` with ``s`` up to
             ``max_stragglers`` and back, from the step times the leader measures; set ``max_stragglers``).
         stragglers: ``s``, how many of the slowest ranks each step may ignore (``c = s + 1`` copies per partition).
@@ -147,7 +159,7 @@ class PGCStrategy(DDPStrategy):
             ``t mod r``, so when every rank reports each partition is evaluated once per step. ``"oldest"``: the one
             whose table entry was oldest when ``t - 1`` closed (ties by round robin); the loader then fetches the
             mini-batches of all ``r`` held partitions per step (one is computed). With ``r = 2`` on the digits job
-            both trained alike (``docs/bounded_staleness.md``) and ``"round_robin"`` loads less. Under
+            both trained alike (``docs/results/bounded_staleness.md``) and ``"round_robin"`` loads less. Under
             ``"oldest"``, ``pgc/bounded/duplicates`` growing by about one per step means ranks compute the same
             partition for the same version (several holders chasing one stale partition, possible with
             ``r >= 3``): go back to ``"round_robin"``.
@@ -182,7 +194,7 @@ class PGCStrategy(DDPStrategy):
         max_condition: largest worst-case condition number accepted for Tandon-coded cyclic schemes.
         staleness_correction: how the schemes that reuse stale gradients (``pgc_fr``, ``pgc_cr``, ``pgc_cr_naive``,
             ``bounded``) compensate for their age (:mod:`lightning_pgc.staleness`, ``docs/guide.md``, theory in
-            ``docs/theory.md``); refused for the schemes without stale entries. ``"none"`` (default: ``"lookahead"``
+            ``docs/results/theory.md``); refused for the schemes without stale entries. ``"none"`` (default: ``"lookahead"``
             needed fewer steps wherever it was measured, but it copies the parameters to host memory at every step,
             see ``docs/guide.md``); ``"momentum"``: at fit start every param group's
             momentum ``m`` (``momentum``, or ``betas[0]``) becomes ``max(0, m - D / (1 + D))``, ``D`` the window's
@@ -884,13 +896,9 @@ class PGCStrategy(DDPStrategy):
     # ------------------------------------------------------------------------------------------ registry
     @classmethod
     def register_strategies(cls, strategy_registry: Any) -> None:
-        for name, (scheme, s, description) in REGISTERED.items():
-            if name in strategy_registry:
-                continue
-            kwargs: dict[str, Any] = {"scheme": scheme}
-            if s is not None:
-                kwargs["stragglers"] = s
-            strategy_registry.register(name, cls, description=description, **kwargs)
+        for name, (description, kwargs) in REGISTERED.items():
+            if name not in strategy_registry:
+                strategy_registry.register(name, cls, description=description, **kwargs)
 
 
 def _loss_of(output: Any) -> Tensor:
