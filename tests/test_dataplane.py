@@ -389,25 +389,59 @@ def test_a_rank_too_far_behind_is_detached_and_rejoins_by_state_transfer():
         _stop_all(rts)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the NCCL data group)")
-def test_nccl_group_gives_identical_bits_on_the_device():
+def _device_planes(devices: list[torch.device], data_backend: str) -> list[CollectiveRuntime]:
     store = serve_store()
-    scheme = make_scheme("pgc_cr", 2, 1)
+    scheme = make_scheme("pgc_cr", len(devices), 1)
     rts = [
         CollectiveRuntime(
-            scheme, store, r, 2, D, CODED, D, torch.float32, 0, 3.0, 100, prefix="cuda", device=torch.device("cuda", 0)
+            scheme,
+            store,
+            r,
+            len(devices),
+            D,
+            CODED,
+            D,
+            torch.float32,
+            0,
+            3.0,
+            100,
+            prefix=f"cuda-{data_backend}",
+            device=device,
+            data_backend=data_backend,
         )
-        for r in range(2)
+        for r, device in enumerate(devices)
     ]
     _together(rts, lambda rt: rt.start())
+    return rts
+
+
+def _identical_bits_on_the_devices(rts: list[CollectiveRuntime]) -> None:
     try:
         for rt in rts:
             _submit(rt, 0)
         aggs = _together(rts, lambda rt: rt.wait(0))
-        assert all(a.device.type == "cuda" for a in aggs.values())
-        assert torch.equal(aggs[0].cpu(), aggs[1].cpu())
+        assert all(aggs[rt.rank].device == rt.device for rt in rts)
+        assert all(torch.equal(a.cpu(), aggs[0].cpu()) for a in aggs.values())
     finally:
         _stop_all(rts)
+
+
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2,
+    reason=f"NCCL needs one GPU per rank: 2 ranks need 2 GPUs, this machine has {torch.cuda.device_count()}",
+)
+def test_nccl_data_group_with_one_rank_per_gpu_gives_identical_bits():
+    """The NCCL data group as it runs in production: rank r on GPU r, the aggregate on each rank's own device, the
+    same bits everywhere."""
+    _identical_bits_on_the_devices(_device_planes([torch.device("cuda", r) for r in range(2)], "nccl"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs one CUDA device")
+def test_ranks_sharing_one_gpu_over_gloo_give_identical_bits():
+    """Two ranks on one GPU: NCCL refuses a communicator with the same GPU twice, so the data group is gloo, which
+    stages the all-reduce through host memory; codes and aggregates stay on the GPU."""
+    cuda = torch.device("cuda", 0)
+    _identical_bits_on_the_devices(_device_planes([cuda, cuda], "gloo"))
 
 
 def test_gradients_keep_the_parameters_channels_last_layout():
