@@ -75,7 +75,7 @@ def longest_rebuilt(own: np.ndarray, block: int, rank: int, steps: int = REPLAYE
 
 def dropped_versions(lr: float, momentum: float, target: float) -> dict[str, Any]:
     """Versions to ``target`` of ddp and of ignore_stragglers dropping partition 3 at every version (no delays)."""
-    from lightning_pgc.emulator.cells import Arm, _digits, _model
+    from lightning_pgc.emulator.cells import MapArm, _digits, _model
     from lightning_pgc.emulator.data import DataCondition, partition_streams
     from lightning_pgc.emulator.schedule import Version
     from lightning_pgc.emulator.train import Task, emulate
@@ -84,7 +84,7 @@ def dropped_versions(lr: float, momentum: float, target: float) -> dict[str, Any
     out: dict[str, list[Any]] = {"ddp": [], "ignore_stragglers c=2": []}
     for seed in SEEDS:
         for label, admitted in (("ddp", (0, 1, 2, 3)), ("ignore_stragglers c=2", (0, 1, 2))):
-            arm = Arm("ddp") if label == "ddp" else Arm("ignore_stragglers", 2)
+            arm = MapArm("ddp") if label == "ddp" else MapArm("ignore_stragglers", 2)
             scheme = arm.scheme(4)
             schedule = [Version(t, admitted, {k: (0,) for k in admitted}, float(t + 1)) for t in range(300)]
             model, batch = _model("mlp", seed)
@@ -106,13 +106,13 @@ def main() -> dict[str, Any]:
     import advise_trace
 
     from lightning_pgc.emulator.advise import candidate_arms, p_floor
-    from lightning_pgc.emulator.cells import Arm
+    from lightning_pgc.emulator.cells import MapArm
     from lightning_pgc.emulator.traces import block_length
 
     torch.set_num_threads(1)
     started = time.process_time()
     own = np.asarray(advise_trace.synthetic(2.0)["own_s"])
-    arms = [Arm("ddp"), Arm("ignore_stragglers", 2), Arm("pgc_fr", 2), Arm("bounded_staleness", 2)]
+    arms = [MapArm("ddp"), MapArm("ignore_stragglers", 2), MapArm("pgc_fr", 2), MapArm("bounded_staleness", 2)]
     clock = clock_ratios(own, {"single steps": 1, "blocks": block_length(own)}, arms)
     stall = np.full((4, 200), 0.1)
     stall[1, 50:70] += 1.0  # rank 1 stalls for 20 consecutive steps

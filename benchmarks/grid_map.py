@@ -237,9 +237,9 @@ def chosen_settings(sweep: list[cx.Job], store: cx.Store, args: argparse.Namespa
 
 def render(
     args: argparse.Namespace,
-    arms: list[cx.Arm],
+    arms: list[cx.GridArm],
     skipped: list[str],
-    cells: list[cx.Cell],
+    cells: list[cx.GridCell],
     sweep: list[cx.Job],
     store: cx.Store,
     setting_of: dict[tuple[str, str], Any],
@@ -314,7 +314,7 @@ def main(argv: Optional[list[str]] = None) -> dict[str, Any]:
     args = parse_args(argv)
     arms, skipped = cx.arms_for(args.devices, args.c, args.families, args.adaptive)
     # cost-major, cheapest cost first, so that whole rows of the map complete early in an incremental run
-    cells = [cx.Cell(d, c) for c in sorted(args.costs, key=CHEAPEST_FIRST.index) for d in args.delays]
+    cells = [cx.GridCell(d, c) for c in sorted(args.costs, key=CHEAPEST_FIRST.index) for d in args.delays]
     store = cx.Store(Path(args.runs))
     steps_of = {"sweep": args.sweep_steps, "main": args.steps}
     sweep = (

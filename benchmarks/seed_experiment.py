@@ -54,12 +54,12 @@ def arm_fragments() -> dict[str, str]:
     return {"ddp": DDP, **{Path(n).stem: n for n in names}}
 
 
-def arm_of(key: str) -> cx.Arm:
-    """The grid's arm for a fragment key (``pgc_cr_c4`` -> Arm("pgc_cr", 4)), for the shared statistics."""
+def arm_of(key: str) -> cx.GridArm:
+    """The grid's arm for a fragment key (``pgc_cr_c4`` -> GridArm("pgc_cr", 4)), for the shared statistics."""
     if key in ("ddp", "dgd"):
-        return cx.Arm(key)
+        return cx.GridArm(key)
     family, c = key.rsplit("_c", 1)
-    return cx.Arm(family, int(c))
+    return cx.GridArm(family, int(c))
 
 
 def strategy_of(fragment: str, seed: int) -> tuple[str, dict[str, Any]]:

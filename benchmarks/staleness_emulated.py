@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from lightning_pgc.emulator.cells import LRS, Arm, Cell, Protocol
+from lightning_pgc.emulator.cells import LRS, MapArm, MapCell, Protocol
 from pgc_lab.map.crossmap import item_key, plan_items, read_records, run_round
 from pgc_lab.map.rounds import cost, records_path
 from lightning_pgc.emulator.scoring import compare, holm, restricted_mean
@@ -40,7 +40,7 @@ COMMAND = "nice -n 15 env OMP_NUM_THREADS=1 python benchmarks/staleness_emulated
 
 #: log-normal jitter (every worker, every step), compute-bound: where pgc_fr already matched ddp's time in the emulated
 #: map's first reduced round, so where a correction decides whether the pipeline wins
-CELLS: list[Cell] = [Cell(n, "lognormal", "compute") for n in (16, 64, 256)]
+CELLS: list[MapCell] = [MapCell(n, "lognormal", "compute") for n in (16, 64, 256)]
 #: this round's grid: the map's learning rates, the momenta it was run with, no edge rule (its records' keys)
 PROTOCOL = Protocol(
     eval_seeds=tuple(range(20)), lrs=tuple(sorted({*LRS, 1.6})), momenta=(0.0, 0.5, 0.7, 0.8, 0.9), extend=False
@@ -49,7 +49,7 @@ PROTOCOL = Protocol(
 TARGETS = {"steps_c2": 1.15, "steps_c4": 1.3, "time_c2": 0.8}
 
 
-def arms_of(cell: Cell) -> list[Arm]:
+def arms_of(cell: MapCell) -> list[MapArm]:
     """dgd (the ``ddp`` arm) and pgc_fr at c = 2 and 4: uncorrected, look-ahead with ``k = (c-1)/2`` (the window's mean
     age) and with ``k = c - 1`` (both explicit, so that a record says which it ran), delay compensation
     (``dc_lambda`` 0.04) and momentum accounting. At n = 256 (the costly cell) only the uncorrected arm and
@@ -60,23 +60,23 @@ def arms_of(cell: Cell) -> list[Arm]:
     look-ahead with the strategy's default ``k`` for it (the nominal mean age ``1 / n``, explicit in the record) and,
     below n = 256, momentum accounting (delay compensation does not apply to it: a rank sends only its fresh
     gradient)."""
-    arms = [Arm("ddp")]
+    arms = [MapArm("ddp")]
     for c in (2, 4):
         full = [
-            Arm("pgc_fr", c),
-            Arm("pgc_fr", c, "lookahead", lookahead_steps=(c - 1) / 2),
-            Arm("pgc_fr", c, "lookahead", lookahead_steps=float(c - 1)),
-            Arm("pgc_fr", c, "delay_compensation"),
-            Arm("pgc_fr", c, "momentum"),
+            MapArm("pgc_fr", c),
+            MapArm("pgc_fr", c, "lookahead", lookahead_steps=(c - 1) / 2),
+            MapArm("pgc_fr", c, "lookahead", lookahead_steps=float(c - 1)),
+            MapArm("pgc_fr", c, "delay_compensation"),
+            MapArm("pgc_fr", c, "momentum"),
         ]
         if cell.n >= 256:
             full = [full[0], full[2]]
         arms.extend(full)
-    bounded = Arm("bounded_staleness", 2)
+    bounded = MapArm("bounded_staleness", 2)
     k = default_lookahead(bounded.scheme(cell.n))
-    arms += [bounded, Arm("bounded_staleness", 2, "lookahead", lookahead_steps=k)]
+    arms += [bounded, MapArm("bounded_staleness", 2, "lookahead", lookahead_steps=k)]
     if cell.n < 256:
-        arms.append(Arm("bounded_staleness", 2, "momentum"))
+        arms.append(MapArm("bounded_staleness", 2, "momentum"))
     return arms
 
 

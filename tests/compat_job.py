@@ -57,7 +57,7 @@ class RecordingLogger(Logger):
         self.calls.append({"step": step, "keys": sorted(metrics)})
 
 
-class Samples(Dataset):
+class DictSamples(Dataset):
     """Dict samples: features, a nested dict with the label, the index and a name, and a variable-length tensor."""
 
     def __init__(self, size: int = 96) -> None:
@@ -218,7 +218,7 @@ def main(case: str, out: Path) -> None:
             callbacks=callbacks,
             **common,
         )
-        data = Samples()
+        data = DictSamples()
         train = DataLoader(data, batch_size=8, shuffle=True, collate_fn=collate)
         val = DataLoader(data, batch_size=16, collate_fn=collate)
         trainer.fit(module, train, val)

@@ -39,7 +39,7 @@ class Batch:
     y: torch.Tensor
 
 
-class Samples(Dataset):
+class SamplesByKind(Dataset):
     """Sample ``i``: ``x`` (3 floats), ``y`` (an int64 label) and its name, in the form ``kind`` asks for."""
 
     def __init__(self, kind: str = "tuple") -> None:
@@ -79,16 +79,16 @@ def pairs_to_dataclass(samples: list[Any]) -> Batch:
 
 #: case -> the loader the hook builds for it
 CASES: dict[str, Callable[[], DataLoader]] = {
-    "subclass": lambda: TaggedLoader(Samples(), "kept", batch_size=BATCH, shuffle=True),
+    "subclass": lambda: TaggedLoader(SamplesByKind(), "kept", batch_size=BATCH, shuffle=True),
     "generator": lambda: DataLoader(
-        Samples(), batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(7)
+        SamplesByKind(), batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(7)
     ),
-    "persistent_workers": lambda: DataLoader(Samples(), batch_size=BATCH, num_workers=1, persistent_workers=True),
-    "prefetch_factor": lambda: DataLoader(Samples(), BATCH, num_workers=1, prefetch_factor=3, in_order=False),
-    "collate_fn": lambda: DataLoader(Samples(), batch_size=BATCH, collate_fn=pairs_to_dict),
-    "namedtuple": lambda: DataLoader(Samples("namedtuple"), batch_size=BATCH),
-    "dataclass": lambda: DataLoader(Samples(), batch_size=BATCH, collate_fn=pairs_to_dataclass),
-    "strings": lambda: DataLoader(Samples("strings"), batch_size=BATCH),
+    "persistent_workers": lambda: DataLoader(SamplesByKind(), batch_size=BATCH, num_workers=1, persistent_workers=True),
+    "prefetch_factor": lambda: DataLoader(SamplesByKind(), BATCH, num_workers=1, prefetch_factor=3, in_order=False),
+    "collate_fn": lambda: DataLoader(SamplesByKind(), batch_size=BATCH, collate_fn=pairs_to_dict),
+    "namedtuple": lambda: DataLoader(SamplesByKind("namedtuple"), batch_size=BATCH),
+    "dataclass": lambda: DataLoader(SamplesByKind(), batch_size=BATCH, collate_fn=pairs_to_dataclass),
+    "strings": lambda: DataLoader(SamplesByKind("strings"), batch_size=BATCH),
 }
 
 

@@ -22,14 +22,14 @@ from lightning_pgc.emulator.advise import (
     render,
     s_values,
 )
-from lightning_pgc.emulator.cells import Arm, Protocol
+from lightning_pgc.emulator.cells import MapArm, Protocol
 from lightning_pgc.step_trace import TRACE_FORMAT
 
 N, STEPS = 4, 120
 SEEDS = 8  # over 4 comparisons the smallest attainable Holm p is 4 * 2 / 2^8 = 0.03
 PROTOCOL = Protocol(budget_steps=150, max_versions=200, tuning_seeds=(1000,), lrs=(0.4, 0.8), momenta=(0.0, 0.5, 0.8))
 #: ddp, a dropping arm, bounded staleness (a replica covers the slow rank's partition, one step stale)
-ARMS = [Arm("ddp"), Arm("ignore_stragglers", 2), Arm("bounded_staleness", 2)]
+ARMS = [MapArm("ddp"), MapArm("ignore_stragglers", 2), MapArm("bounded_staleness", 2)]
 FIELDS = ("strategy", "s", "ratio", "low", "high", "p_holm", "seeds", "task", "rows")
 
 

@@ -13,7 +13,7 @@ import pytest
 from lightning_pgc.codes import AutoScheme
 from lightning_pgc.decisions.auto import (
     ARM_CODES,
-    Arm,
+    AutoCandidate,
     AutoRule,
     FactorTable,
     StepWindow,
@@ -24,7 +24,7 @@ from lightning_pgc.decisions.auto import (
 from lightning_pgc.decisions.auto_leader import AutoLeader
 from lightning_pgc.decisions.header import Header
 
-DGD, IGN1, IGN2 = Arm("dgd", 0), Arm("ignore", 1), Arm("ignore", 2)
+DGD, IGN1, IGN2 = AutoCandidate("dgd", 0), AutoCandidate("ignore", 1), AutoCandidate("ignore", 2)
 TABLE = FactorTable(4, "test", {"ignore_stragglers c=2": 1.6, "ignore_stragglers c=3": 2.5})
 
 
@@ -40,7 +40,7 @@ def feed(r: AutoRule, times: Sequence[float], version: int) -> bool:
     return r.step().switched
 
 
-def run(r: AutoRule, phases: Sequence[tuple[int, Sequence[float]]], start: int = 0) -> list[tuple[int, Arm]]:
+def run(r: AutoRule, phases: Sequence[tuple[int, Sequence[float]]], start: int = 0) -> list[tuple[int, AutoCandidate]]:
     """Feed ``versions`` rows of ``times`` per phase; the switches as (version closed, new arm)."""
     out, v = [], start
     for versions, times in phases:
@@ -55,14 +55,14 @@ def run(r: AutoRule, phases: Sequence[tuple[int, Sequence[float]]], start: int =
 def test_arms_labels_codes_and_checks() -> None:
     assert DGD.label == "dgd" and DGD.table_key == "ddp"
     assert IGN1.label == "ignore_stragglers s=1" and IGN1.table_key == "ignore_stragglers c=2"
-    assert Arm("pgc_cr", 2).table_key == "pgc_cr c=3"
+    assert AutoCandidate("pgc_cr", 2).table_key == "pgc_cr c=3"
     for name, code in ARM_CODES.items():
         s = 0 if name == "dgd" else 1
-        assert arm_from_code(code, s) == Arm(name, s)
+        assert arm_from_code(code, s) == AutoCandidate(name, s)
     with pytest.raises(ValueError, match="dgd has s = 0"):
-        Arm("dgd", 1)
+        AutoCandidate("dgd", 1)
     with pytest.raises(ValueError, match="unknown arm"):
-        Arm("bogus", 1)
+        AutoCandidate("bogus", 1)
     assert candidates(2) == [DGD, IGN1, IGN2]
     with pytest.raises(ValueError, match="max_stragglers"):
         candidates(0)
@@ -91,7 +91,7 @@ def test_the_shipped_table_says_where_it_came_from_and_picks_the_nearest_n() -> 
 
 def test_arms_without_a_factor_are_left_out() -> None:
     r = AutoRule(4, candidates(3), TABLE)
-    assert r.arms == [DGD, IGN1, IGN2] and r.left_out == [Arm("ignore", 3)]
+    assert r.arms == [DGD, IGN1, IGN2] and r.left_out == [AutoCandidate("ignore", 3)]
     with pytest.raises(ValueError, match="s < n"):
         AutoRule(2, candidates(2), TABLE)
     with pytest.raises(ValueError, match="margin"):
@@ -317,11 +317,11 @@ def test_the_emulator_runs_the_strategys_leader_and_rule() -> None:
     """pgc_auto on the simulated clock: the same AutoLeader class and AutoRule (not a copy); a healthy cluster never
     switches, a persistently 2x slow rank switches once, a rank slow for a while then normal switches in and out."""
     from lightning_pgc.emulator.auto import auto_leader, switches
-    from lightning_pgc.emulator.cells import STRATEGIES, Arm as CellArm
+    from lightning_pgc.emulator.cells import STRATEGIES, MapArm
     from lightning_pgc.emulator.clock import Costs, simulate
 
     assert STRATEGIES["pgc_auto"] == "auto"
-    scheme = CellArm("pgc_auto", 2).scheme(4)
+    scheme = MapArm("pgc_auto", 2).scheme(4)
     assert isinstance(scheme, AutoScheme) and scheme.s == 1
     costs = Costs(compute_s=0.01, overhead_s=0.002, code_s=0.001, aggregate_s=0.002)
     out = {}

@@ -80,7 +80,7 @@ def test_every_demo_job_is_the_map_grids_job_for_its_cell_arm_and_seed():
     drop = ("out", "wandb")
     for setting in demo.SETTINGS.values():
         delay, cost = setting.map_cell.split("-")
-        cell = cx.Cell(delays[delay], cost)
+        cell = cx.GridCell(delays[delay], cost)
         for arm in demo.ARMS:
             job = cx.Job("main", cell, arms[arm.map_arm], arm.lr, 3, arm.momentum, round=2)
             theirs = grid_map.job_spec(job, grid_args, grid_args.steps)

@@ -18,8 +18,8 @@ from lightning_pgc.emulator.cells import (
     CORRECTIONS,
     LR_REACH,
     MOMENTUM_STEPS,
-    Arm,
-    Cell,
+    MapArm,
+    MapCell,
     Protocol,
     arms_for,
     cs_for,
@@ -44,7 +44,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # (tests/conftest.py)
 
 
 def test_tiny_map_round_resumes_and_yields_guide_rows(tmp_path):
-    cells = [Cell(4, "slow node", "compute", cs=(2,))]
+    cells = [MapCell(4, "slow node", "compute", cs=(2,))]
     protocol = tiny_protocol()
     path = tmp_path / "round.jsonl"
     items, _ = plan_items(cells, protocol)
@@ -118,7 +118,7 @@ def test_the_edge_rule_names_edges_and_extends_the_grid_until_the_choice_is_insi
         momenta=(0.0,),
         targets=(0.9, 0.6),
     )
-    record = run_arm(Cell(4, "none", "compute"), Arm("ddp"), protocol)
+    record = run_arm(MapCell(4, "none", "compute"), MapArm("ddp"), protocol)
     tuning = record["tuning"]
     assert len(tuning["lrs"]) > 2 and min(tuning["lrs"]) < 0.1 < max(tuning["lrs"])
     assert max(tuning["lrs"]) <= 0.1 * 2**LR_REACH  # the reach is counted from the starting grid
@@ -138,8 +138,8 @@ def test_an_arm_that_misses_everywhere_is_labelled_a_bound_and_never_ranked():
         targets=(0.9, 0.01),  # the late target is out of reach in 20 steps
         extend=False,
     )
-    cell = Cell(4, "none", "compute")
-    records = [run_arm(cell, arm, protocol) for arm in (Arm("ddp"), Arm("ignore_stragglers", 2))]
+    cell = MapCell(4, "none", "compute")
+    records = [run_arm(cell, arm, protocol) for arm in (MapArm("ddp"), MapArm("ignore_stragglers", 2))]
     for r in records:
         assert r["tuning"]["missed_everywhere"]
     summary = summarize_cell(records)
@@ -370,7 +370,7 @@ def test_the_hard_round_runs_every_arm_on_the_harder_tasks_under_their_own_proto
 
 
 def test_a_validation_interval_enters_an_items_key_only_when_it_is_not_every_version():
-    cell, arm = Cell(4, "none", "compute"), Arm("ddp")
+    cell, arm = MapCell(4, "none", "compute"), MapArm("ddp")
     assert "val_every" not in item_key(cell, arm, Protocol())  # the shipped records keep their keys
     assert '"val_every": 5' in item_key(cell, arm, Protocol(val_every=5))
 

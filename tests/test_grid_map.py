@@ -48,7 +48,7 @@ def test_sweep_settings_keep_the_effective_rate_across_momenta_and_old_names_sta
     ]  # lr / (1 - m) in {0.2, 0.5, 1.0} at every momentum
     with pytest.raises(ValueError, match="momentum must be in"):
         cx.sweep_settings([0.1], [1.0])
-    cell, arm = cx.Cell("exponential", "sleep"), cx.Arm("pgc_cr", 2)
+    cell, arm = cx.GridCell("exponential", "sleep"), cx.GridArm("pgc_cr", 2)
     # the recipe's momentum is not named: records made before momentum was swept keep their names and specs
     assert cx.Job("main", cell, arm, 0.05, 3).name == "main__exp-sleep__pgc_cr_c2__lr0.05__seed3"
     assert cx.Job("main", cell, arm, 0.5, 3, 0.0).name == "main__exp-sleep__pgc_cr_c2__lr0.5__m0__seed3"
@@ -63,7 +63,7 @@ def test_a_new_round_reruns_every_arm_of_a_cell_and_round_one_keeps_its_names():
     """A round is a set of main runs made together: every arm of the cell gets a new name (and record) in round 2,
     also the arms whose setting did not change, while round 1's names are those of the records made before rounds
     existed. The sweep is not per round."""
-    cell, arms = cx.Cell("one slow rank", "sleep"), [cx.Arm("dgd"), cx.Arm("pgc_cr", 2)]
+    cell, arms = cx.GridCell("one slow rank", "sleep"), [cx.GridArm("dgd"), cx.GridArm("pgc_cr", 2)]
     setting_of = {("sleep", "dgd"): (0.1, 0.9), ("sleep", "pgc_cr_c2"): (0.5, 0.0)}
     first, _ = cx.plan_main([cell], arms, [0], setting_of, main_round=1)
     second, _ = cx.plan_main([cell], arms, [0], setting_of, main_round=2)
@@ -100,7 +100,7 @@ def _record(time_to_target: float, final_acc: float = 0.9, reach: bool = True) -
 
 
 def _cell(times: dict[str, list[float]], reach: dict[str, list[bool]] | None = None) -> dict:
-    arms = [cx.Arm("ddp"), cx.Arm("dgd"), cx.Arm("pgc_cr", 2)]
+    arms = [cx.GridArm("ddp"), cx.GridArm("dgd"), cx.GridArm("pgc_cr", 2)]
     records = {
         a.key: {
             seed: _record(t, reach=(reach or {}).get(a.key, [True] * 3)[i])
@@ -149,7 +149,7 @@ def test_the_ratio_against_dgd_splits_into_steps_and_seconds_per_step_by_hand():
     def rec(wall_end: float, steps_end: float) -> dict:  # loss 1 -> 0 linearly: target 0.5 is crossed half way
         return {"ok": True, "error": "", "row": {}, "val": [[0.0, 0, 1.0, 0.1], [wall_end, steps_end, 0.0, 0.9]]}
 
-    arms = [cx.Arm("ddp"), cx.Arm("dgd"), cx.Arm("pgc_cr", 2)]
+    arms = [cx.GridArm("ddp"), cx.GridArm("dgd"), cx.GridArm("pgc_cr", 2)]
     records = {
         "ddp": {s: rec(10.0, 100) for s in (0, 1, 2)},
         "dgd": {0: rec(10.0, 100), 1: rec(12.0, 100), 2: rec(8.0, 100)},  # 50 steps, 0.1 0.12 0.08 s each
@@ -213,7 +213,7 @@ def test_the_arms_table_marks_where_each_arm_is_separably_faster_or_slower_than_
 
 
 def test_a_cell_with_a_missing_run_is_incomplete_and_names_no_winner():
-    arms = [cx.Arm("ddp"), cx.Arm("dgd")]
+    arms = [cx.GridArm("ddp"), cx.GridArm("dgd")]
     records = {"ddp": {0: _record(4.0), 1: _record(4.0)}, "dgd": {0: _record(1.0)}}
     cell = cx.summarize_cell(records, arms, [0, 1], 0.5, {})
     assert cell["status"] == "incomplete" and cell["winner"] is None and cell["margin"] is None
@@ -231,12 +231,12 @@ def test_arms_follow_n():
     assert keys[:2] == ["ddp", "dgd"] and "pgc_cr_c4_valve" in keys and "bounded_c4_valve" in keys
     assert "gc_fr_c2" in keys and not any(k.endswith("_c8") for k in keys)
     assert any("c=8" in reason for reason in skipped)
-    assert cx.Arm("bounded", 4, True).strategy(3) == (
+    assert cx.GridArm("bounded", 4, True).strategy(3) == (
         "bounded_staleness",
         {"seed": 3, "replication": 2, "staleness": 4},
         {**cx.VALVE, "action": "window"},
     )
-    assert cx.Arm("ignore", 2).strategy(0)[:2] == ("ignore_stragglers", {"seed": 0, "stragglers": 1})
+    assert cx.GridArm("ignore", 2).strategy(0)[:2] == ("ignore_stragglers", {"seed": 0, "stragglers": 1})
 
 
 ARGV = [
@@ -276,7 +276,7 @@ def test_report_renders_from_run_records_and_marks_incomplete_cells(tmp_path):
     args = grid_map.parse_args(argv)
     arms, _ = cx.arms_for(2, [2], ["ddp", "dgd", "pgc_cr"], [])
     store = cx.Store(tmp_path / "runs")
-    cells = [cx.Cell("exponential", "sleep"), cx.Cell("one slow rank", "sleep")]
+    cells = [cx.GridCell("exponential", "sleep"), cx.GridCell("one slow rank", "sleep")]
     sweep = cx.plan_sweep(cells, arms, [0.05, 0.1], [0], "lognormal + stalls", args.momenta)
     assert len(sweep) == 3 * 2 * 2  # one cost, three arms, two rates at two momenta, one seed
     for job in sweep:  # rate 0.1 at momentum 0.9 is best for pgc_cr only, momentum 0 for nobody

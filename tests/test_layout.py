@@ -209,3 +209,16 @@ print(type(trainer.strategy).__name__)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.splitlines()[-1] == "PGCStrategy"
+
+
+def test_no_two_classes_of_the_package_or_the_lab_share_a_name() -> None:
+    """One name per concept: a module-level class of lightning_pgc/ or benchmarks/pgc_lab/ has a name no other
+    module-level class there has, so a reader (and an import) never confuses two of them."""
+    where: dict[str, list[str]] = {}
+    for tree in (ROOT / "lightning_pgc", ROOT / "benchmarks" / "pgc_lab"):
+        for path in sorted(tree.rglob("*.py")):
+            for node in ast.parse(path.read_text()).body:
+                if isinstance(node, ast.ClassDef):
+                    where.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
+    assert len(where) > 50  # the walk sees the classes
+    assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}

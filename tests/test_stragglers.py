@@ -369,14 +369,14 @@ from lightning.pytorch.demos.boring_classes import BoringModel
 from lightning_pgc.callbacks.stragglers import StragglerInjector
 
 
-class Recording(StragglerInjector):
+class RecordingInjector(StragglerInjector):
     def on_train_end(self, trainer, pl_module):
         out = Path(sys.argv[1]) / f"rank{trainer.global_rank}.txt"
         out.write_text(f"{self.steps_delayed} {self.total_sleep_s!r}")
 
 
 if __name__ == "__main__":
-    injector = Recording(delay=sys.argv[2], seed=0)
+    injector = RecordingInjector(delay=sys.argv[2], seed=0)
     trainer = Trainer(
         accelerator="cpu", devices=2, strategy="ddp", max_steps=5, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False, callbacks=[injector],

@@ -90,7 +90,7 @@ def sockets_left(before: set[str], deadline_s: float = 20.0) -> list[str]:
     return sorted(left)
 
 
-class Record(Callback):
+class CallRecorder(Callback):
     """At the end of every Trainer call, on every rank: the call, the checksum, the step and the pgc threads."""
 
     def __init__(self, out: Path) -> None:
@@ -126,7 +126,7 @@ def trainer(strategy_name: str, start_method: str, out: Path, max_steps: int) ->
         enable_model_summary=False,
         default_root_dir=str(out),
         callbacks=[
-            Record(out),
+            CallRecorder(out),
             ModelCheckpoint(dirpath=str(out / "checkpoints"), save_last=True, every_n_train_steps=3, save_top_k=-1),
         ],
     )

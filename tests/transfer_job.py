@@ -10,7 +10,8 @@ ranks through a fault, then every rank's replica, store payloads and memory writ
 - ``resume``: a fit that saves a checkpoint, then a second Trainer that resumes from it.
 
 The ranks are forked (Lightning's ``fork`` launcher), so the store every rank's control plane opens is wrapped here
-in :class:`Recording`, which notes the largest payload set or pushed and every key of a state transfer's rendezvous.
+in :class:`RecordingStore`, which notes the largest payload set or pushed and every key of a state transfer's
+rendezvous.
 Each rank that finishes writes ``OUT/rank{k}.json``: checksums of its parameters, buffers, optimizer and scheduler
 state, the largest store payload, the transfers it took part in (with the growth of its resident memory during
 each: the peak is reset before and read after, from ``/proc/self``) and the leader's per-rank counts.
@@ -51,7 +52,7 @@ VAL_EVERY = 8
 STATE_KEYS = "/state/"
 
 
-class Recording(ForwardingStore):
+class RecordingStore(ForwardingStore):
     """The control plane's store: notes the largest value set or pushed (``largest``), and every key of a state
     transfer's rendezvous set, read or waited for (``keys``). Clones share the notes."""
 
@@ -65,8 +66,8 @@ class Recording(ForwardingStore):
         if STATE_KEYS in key:
             self.notes["keys"].add(key)
 
-    def clone(self) -> "Recording":
-        return Recording(self.inner.clone(), self.notes)
+    def clone(self) -> "RecordingStore":
+        return RecordingStore(self.inner.clone(), self.notes)
 
 
 NOTES: dict[str, Any] = {"largest": (0, ""), "keys": set(), "transfers": []}
@@ -74,7 +75,7 @@ _open_store = strategy_module.open_store
 
 
 def recording_store(timeout: timedelta) -> dist.Store:
-    NOTES["store"] = Recording(_open_store(timeout), NOTES)
+    NOTES["store"] = RecordingStore(_open_store(timeout), NOTES)
     return NOTES["store"]
 
 
@@ -186,7 +187,7 @@ def digest(tensors: list[torch.Tensor]) -> str:
     return h.hexdigest()[:16]
 
 
-class Record(Callback):
+class StateRecorder(Callback):
     """At the end of every fit, on every rank that finishes: what ``OUT/rank{k}.json`` holds."""
 
     def __init__(self, out: Path) -> None:
@@ -241,7 +242,7 @@ def trainer(scenario: str, out: Path, max_steps: int, faults: list[Callback]) ->
         enable_checkpointing=scenario == "resume",
         default_root_dir=str(out),
         callbacks=[
-            Record(out),
+            StateRecorder(out),
             *faults,
             *([ModelCheckpoint(dirpath=str(out / "checkpoints"), save_last=True)] if scenario == "resume" else []),
         ],

@@ -48,7 +48,7 @@ from pgc_lab.demo_cells import (
     ROOT,
     SETTINGS,
     STALENESS,
-    Arm,
+    DemoArm,
     Outcome,
     Setting,
     map_reference,
@@ -58,10 +58,10 @@ from pgc_lab.demo_cells import (
 )
 from pgc_lab.experiments import FILES, JobResult, crossing, launch
 
-__all__ = ["ARMS", "MAP", "SETTINGS", "STALENESS", "Arm", "Outcome", "Setting", "main", "map_winner", "verdict"]
+__all__ = ["ARMS", "MAP", "SETTINGS", "STALENESS", "DemoArm", "Outcome", "Setting", "main", "map_winner", "verdict"]
 
 
-def job_spec(setting: Setting, arm: Arm, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def job_spec(setting: Setting, arm: DemoArm, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     """The experiments-harness spec of one demo job: the map grid's job for this cell, arm and seed."""
     return {
         "strategy": arm.strategy,
@@ -96,7 +96,7 @@ def job_spec(setting: Setting, arm: Arm, args: argparse.Namespace, out: Path) ->
     }
 
 
-def selected(args: argparse.Namespace) -> list[tuple[Setting, Arm]]:
+def selected(args: argparse.Namespace) -> list[tuple[Setting, DemoArm]]:
     """The (setting, arm) pairs ``--settings`` and ``--only`` name, in run order.
 
     Raises:

@@ -22,7 +22,7 @@ COMPUTE_S_PER_EVAL = 0.025
 
 
 @dataclass(frozen=True)
-class Arm:
+class DemoArm:
     """One strategy of the race, at the learning rate and momentum its tuning chose."""
 
     key: str  # what ``--only`` names
@@ -31,7 +31,7 @@ class Arm:
     stragglers: Optional[int]  # s of a coded scheme (``staleness`` for bounded_staleness); None for ddp
     lr: float
     momentum: float
-    map_arm: str  # the map grid's arm key (``crossover.Arm.key``): its setting, or the uncorrected arm's
+    map_arm: str  # the map grid's arm key (``crossover.GridArm.key``): its setting, or the uncorrected arm's
     tuned_by: str  # where ``lr`` and ``momentum`` come from
     correction: dict[str, Any] = field(default_factory=dict, hash=False)  # ``staleness_correction`` and its k
 
@@ -69,12 +69,12 @@ class Setting:
 
 
 GRID = "the map grid's sweep (docs/results/grid_map.json)"
-ARMS: tuple[Arm, ...] = (
-    Arm("ddp", "ddp", "ddp", None, 0.1, 0.9, "ddp", GRID),
-    Arm("ignore", "ignore_stragglers c=2", "ignore_stragglers", 1, 0.5, 0.0, "ignore_c2", GRID),
-    Arm("gc", "gc_fr c=2", "gc_fr", 1, 0.1, 0.9, "gc_fr_c2", GRID),
-    Arm("pgc", "pgc_fr c=2", "pgc_fr", 1, 0.5, 0.0, "pgc_fr_c2", GRID),
-    Arm(
+ARMS: tuple[DemoArm, ...] = (
+    DemoArm("ddp", "ddp", "ddp", None, 0.1, 0.9, "ddp", GRID),
+    DemoArm("ignore", "ignore_stragglers c=2", "ignore_stragglers", 1, 0.5, 0.0, "ignore_c2", GRID),
+    DemoArm("gc", "gc_fr c=2", "gc_fr", 1, 0.1, 0.9, "gc_fr_c2", GRID),
+    DemoArm("pgc", "pgc_fr c=2", "pgc_fr", 1, 0.5, 0.0, "pgc_fr_c2", GRID),
+    DemoArm(
         "pgc_lookahead",
         "pgc_fr c=2 + lookahead k=1",
         "pgc_fr",
@@ -85,9 +85,9 @@ ARMS: tuple[Arm, ...] = (
         "the staleness benchmark's sweep (docs/results/staleness.json)",
         {"staleness_correction": "lookahead", "lookahead_steps": 1.0},
     ),
-    Arm("bounded", "bounded_staleness r=2 c=2", "bounded_staleness", 1, 0.05, 0.9, "bounded_c2", GRID),
+    DemoArm("bounded", "bounded_staleness r=2 c=2", "bounded_staleness", 1, 0.05, 0.9, "bounded_c2", GRID),
     # starts as dgd and keeps the user's optimizer: dgd's tuned setting
-    Arm("auto", "pgc_auto max_stragglers=1", "pgc_auto", 1, 0.1, 0.9, "dgd", GRID),
+    DemoArm("auto", "pgc_auto max_stragglers=1", "pgc_auto", 1, 0.1, 0.9, "dgd", GRID),
 )
 SETTINGS: dict[str, Setting] = {
     s.key: s
@@ -181,7 +181,7 @@ def split_vs_ddp(o: Outcome, outcomes: list[Outcome]) -> tuple[Optional[float], 
     )
 
 
-def map_winner(setting: Setting, path: Path = MAP) -> Optional[tuple[Arm, dict[str, Any]]]:
+def map_winner(setting: Setting, path: Path = MAP) -> Optional[tuple[DemoArm, dict[str, Any]]]:
     """The race's arm the map finds fastest against ddp in this cell (smallest paired ratio), with that ratio;
     None without the map's file."""
     reference = map_reference(path)

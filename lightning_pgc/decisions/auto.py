@@ -4,7 +4,7 @@ Pure decisions (no Lightning, no torch.distributed, no I/O but reading the shipp
 (:class:`~lightning_pgc.decisions.auto_leader.AutoLeader`) feeds a :class:`StepWindow` every rank's own compute time
 per version (what each code's announcement says the rank spent between applying its previous aggregate and sending
 this code, so waiting is not counted) and the measured time of the all-reduce; :class:`AutoRule` predicts, for each
-candidate :class:`Arm`, the time per unit of training progress
+candidate arm (:class:`AutoCandidate`), the time per unit of training progress
 
     cost(arm) = (E[(n - s)-th fastest own time of a version] + all-reduce) * factor(arm)
 
@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 
 __all__ = [
     "ARM_CODES",
-    "Arm",
+    "AutoCandidate",
     "AutoRule",
     "Decision",
     "FactorTable",
@@ -47,7 +47,7 @@ _STRATEGY = {"dgd": "ddp", "ignore": "ignore_stragglers"}  # how the emulated ma
 
 
 @dataclass(frozen=True, order=True)
-class Arm:
+class AutoCandidate:
     """One arm ``scheme="auto"`` may run: a scheme of :mod:`lightning_pgc.codes` and its ``s``."""
 
     scheme: str
@@ -74,22 +74,22 @@ class Arm:
         return ARM_CODES[self.scheme]
 
 
-DGD = Arm("dgd", 0)
+DGD = AutoCandidate("dgd", 0)
 
 
-def arm_from_code(code: int, s: int) -> Arm:
+def arm_from_code(code: int, s: int) -> AutoCandidate:
     """The arm of a ``(pgc/auto_arm, pgc/auto_s)`` pair (what a decision message carries)."""
     for name, value in ARM_CODES.items():
         if value == code:
-            return Arm(name, s)
+            return AutoCandidate(name, s)
     raise ValueError(f"unknown arm code {code}")
 
 
-def candidates(max_stragglers: int, schemes: Sequence[str] = ("ignore",)) -> list[Arm]:
+def candidates(max_stragglers: int, schemes: Sequence[str] = ("ignore",)) -> list[AutoCandidate]:
     """``dgd`` and, for ``s = 1 .. max_stragglers``, each of ``schemes``."""
     if max_stragglers < 1:
         raise ValueError(f"max_stragglers must be >= 1, got {max_stragglers}")
-    return [DGD] + [Arm(name, s) for s in range(1, max_stragglers + 1) for name in schemes]
+    return [DGD] + [AutoCandidate(name, s) for s in range(1, max_stragglers + 1) for name in schemes]
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class FactorTable:
     factors: dict[str, float]
     source: str = ""
 
-    def factor(self, arm: Arm) -> Optional[float]:
+    def factor(self, arm: AutoCandidate) -> Optional[float]:
         """The arm's factor (``dgd``: 1), or None where the table has no measurement of it."""
         return 1.0 if arm.scheme == "dgd" else self.factors.get(arm.table_key)
 
@@ -234,7 +234,7 @@ def order_statistic_mean(rows: Sequence[Sequence[float]], k: int) -> float:
 class Decision:
     """What the rule decided at one version: the arm for the next version, and why when it switched."""
 
-    arm: Arm
+    arm: AutoCandidate
     switched: bool
     reason: str = ""
     predicted_ratio: float = 1.0  # the new arm's predicted cost over the previous arm's
@@ -256,12 +256,12 @@ class AutoRule:
     def __init__(
         self,
         n: int,
-        arms: Sequence[Arm],
+        arms: Sequence[AutoCandidate],
         table: FactorTable,
         margin: float = 0.1,
         patience: int = 10,
         window: int = 30,
-        start: Arm = DGD,
+        start: AutoCandidate = DGD,
     ) -> None:
         if not 0.0 < margin < 1.0:
             raise ValueError(f"margin must be in (0, 1), got {margin!r}")
@@ -278,11 +278,11 @@ class AutoRule:
             self.arms.insert(0, DGD)
         self.window = StepWindow(n, window)
         self.arm = start if start in self.arms else DGD
-        self._pending: Optional[Arm] = None
+        self._pending: Optional[AutoCandidate] = None
         self._count = 0
 
     # ------------------------------------------------------------------------------------------ predictions
-    def costs(self) -> dict[Arm, float]:
+    def costs(self) -> dict[AutoCandidate, float]:
         """Predicted seconds per unit of progress (``dgd``'s versions) of every candidate, from the window."""
         rows = self.window.rows()
         reduce_s = self.window.allreduce_s()
@@ -315,7 +315,7 @@ class AutoRule:
         self.arm, self._pending, self._count = best, None, 0
         return Decision(best, True, reason, ratio)
 
-    def explain(self, old: Arm, new: Arm, ratio: float) -> str:
+    def explain(self, old: AutoCandidate, new: AutoCandidate, ratio: float) -> str:
         """A line a person can read: who is slow (or that nobody is any more), and the predicted gain."""
         rows = self.window.rows()
         means = [sum(row[r] for row in rows) / len(rows) for r in range(self.n)]
@@ -343,10 +343,10 @@ class AutoRule:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved state (an arm that is no candidate here falls back to ``dgd``)."""
-        arm = Arm(str(state["arm"][0]), int(state["arm"][1]))
+        arm = AutoCandidate(str(state["arm"][0]), int(state["arm"][1]))
         self.arm = arm if arm in self.arms else DGD
         if state.get("window") is not None:
             self.window.load_state_dict(state["window"])
         pending = state.get("pending")
-        self._pending = None if pending is None else Arm(str(pending[0]), int(pending[1]))
+        self._pending = None if pending is None else AutoCandidate(str(pending[0]), int(pending[1]))
         self._count = int(state.get("count", 0))

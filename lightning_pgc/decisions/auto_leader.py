@@ -8,7 +8,7 @@ from collections import deque
 from typing import Any, Callable, Optional
 
 from lightning_pgc.codes import AutoScheme, Scheme
-from lightning_pgc.decisions.auto import DGD, Arm, AutoRule, Decision, FactorTable, candidates
+from lightning_pgc.decisions.auto import DGD, AutoCandidate, AutoRule, Decision, FactorTable, candidates
 from lightning_pgc.decisions.header import Header
 from lightning_pgc.decisions.leader import Leader, StepRecord
 
@@ -18,7 +18,7 @@ __all__ = ["AutoLeader", "Switch"]
 class Switch:
     """One switch: from ``version`` on the aggregates run ``new`` instead of ``old``; ``reason`` is the log line."""
 
-    def __init__(self, version: int, old: Arm, new: Arm, reason: str) -> None:
+    def __init__(self, version: int, old: AutoCandidate, new: AutoCandidate, reason: str) -> None:
         self.version, self.old, self.new, self.reason = version, old, new, reason
 
     def __repr__(self) -> str:
@@ -71,11 +71,11 @@ class AutoLeader(Leader):
             self.rule.window.add_allreduce(allreduce_s)
         self.switches: list[Switch] = []
         self.on_switch = on_switch
-        self._arms: deque[tuple[int, Arm]] = deque(maxlen=keep_records)
+        self._arms: deque[tuple[int, AutoCandidate]] = deque(maxlen=keep_records)
         self._rule_lock = threading.Lock()  # the rule's state is read by a checkpoint on another thread
 
     @property
-    def arm(self) -> Arm:
+    def arm(self) -> AutoCandidate:
         """The arm the open version closes under."""
         return self.rule.arm
 
@@ -124,7 +124,7 @@ class AutoLeader(Leader):
                 self.on_switch(switch)
         return rec
 
-    def arm_of(self, version: int) -> Arm:
+    def arm_of(self, version: int) -> AutoCandidate:
         """The arm that closed ``version`` (``dgd`` if no longer kept)."""
         for v, arm in reversed(self._arms):
             if v == version:

@@ -37,7 +37,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from lightning_pgc.emulator.cells import Arm, Cell, Protocol, arms_for, run_arm
+from lightning_pgc.emulator.cells import MapArm, MapCell, Protocol, arms_for, run_arm
 from lightning_pgc.emulator.cluster import COMPUTE_S, RATIOS, TRACE_PREFIX
 from lightning_pgc.emulator.scoring import holm, sign_flip_p
 from lightning_pgc.emulator.summary import ALPHA, summarize
@@ -104,7 +104,7 @@ def s_values(n: int) -> list[int]:
     return sorted(out)
 
 
-def candidate_arms(n: int, ss: Optional[Sequence[int]] = None) -> list[Arm]:
+def candidate_arms(n: int, ss: Optional[Sequence[int]] = None) -> list[MapArm]:
     """ddp and every arm of the map for ``n`` ranks at each ``s`` of ``ss`` (default :func:`s_values`): the map's
     arms (:func:`~lightning_pgc.emulator.cells.arms_for` with ``c = s + 1``), then, where the map's list does not
     already hold them, the pipelined arms with each staleness correction (look-ahead at the strategy's default
@@ -112,14 +112,14 @@ def candidate_arms(n: int, ss: Optional[Sequence[int]] = None) -> list[Arm]:
     uncorrected, look-ahead, momentum accounting)."""
     ss = s_values(n) if ss is None else list(ss)
     arms, _ = arms_for(n, [s + 1 for s in ss])
-    extra: list[Arm] = []
+    extra: list[MapArm] = []
     for arm in arms:
         if arm.strategy in ("pgc_fr", "pgc_cr") and arm.correction == "none":
-            extra += [Arm(arm.strategy, arm.c, corr) for corr in ("lookahead", "delay_compensation", "momentum")]
+            extra += [MapArm(arm.strategy, arm.c, corr) for corr in ("lookahead", "delay_compensation", "momentum")]
     for s in ss:
         if s + 1 <= n:
             extra += [
-                Arm("bounded_staleness", 2, corr, replication=s + 1) for corr in ("none", "lookahead", "momentum")
+                MapArm("bounded_staleness", 2, corr, replication=s + 1) for corr in ("none", "lookahead", "momentum")
             ]
     labels = {a.label for a in arms}
     for arm in extra:
@@ -253,7 +253,7 @@ def _div(a: Optional[float], b: Optional[float]) -> Optional[float]:
     return None if a is None or b is None or b <= 0 else a / b
 
 
-def _run_one(item: tuple[Cell, Arm, Protocol]) -> dict[str, Any]:
+def _run_one(item: tuple[MapCell, MapArm, Protocol]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)  # the proxy task's small batched kernels run fastest on one thread
@@ -280,7 +280,7 @@ def advise(
     ratio: Optional[float] = None,
     task: Optional[str] = None,
     protocol: Optional[Protocol] = None,
-    arms: Optional[Sequence[Arm]] = None,
+    arms: Optional[Sequence[MapArm]] = None,
     workers: int = 1,
     progress: Any = None,
 ) -> Advice:
@@ -319,7 +319,7 @@ def advise(
     if len(protocol.eval_seeds) != seeds:
         protocol = replace(protocol, eval_seeds=tuple(range(seeds)))
     comm = COMPUTE_S / ratio
-    cell = Cell(
+    cell = MapCell(
         trace.n,
         TRACE_PREFIX + str(Path(trace.path).resolve()),
         "measured" if source == "measured" else "given",

@@ -54,8 +54,8 @@ __all__ = [
     "LR_REACH",
     "MOMENTA",
     "MOMENTUM_STEPS",
-    "Arm",
-    "Cell",
+    "MapArm",
+    "MapCell",
     "Protocol",
     "arms_for",
     "cs_for",
@@ -128,7 +128,7 @@ class Protocol:
 
 
 @dataclass(frozen=True)
-class Cell:
+class MapCell:
     """A cluster, a data condition and a proxy task (``mlp``: digits MLP 64-64-10, 8 samples per partition
     evaluation; ``cnn``: the digits CNN of the real 4-rank runs, 16 samples; ``lm``, ``bncnn``: the harder tasks of
     :mod:`~lightning_pgc.emulator.tasks`)."""
@@ -156,7 +156,7 @@ class Cell:
 
 
 @dataclass(frozen=True)
-class Arm:
+class MapArm:
     """A strategy with its ``c``, and the staleness correction it runs with (``PGCStrategy``'s
     ``staleness_correction``, ``lookahead_steps`` and ``dc_lambda``; the pipelined schemes and bounded staleness).
 
@@ -246,32 +246,32 @@ def cs_for(n: int, pattern: str = "none") -> list[int]:
     return sorted(c for c in cs if 2 <= c < n)
 
 
-def _base_arms(n: int, c: int) -> list[Arm]:
+def _base_arms(n: int, c: int) -> list[MapArm]:
     """The map's own arms at one ``c``: ignore, gradient coding (FR, CR), the pipelined schemes uncorrected and with
     each correction of :data:`CORRECTIONS`, bounded staleness with replication ``c`` (window 2) uncorrected and with
     look-ahead."""
-    arms = [Arm("ignore_stragglers", c), Arm("gc_fr", c), Arm("gc_cr", c)]
+    arms = [MapArm("ignore_stragglers", c), MapArm("gc_fr", c), MapArm("gc_cr", c)]
     for strategy in ("pgc_fr", "pgc_cr"):
-        arms += [Arm(strategy, c)] + [Arm(strategy, c, correction) for correction in CORRECTIONS]
-    arms += [Arm("bounded_staleness", 2, replication=c), Arm("bounded_staleness", 2, "lookahead", replication=c)]
+        arms += [MapArm(strategy, c)] + [MapArm(strategy, c, correction) for correction in CORRECTIONS]
+    arms += [MapArm("bounded_staleness", 2, replication=c), MapArm("bounded_staleness", 2, "lookahead", replication=c)]
     return arms
 
 
-def _auto_arms(n: int, c: int) -> list[Arm]:
+def _auto_arms(n: int, c: int) -> list[MapArm]:
     """``pgc_auto`` with ``max_stragglers = c - 1``: the strategy's own leader and switching rule
     (:mod:`lightning_pgc.emulator.auto`), tuned like every other arm."""
-    return [Arm("pgc_auto", c)]
+    return [MapArm("pgc_auto", c)]
 
 
 #: functions ``(n, c) -> arms`` whose arms every cell runs at each of its ``c`` (a new arm family registers here)
-ARM_FAMILIES: list[Callable[[int, int], list[Arm]]] = [_base_arms, _auto_arms]
+ARM_FAMILIES: list[Callable[[int, int], list[MapArm]]] = [_base_arms, _auto_arms]
 
 
-def arms_for(n: int, cs: Optional[list[int]] = None, pattern: str = "none") -> tuple[list[Arm], list[str]]:
+def arms_for(n: int, cs: Optional[list[int]] = None, pattern: str = "none") -> tuple[list[MapArm], list[str]]:
     """The arms of a cell with ``n`` workers (ddp, then every arm of :data:`ARM_FAMILIES` at each ``c`` of ``cs``,
     default :func:`cs_for`) and the reasons for arms left out (a scheme that refuses ``(n, s)``)."""
     cs = cs_for(n, pattern) if cs is None else list(cs)
-    arms, skipped = [Arm("ddp")], []
+    arms, skipped = [MapArm("ddp")], []
     for c in cs:
         for family in ARM_FAMILIES:
             for arm in family(n, c):
@@ -312,13 +312,13 @@ def _model(task: str, seed: int) -> tuple[nn.Module, int]:
     return t.model, t.batch_size
 
 
-def budget_s(cell: Cell, protocol: Protocol) -> float:
+def budget_s(cell: MapCell, protocol: Protocol) -> float:
     """The cell's budget in virtual seconds: ``budget_steps`` ideal ddp steps (one gradient, the step's messages)."""
     costs = cell.cluster().clock_costs()
     return protocol.budget_steps * (costs.compute_s + costs.code_s + costs.aggregate_s + costs.overhead_s)
 
 
-def _schedule(cell: Cell, arm: Arm, seed: int, protocol: Protocol, budget: float) -> tuple[Any, list[Any]]:
+def _schedule(cell: MapCell, arm: MapArm, seed: int, protocol: Protocol, budget: float) -> tuple[Any, list[Any]]:
     """The arm's versions within the budget, each stamped at its close plus the aggregate's trip back."""
     cluster = cell.cluster()
     scheme = arm.scheme(cell.n)
@@ -329,7 +329,7 @@ def _schedule(cell: Cell, arm: Arm, seed: int, protocol: Protocol, budget: float
 
 
 def _runs(
-    cell: Cell, arm: Arm, seed: int, settings: list[tuple[float, float]], protocol: Protocol, budget: float
+    cell: MapCell, arm: MapArm, seed: int, settings: list[tuple[float, float]], protocol: Protocol, budget: float
 ) -> list[Any]:
     scheme, schedule = _schedule(cell, arm, seed, protocol, budget)
     task = _task(cell.task, seed)
@@ -391,7 +391,7 @@ def _extension(
     return new_lrs, new_momenta, stuck
 
 
-def run_arm(cell: Cell, arm: Arm, protocol: Protocol = Protocol()) -> dict[str, Any]:
+def run_arm(cell: MapCell, arm: MapArm, protocol: Protocol = Protocol()) -> dict[str, Any]:
     """The tuning protocol for ``arm`` in ``cell``: one JSON-ready record."""
     started = time.process_time()
     protocol = protocol.for_task(cell.task)

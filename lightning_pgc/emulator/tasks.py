@@ -1,4 +1,4 @@
-"""The emulator's proxy tasks, by name (``Cell.task``): model, data, samples per partition, optimizer, targets and
+"""The emulator's proxy tasks, by name (``MapCell.task``): model, data, samples per partition, optimizer, targets and
 horizon.
 
 - ``mlp``: the digits data set, a 64-64-10 MLP, 8 samples per partition evaluation, SGD (the original proxy).

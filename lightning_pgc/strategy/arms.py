@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from lightning_pgc.codes import Scheme
-from lightning_pgc.decisions.auto import DGD, Arm, AutoRule, FactorTable, arm_from_code, candidates
+from lightning_pgc.decisions.auto import DGD, AutoCandidate, AutoRule, FactorTable, arm_from_code, candidates
 from lightning_pgc.decisions.auto_leader import AutoLeader, Switch
 
 if TYPE_CHECKING:
@@ -40,11 +40,12 @@ class ArmLog:
 
     def __init__(self, strategy: "PGCStrategy") -> None:
         self.strategy = strategy
-        self.arm: Arm = DGD
-        self.switches: list[tuple[int, Arm, Arm]] = []  # (first version under the new arm, old, new)
+        self.arm: AutoCandidate = DGD
+        # (first version under the new arm, old, new)
+        self.switches: list[tuple[int, AutoCandidate, AutoCandidate]] = []
         self._last_version = -1
 
-    def reset(self, arm: Arm = DGD) -> None:
+    def reset(self, arm: AutoCandidate = DGD) -> None:
         self.arm, self.switches, self._last_version = arm, [], -1
 
     def applied(self, version: int, notes: Optional[tuple[int, ...]]) -> None:
@@ -63,7 +64,7 @@ class ArmLog:
         ``pgc`` entry) or starts as ``dgd``; a successor keeps the arm this rank last applied and fills a fresh
         window (the old leader's window died with it)."""
         state = (saved or {}).get("auto")
-        self.reset(DGD if state is None else Arm(str(state["arm"][0]), int(state["arm"][1])))
+        self.reset(DGD if state is None else AutoCandidate(str(state["arm"][0]), int(state["arm"][1])))
         options = self.strategy.auto
 
         def make(

@@ -78,7 +78,7 @@ from lightning_pgc.strategy.leadership import Leadership
 from lightning_pgc.strategy.live_routing import ALONE, LiveRouting
 from lightning_pgc.strategy.options import AUTO_DEFAULTS, STRATEGY_SCHEMES, check_options  # noqa: F401 (re-exported)
 from lightning_pgc.strategy.arms import ArmLog, AutoOptions
-from lightning_pgc.decisions.auto import Arm
+from lightning_pgc.decisions.auto import AutoCandidate
 from lightning_pgc.decisions.bounded import BoundedLeader
 from lightning_pgc.runtime.control import host_store, open_store, run_prefix
 from lightning_pgc.runtime.group import DataBackend
@@ -718,12 +718,12 @@ class PGCStrategy(DDPStrategy):
         return obj if live is ALONE else live.broadcast(obj, self._leadership.source(src))
 
     @property
-    def auto_arm(self) -> Arm:
+    def auto_arm(self) -> AutoCandidate:
         """``scheme="auto"``: the arm of the last version this rank applied (``dgd`` before the first)."""
         return self._arms.arm
 
     @property
-    def auto_switches(self) -> list[tuple[int, Arm, Arm]]:
+    def auto_switches(self) -> list[tuple[int, AutoCandidate, AutoCandidate]]:
         """``scheme="auto"``: every switch this rank applied in this fit, as ``(first version under the new arm, old
         arm, new arm)``; the same list on every rank."""
         return list(self._arms.switches)

@@ -101,7 +101,7 @@ FAMILIES = ("ddp", "dgd", "ignore", "gc_fr", "gc_cr", "pgc_fr", "pgc_cr", "bound
 
 
 @dataclass(frozen=True)
-class Arm:
+class GridArm:
     """A compared configuration: a scheme with its ``c`` (copies / window), optionally with the adaptive rule."""
 
     family: str
@@ -140,11 +140,11 @@ class Arm:
 
 def arms_for(
     n: int, cs: Sequence[int], families: Sequence[str] = FAMILIES, adaptive: Sequence[str] = ("pgc_cr", "bounded")
-) -> tuple[list[Arm], list[str]]:
+) -> tuple[list[GridArm], list[str]]:
     """The arms ``n`` ranks allow (``adaptive`` families also with the valve), and why the others are left out."""
     from lightning_pgc.codes import BoundedScheme, make_scheme
 
-    arms: list[Arm] = [Arm(f) for f in ("ddp", "dgd") if f in families]
+    arms: list[GridArm] = [GridArm(f) for f in ("ddp", "dgd") if f in families]
     skipped: list[str] = []
     for family in families:
         if family in ("ddp", "dgd"):
@@ -161,14 +161,14 @@ def arms_for(
             except ValueError as err:
                 skipped.append(f"{family} c={c}: {str(err).splitlines()[0][:100]}")
                 continue
-            arms.append(Arm(family, c))
+            arms.append(GridArm(family, c))
             if family in adaptive:
-                arms.append(Arm(family, c, adaptive=True))
+                arms.append(GridArm(family, c, adaptive=True))
     return arms, skipped
 
 
 @dataclass(frozen=True)
-class Cell:
+class GridCell:
     """One cell of the map: a straggler model (a key of :data:`DELAYS`) and an evaluation cost."""
 
     delay: str
@@ -195,8 +195,8 @@ class Job:
     main runs, the round."""
 
     phase: str
-    cell: Cell
-    arm: Arm
+    cell: GridCell
+    arm: GridArm
     lr: float
     seed: int
     momentum: float = RECIPE_MOMENTUM
@@ -229,8 +229,8 @@ def sweep_settings(lrs: Sequence[float], momenta: Sequence[float]) -> list[Setti
 
 
 def plan_sweep(
-    cells: Sequence[Cell],
-    arms: Sequence[Arm],
+    cells: Sequence[GridCell],
+    arms: Sequence[GridArm],
     lrs: Sequence[float],
     seeds: Sequence[int],
     sweep_delay: str,
@@ -240,7 +240,7 @@ def plan_sweep(
     model (``sweep_delay``)."""
     costs = list(dict.fromkeys(cell.cost for cell in cells))
     return [
-        Job("sweep", Cell(sweep_delay, cost), arm, lr, seed, m)
+        Job("sweep", GridCell(sweep_delay, cost), arm, lr, seed, m)
         for cost in costs
         for arm in arms
         for lr, m in sweep_settings(lrs, momenta)
@@ -264,12 +264,12 @@ def choose_setting(finals: Mapping[Any, Sequence[Optional[float]]], runs: int) -
 
 
 def plan_main(
-    cells: Sequence[Cell],
-    arms: Sequence[Arm],
+    cells: Sequence[GridCell],
+    arms: Sequence[GridArm],
     seeds: Sequence[int],
     setting_of: Mapping[tuple[str, str], Optional[Setting]],
     main_round: int = 1,
-) -> tuple[list[Job], list[tuple[Cell, Arm]]]:
+) -> tuple[list[Job], list[tuple[GridCell, GridArm]]]:
     """The main runs of round ``main_round`` at each arm's chosen setting (``setting_of[(cost, arm key)]``), and
     the (cell, arm) pairs that have none yet (their sweep is unfinished). Within a cell the order is seed, then
     arm: the runs a paired interval compares (same cell and seed) run back to back, so slow drift of a shared
@@ -410,7 +410,7 @@ def _paired(x: Sequence[Optional[float]], y: Sequence[Optional[float]]) -> Optio
 
 def summarize_cell(
     records: Mapping[str, Mapping[int, Mapping[str, Any]]],
-    arms: Sequence[Arm],
+    arms: Sequence[GridArm],
     seeds: Sequence[int],
     target: float,
     settings: Mapping[str, Optional[Setting]],

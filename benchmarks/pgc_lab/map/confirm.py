@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Optional, Sequence
 
-from lightning_pgc.emulator.cells import Arm, Cell, Protocol
+from lightning_pgc.emulator.cells import MapArm, MapCell, Protocol
 from lightning_pgc.emulator.scoring import compare, detectable_effect, holm, required_seeds
 from lightning_pgc.emulator.summary import ALPHA, EFFECT, POWER, cell_label
 
@@ -32,10 +32,10 @@ CONFIRM_FIRST = 100
 CONFIRM_SEEDS: tuple[int, int] = (40, 160)
 
 
-def arm_of(record: dict[str, Any]) -> Arm:
-    """The :class:`~lightning_pgc.emulator.cells.Arm` a record's ``arm`` field states."""
+def arm_of(record: dict[str, Any]) -> MapArm:
+    """The :class:`~lightning_pgc.emulator.cells.MapArm` a record's ``arm`` field states."""
     a = record["arm"]
-    return Arm(
+    return MapArm(
         a["strategy"],
         a["c"],
         a.get("correction", "none"),
@@ -45,17 +45,17 @@ def arm_of(record: dict[str, Any]) -> Arm:
     )
 
 
-def _cell_of(record: dict[str, Any]) -> Cell:
+def _cell_of(record: dict[str, Any]) -> MapCell:
     c = dict(record["cell"])
     for key in ("costs", "cs", "fixed"):
         if c.get(key) is not None:
             c[key] = tuple(tuple(x) if isinstance(x, list) else x for x in c[key])
-    return Cell(**c)
+    return MapCell(**c)
 
 
 def confirm_plan(
     summary: dict[str, Any], records: Sequence[dict[str, Any]], protocol: Protocol
-) -> list[tuple[Cell, list[Arm], Protocol]]:
+) -> list[tuple[MapCell, list[MapArm], Protocol]]:
     """Per screened cell (not the mirror cells): the cell with the three arms' settings fixed, the arms, and the
     confirmation's protocol (``protocol`` with its evaluation seeds replaced)."""
     by_cell: dict[str, dict[str, dict[str, Any]]] = {}

@@ -14,12 +14,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
-from lightning_pgc.emulator.cells import Arm, Cell, Protocol, arms_for, run_arm
+from lightning_pgc.emulator.cells import MapArm, MapCell, Protocol, arms_for, run_arm
 
 __all__ = ["done_keys", "item_key", "plan_items", "read_records", "run_round"]
 
 
-def item_key(cell: Cell, arm: Arm, protocol: Protocol) -> str:
+def item_key(cell: MapCell, arm: MapArm, protocol: Protocol) -> str:
     """What identifies a work item (a record with the same key is not run again)."""
     fields = arm.correction_fields()  # empty for an uncorrected arm: its key is as before corrections existed
     replication = [arm.replication] if arm.bounded else []  # bounded staleness only: the other keys are unchanged
@@ -58,11 +58,11 @@ def done_keys(records: Iterable[dict[str, Any]]) -> set[str]:
 
 
 def plan_items(
-    cells: Iterable[Cell], protocol: Protocol, arms_of: Optional[Callable[[Cell], list[Arm]]] = None
-) -> tuple[list[tuple[Cell, Arm]], list[str]]:
+    cells: Iterable[MapCell], protocol: Protocol, arms_of: Optional[Callable[[MapCell], list[MapArm]]] = None
+) -> tuple[list[tuple[MapCell, MapArm]], list[str]]:
     """Every (cell, arm) of the round and the arms left out (with why); ``arms_of`` replaces the map's arms
     (:func:`~lightning_pgc.emulator.cells.arms_for`) with a round's own."""
-    items: list[tuple[Cell, Arm]] = []
+    items: list[tuple[MapCell, MapArm]] = []
     skipped: list[str] = []
     for cell in cells:
         if arms_of is not None:
@@ -76,7 +76,7 @@ def plan_items(
     return items, sorted(set(skipped))
 
 
-def _work(job: tuple[Cell, Arm, Protocol]) -> dict[str, Any]:
+def _work(job: tuple[MapCell, MapArm, Protocol]) -> dict[str, Any]:
     import torch
 
     torch.set_num_threads(1)
@@ -88,12 +88,12 @@ def _work(job: tuple[Cell, Arm, Protocol]) -> dict[str, Any]:
 
 def run_round(
     path: Path | str,
-    cells: Iterable[Cell],
+    cells: Iterable[MapCell],
     protocol: Protocol = Protocol(),
     workers: int = 1,
     progress: bool = True,
     limit: Optional[int] = None,
-    arms_of: Optional[Callable[[Cell], list[Arm]]] = None,
+    arms_of: Optional[Callable[[MapCell], list[MapArm]]] = None,
 ) -> int:
     """Run every missing (cell, arm) of the round into ``path``; returns how many ran (``limit``: at most that;
     ``arms_of``: the round's own arms per cell, see :func:`plan_items`)."""

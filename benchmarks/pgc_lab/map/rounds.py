@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from lightning_pgc.emulator.cells import Cell, Protocol
+from lightning_pgc.emulator.cells import MapCell, Protocol
 from lightning_pgc.emulator.cluster import PATTERNS
 from pgc_lab.map.crossmap import plan_items, read_records
 from lightning_pgc.emulator.summary import cell_label
@@ -68,7 +68,7 @@ def mirror_costs(docs: Path = DOCS) -> tuple[float, float, float, float]:
     return (c["compute_s"] - fit["compute_per_eval"] + 0.025, c["overhead_s"], c["code_s"], c["aggregate_s"])
 
 
-def mirror_cells(docs: Path = DOCS) -> list[Cell]:
+def mirror_cells(docs: Path = DOCS) -> list[MapCell]:
     """The real map's three sleep-cost cells at n = 4: its delays, model, batch, and each arm's chosen lr and
     momentum (no tuning here), on the simulated clock fitted to real runs."""
     costs = mirror_costs(docs)
@@ -78,7 +78,7 @@ def mirror_cells(docs: Path = DOCS) -> list[Cell]:
         for ours, theirs in REAL_ARMS.items()
     )
     return [
-        Cell(4, f"real map: {name}", "compute", task="cnn", delay=spec, costs=costs, cs=(2,), fixed=fixed)
+        MapCell(4, f"real map: {name}", "compute", task="cnn", delay=spec, costs=costs, cs=(2,), fixed=fixed)
         for name, (_, spec) in REAL_DELAYS.items()
     ]
 
@@ -87,15 +87,15 @@ def mirror_cells(docs: Path = DOCS) -> list[Cell]:
 DEFAULT_TASKS: tuple[str, ...] = ("mlp",)
 
 
-def reduced_cells(tasks: Sequence[str] = DEFAULT_TASKS) -> list[Cell]:
+def reduced_cells(tasks: Sequence[str] = DEFAULT_TASKS) -> list[MapCell]:
     """The reduced round, per task: cells that a scheme can win at small n. n = 4: no stragglers (the control),
     single-rank stalls (iid and Dirichlet-skewed), slow spells, a slow node (one worker: ``s = 1`` covers it);
     n = 16: a slow node of 4 workers (``c`` 2, 4, 5 and 8: ``s`` below, at and above the node)."""
     cells = []
     for task in tasks:
-        cells += [Cell(4, p, "compute", task=task) for p in ("none", "rank stalls", "slow spells", "slow node")]
-        cells += [Cell(4, "rank stalls", "compute", data="dirichlet", task=task)]
-        cells += [Cell(16, "slow node", "compute", task=task)]
+        cells += [MapCell(4, p, "compute", task=task) for p in ("none", "rank stalls", "slow spells", "slow node")]
+        cells += [MapCell(4, "rank stalls", "compute", data="dirichlet", task=task)]
+        cells += [MapCell(16, "slow node", "compute", task=task)]
     return cells
 
 
@@ -103,40 +103,40 @@ def reduced_cells(tasks: Sequence[str] = DEFAULT_TASKS) -> list[Cell]:
 HARD_TASKS: tuple[str, ...] = ("bncnn", "lm")
 
 
-def hard_cells(tasks: Sequence[str] = HARD_TASKS) -> list[Cell]:
+def hard_cells(tasks: Sequence[str] = HARD_TASKS) -> list[MapCell]:
     """The hard round, per task, at n = 4 with c = 2 (s = 1 covers one slow worker): single-rank stalls first (the
     cell a pipelined scheme won on the digits MLP), then one persistently slow worker, then no stragglers (the
     control). Every arm of the map runs in each cell; its items run in this order, so a partial run covers whole
     cells from the first."""
     return [
-        Cell(4, pattern, "compute", task=task, cs=(2,))
+        MapCell(4, pattern, "compute", task=task, cs=(2,))
         for pattern in ("rank stalls", "slow node", "none")
         for task in tasks
     ]
 
 
-def full_cells(tasks: Sequence[str] = DEFAULT_TASKS) -> list[Cell]:
+def full_cells(tasks: Sequence[str] = DEFAULT_TASKS) -> list[MapCell]:
     """The full round, per task: n = 4, 16, 64 x every pattern, compute-bound (and comm-bound for the patterns a
     scheme can win: a slow node, slow spells, rank stalls), Dirichlet skew at n = 4 and 16 for no stragglers, rank
     stalls and a slow node; n = 256 for log-normal jitter, a slow node and node stalls."""
     cells = []
     for task in tasks:
         for n in (4, 16, 64):
-            cells += [Cell(n, p, "compute", task=task) for p in PATTERNS]
-            cells += [Cell(n, p, "comm", task=task) for p in ("slow node", "slow spells", "rank stalls")]
+            cells += [MapCell(n, p, "compute", task=task) for p in PATTERNS]
+            cells += [MapCell(n, p, "comm", task=task) for p in ("slow node", "slow spells", "rank stalls")]
         for n in (4, 16):
-            cells += [Cell(n, p, "compute", "dirichlet", task=task) for p in ("none", "rank stalls", "slow node")]
-        cells += [Cell(256, p, "compute", task=task) for p in ("lognormal", "slow node", "node stalls")]
+            cells += [MapCell(n, p, "compute", "dirichlet", task=task) for p in ("none", "rank stalls", "slow node")]
+        cells += [MapCell(256, p, "compute", task=task) for p in ("lognormal", "slow node", "node stalls")]
     return cells
 
 
-def rounds(docs: Path = DOCS, tasks: Sequence[str] = DEFAULT_TASKS) -> dict[str, list[Cell]]:
+def rounds(docs: Path = DOCS, tasks: Sequence[str] = DEFAULT_TASKS) -> dict[str, list[MapCell]]:
     """The cells of each round: ``tiny`` (the tests'), ``hard`` (:func:`hard_cells`: the harder tasks, whatever
     ``tasks`` says), ``reduced`` and ``full`` (:func:`reduced_cells`,
     :func:`full_cells`, each with the ``mirror`` cells: the real 4-rank map's three cells at the settings chosen there,
     the check against real runs), and ``pilot``, the reduced round's iid cells at n = 4 (a prefix of its items, in its
     file: what a loaded shared machine finishes in an hour)."""
-    tiny = [Cell(4, "slow node", "compute", cs=(2,)), Cell(4, "none", "compute", data="dirichlet", cs=(2,))]
+    tiny = [MapCell(4, "slow node", "compute", cs=(2,)), MapCell(4, "none", "compute", data="dirichlet", cs=(2,))]
     mirror = mirror_cells(docs)
     pilot = [c for c in reduced_cells(tasks) if c.n == 4 and c.data == "iid"]
     return {
