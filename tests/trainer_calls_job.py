@@ -108,10 +108,7 @@ def trainer(strategy_name: str, start_method: str, out: Path, max_steps: int) ->
 
         strategy: Any = DDPStrategy(start_method=start_method)
     else:
-        scheme, stragglers, _ = REGISTERED[strategy_name]
-        strategy = lightning_pgc.PGCStrategy(
-            scheme=scheme, start_method=start_method, **({} if stragglers is None else {"stragglers": stragglers})
-        )
+        strategy = lightning_pgc.PGCStrategy(start_method=start_method, **REGISTERED[strategy_name][1])
     return pl.Trainer(
         accelerator="cpu",
         devices=2,
