@@ -134,7 +134,7 @@ def plot(results: dict, args: argparse.Namespace) -> Any:
 
 
 def render(payload: dict) -> str:
-    """The page, from what ``docs/results/safety_valve.json`` holds (tests/test_docs_numbers.py renders it again)."""
+    """The page, from what ``docs/results/safety_valve.json`` holds (tests/test_generated_pages.py renders it again)."""
     args, valve, rows = payload["args"], payload["valve"], payload["summary"]
 
     def fmt(values: list, spec: str = ".3f") -> str:
@@ -148,14 +148,6 @@ def render(payload: dict) -> str:
         f"Valve: `StalenessValve(threshold={valve['threshold']}, factor={valve['factor']}, "
         f"check_every_n_steps={valve['check_every_n_steps']}, min_scale=1/{round(1 / valve['min_scale'])})`. One value per repeat (seed 0 / 1 / ...). "
         "Every number below is in [safety_valve.json](safety_valve.json) (`summary`).",
-        "",
-        (
-            "<!-- numbers: "
-            "2=docs/results/safety_valve.json#summary.*.val_acc 3=docs/results/safety_valve.json#summary.*.val_loss "
-            "4=docs/results/safety_valve.json#summary.*.train_loss_last20 5=docs/results/safety_valve.json#summary.*.final_lr "
-            "6=docs/results/safety_valve.json#summary.*.valve_actions 6=docs/results/safety_valve.json#summary.*.first_action_step "
-            "-->"
-        ),
         "",
         "| configuration | val acc | val loss | train loss (last 20) | final lr | valve actions (first at step) | "
         "replicas identical | valve decisions equal on all ranks |",

@@ -372,35 +372,8 @@ def _ratio(iv: Optional[dict]) -> str:
     return f"{iv['mean']:.2f}x [{iv['low']:.2f}, {iv['high']:.2f}]"
 
 
-#: The main table's columns (1-based) and the key under ``arms.*`` each one's numbers come from
-ARM_COLUMNS = {
-    2: "chosen",
-    3: "reached",
-    4: "steps_to_target",
-    5: "time_to_target_s",
-    6: "steps_ratio",
-    7: "time_ratio",
-    8: "step_cost_ratio",
-    9: "steps_vs_none",
-    10: "time_vs_none",
-    11: "final_val_loss",
-}
-
-
-def citations(report: str, result: dict[str, Any]) -> tuple[str, str]:
-    """The ``<!-- numbers: ... -->`` comments of the main table and the tuning table: every column bound to the
-    key of ``docs/<report>.json`` its numbers are read from (tests/test_docs_numbers.py checks them)."""
-    path = f"docs/results/{report}.json"
-    main = " ".join(f"{col}={path}#arms.*.{key}" for col, key in ARM_COLUMNS.items())
-    tuning = " ".join(
-        f"{col}={path}#arms.*.tuning.{i}.score" for i, col in enumerate(range(2, 2 + len(result["grid"])))
-    )
-    return f"<!-- numbers: {main} -->", f"<!-- numbers: {tuning} -->"
-
-
 def render(result: dict[str, Any]) -> str:
     s = result["settings"]
-    cite_arms, cite_tuning = citations(s["report"], result)
     lines = [
         "# Staleness corrections, measured",
         "",
@@ -435,8 +408,6 @@ def render(result: dict[str, Any]) -> str:
         "- Ratios: paired per seed against `dgd`, geometric mean with a 95 % t interval over the evaluation seeds. "
         f"Every number here is in `docs/results/{s['report']}.json`.",
         "",
-        cite_arms,
-        "",
         "| arm | chosen lr, momentum | reached | steps to target | time to target (s) | steps vs dgd | "
         "time vs dgd | step cost vs dgd | steps vs none | time vs none | final val loss | replicas identical |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
@@ -454,8 +425,6 @@ def render(result: dict[str, Any]) -> str:
     lines += [
         "",
         "Tuning scores (time to target in s on the tuning seeds; `inf`: not reached):",
-        "",
-        cite_tuning,
         "",
         "| arm | " + " | ".join(f"lr {lr:g}, m {m:g}" for lr, m in result["grid"]) + " |",
         "|---|" + "---:|" * len(result["grid"]),

@@ -48,7 +48,7 @@ REALRANK = {
 }
 SLOW = {
     "test_codes.py::test_condition_check_refuses_ill_conditioned_tandon",
-    "test_docs_numbers.py::test_benchmarks_block_is_what_grid_renders_from_benchmarks_json",
+    "test_generated_pages.py::test_benchmarks_block_is_what_grid_renders_from_benchmarks_json",
     "test_theory.py::test_valve_lowers_the_lr_and_otherwise_leaves_training_unchanged",
 }
 
