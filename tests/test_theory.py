@@ -512,6 +512,22 @@ def test_valve_arguments_are_checked():
             StalenessValve(**kwargs)
 
 
+def test_theory_measurement_refuses_a_staleness_correction_it_does_not_model():
+    """The theory's decomposition is the uncorrected schemes': under a correction (the registered ``pgc`` runs
+    look-ahead) the callback refuses to start instead of logging a reconstruction that cannot match."""
+    from types import SimpleNamespace
+
+    from lightning_pgc import PGCDiagnostics
+
+    module = torch.nn.Linear(2, 1)
+    for correction in ("lookahead", "momentum"):
+        trainer = SimpleNamespace(strategy=SimpleNamespace(scheme=None, staleness_correction=correction))
+        with pytest.raises(ValueError, match="strategy='pgc_cr'"):
+            PGCDiagnostics(theory_every_n_steps=5).on_train_start(trainer, module)
+    trainer = SimpleNamespace(strategy=SimpleNamespace(scheme=None, staleness_correction="lookahead"))
+    PGCDiagnostics().on_train_start(trainer, module)  # the diagnostics without the theory still run
+
+
 # ============================================================================== one real 4-process job (< 60 s)
 def test_in_run_theory_estimates_and_valve_on_a_real_4_process_job(tmp_path):
     sys.path.insert(0, str(ROOT))
@@ -521,7 +537,7 @@ def test_in_run_theory_estimates_and_valve_on_a_real_4_process_job(tmp_path):
         tmp_path,
         "theory",
         timeout=240,
-        strategy="pgc",
+        strategy="pgc_cr",
         devices=4,
         max_steps=20,
         batch_size=16,
