@@ -101,7 +101,12 @@ def run_worker(args: argparse.Namespace) -> None:
         from lightning_pgc import PGCStrategy
 
         scheme = {"dgd": "dgd", "pgc_auto": "auto"}[args.strategy]
-        strategy = PGCStrategy(scheme=scheme, stragglers=0 if scheme == "dgd" else 1, diagnostics=False, timeout=600)
+        strategy = PGCStrategy(
+            scheme=scheme,
+            stragglers=0 if scheme == "dgd" else 1,
+            diagnostics={"enabled": False},
+            liveness={"timeout": 600.0},
+        )
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=args.devices,
@@ -173,7 +178,7 @@ def job_spec(scenario: str, arm: str, seed: int, out: Path) -> dict[str, Any]:
         "delay_seed": seed,
         "seed": seed,
         "compute_s_per_eval": COMPUTE_S,
-        "strategy_kwargs": {"timeout": 60.0} if arm != "ddp" else {},
+        "strategy_kwargs": {"liveness": {"timeout": 60.0}} if arm != "ddp" else {},
     }
 
 

@@ -21,9 +21,10 @@ Writes ``docs/results/bounded_staleness.json`` (settings, command, every run, th
 ``docs/results/bounded_staleness.md`` (between its markers; the prose around it is kept). Jobs go to ``--out``.
 
 With ``--choices``, only bounded staleness runs (r = 2, every window in ``--windows``), once per partition choice
-(``PGCStrategy(choice=...)``), the choices interleaved (their order alternates with the seed), with the duplicated
-evaluations as an extra column; it writes ``docs/results/bounded_choice.json``, ``docs/results/bounded_choice.png`` and the
-block between the ``bounded-choice`` markers of ``docs/results/bounded_staleness.md``.
+(``PGCStrategy(coordinator={"choice": ...})``), the choices interleaved (their order alternates with the seed), with
+the duplicated evaluations as an extra column; it writes ``docs/results/bounded_choice.json``,
+``docs/results/bounded_choice.png`` and the block between the ``bounded-choice`` markers of
+``docs/results/bounded_staleness.md``.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def arms(
             (
                 f"bounded r=2 c={c} {choice}",
                 "bounded_staleness",
-                {"replication": 2, "staleness": c, "choice": choice},
+                {"coordinator": {"replication": 2, "staleness": c, "choice": choice}},
                 grid.Config(f"bounded_c{c}_{choice}", 1, c),
             )
             for c in windows
@@ -94,7 +95,7 @@ def arms(
             (
                 f"bounded r=2 c={c}",
                 "bounded_staleness",
-                {"replication": 2, "staleness": c},
+                {"coordinator": {"replication": 2, "staleness": c}},
                 grid.Config(f"bounded_c{c}", 1, c),
             )
         )

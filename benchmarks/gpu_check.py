@@ -150,7 +150,7 @@ def worker(args: argparse.Namespace) -> None:
         strategy = PGCStrategy(
             scheme=args.strategy,
             stragglers=1,
-            diagnostics=False,
+            diagnostics={"enabled": False},
             process_group_backend=args.backend,
             data_backend=args.backend,
         )

@@ -78,9 +78,8 @@ def run_worker(args: argparse.Namespace) -> None:
         strategy = PGCStrategy(
             scheme=args.strategy,
             stragglers=0 if args.strategy == "dgd" else 1,
-            diagnostics=bool(args.diagnostics),
-            diagnostics_every=args.diagnostics_every,
-            timeout=600,
+            diagnostics={"enabled": bool(args.diagnostics), "every_n_steps": args.diagnostics_every},
+            liveness={"timeout": 600.0},
         )
     trainer = pl.Trainer(
         accelerator="cpu",

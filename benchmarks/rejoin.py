@@ -129,7 +129,12 @@ def run_worker(args: argparse.Namespace) -> None:
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=4,
-        strategy=PGCStrategy(scheme="pgc_cr", stragglers=1, max_lag=MAX_LAG, diagnostics=False, timeout=60.0),
+        strategy=PGCStrategy(
+            scheme="pgc_cr",
+            stragglers=1,
+            liveness={"max_lag": MAX_LAG, "timeout": 60.0},
+            diagnostics={"enabled": False},
+        ),
         max_steps=STALL_STEP + args.behind + 12,
         callbacks=[SleepUntilBehind()],
         logger=False,

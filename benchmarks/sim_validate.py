@@ -57,7 +57,14 @@ JOBS: list[tuple[str, str, str, dict[str, Any], str, int]] = [
     ("validate", "dgd", "dgd", {}, EXPONENTIAL, 2),
     ("validate", "ignore s=1", "ignore_stragglers", {"stragglers": 1}, EXPONENTIAL, 2),
     ("validate", "pgc_cr s=1", "pgc_cr", {"stragglers": 1}, EXPONENTIAL, 2),
-    ("validate", "bounded r=2 c=2", "bounded_staleness", {"replication": 2, "staleness": 2}, SLOW_RANK, 3),
+    (
+        "validate",
+        "bounded r=2 c=2",
+        "bounded_staleness",
+        {"coordinator": {"replication": 2, "staleness": 2}},
+        SLOW_RANK,
+        3,
+    ),
 ]
 
 #: The simulator passes on a run when every one of these holds (relative errors of rank 0's step times;
@@ -73,7 +80,8 @@ OVERHEAD_GRID = [i * 0.2 for i in range(0, 11)]
 def sim_scheme(strategy: str, kwargs: dict[str, Any], n: int) -> Scheme:
     """The scheme object the real job's strategy builds (the same classes)."""
     if strategy == "bounded_staleness":
-        return BoundedScheme(n, replication=kwargs.get("replication", 2), staleness=kwargs.get("staleness", 2))
+        table = kwargs.get("coordinator", {})
+        return BoundedScheme(n, replication=table.get("replication", 2), staleness=table.get("staleness", 2))
     name = {"ignore_stragglers": "ignore"}.get(strategy, strategy)
     return make_scheme(name, n, kwargs.get("stragglers", 0))
 

@@ -33,6 +33,7 @@ from typing import Any, Optional
 from pgc_lab.experiments.crossover import DELAYS
 from pgc_lab.experiments.report import write_json, write_report
 from pgc_lab.experiments.runs import Config, read_run, run_row
+from pgc_lab.experiments.spec import current_kwargs, current_spec
 from pgc_lab.experiments.stats import paired_t_interval
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,23 +86,24 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 def arms(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
     """``(label, strategy, strategy_kwargs)`` of every arm."""
-    out = [("dgd", "dgd", {})]
+    out: list[tuple[str, str, dict[str, Any]]] = [("dgd", "dgd", {})]
     strategy = "bounded_staleness" if args.scheme == "bounded" else args.scheme
-    base = {"staleness": args.c} if args.scheme == "bounded" else {"stragglers": args.c - 1}
+    bounded = args.scheme == "bounded"
+    base: dict[str, Any] = {"coordinator": {"staleness": args.c}} if bounded else {"stragglers": args.c - 1}
     for kind in args.corrections:
-        kwargs: dict[str, Any] = {**base, "staleness_correction": kind}
+        coding: dict[str, Any] = {"staleness_correction": kind}
         if kind == "lookahead" and args.scheme != "bounded":  # the window's mean age, named (not the default c - 1)
-            kwargs["lookahead_steps"] = (args.c - 1) / 2
-        out.append((f"{args.scheme} c={args.c} {kind}", strategy, kwargs))
+            coding["lookahead_steps"] = (args.c - 1) / 2
+        out.append((f"{args.scheme} c={args.c} {kind}", strategy, {**base, "coding": coding}))
     for k in args.lookahead_steps:
-        out.append(
-            (
-                f"{args.scheme} c={args.c} lookahead k={k:g}",
-                strategy,
-                {**base, "staleness_correction": "lookahead", "lookahead_steps": k},
-            )
-        )
+        coding = {"staleness_correction": "lookahead", "lookahead_steps": k}
+        out.append((f"{args.scheme} c={args.c} lookahead k={k:g}", strategy, {**base, "coding": coding}))
     return out
+
+
+def coding_of(arm: dict[str, Any]) -> dict[str, Any]:
+    """The ``coding`` group of a recorded arm's strategy kwargs (older records name its fields flat)."""
+    return current_kwargs(arm["kwargs"]).get("coding", {})
 
 
 def spec_of(
@@ -147,7 +149,7 @@ def run_or_load(args: argparse.Namespace, name: str, spec: dict[str, Any], budge
     path = Path(args.runs) / f"{name}.json"
     if path.exists():
         record = json.loads(path.read_text())
-        if record["spec"] == {k: v for k, v in spec.items() if k != "out"}:
+        if current_spec(record["spec"]) == current_spec({k: v for k, v in spec.items() if k != "out"}):
             JOB_SECONDS.append(record["ran_s"])
             return record
     if args.render_only or (budget[0] is not None and budget[0] <= 0):
@@ -158,8 +160,8 @@ def run_or_load(args: argparse.Namespace, name: str, spec: dict[str, Any], budge
         budget[0] -= 1
     started = time.monotonic()
     result = launch(spec, check=False, timeout=args.timeout)
-    kw = spec["strategy_kwargs"]
-    c = kw.get("staleness", kw.get("stragglers", 0) + 1)
+    kw = current_kwargs(spec["strategy_kwargs"])
+    c = kw.get("coordinator", {}).get("staleness", kw.get("stragglers", 0) + 1)
     cfg = Config(spec["strategy"], c - 1, c)
     run = read_run(cfg, spec["seed"], result)
     row = run_row(run, args.target, None)
@@ -342,7 +344,7 @@ def summarize(result: dict[str, Any], args: argparse.Namespace) -> None:
     """Per arm: mean steps / time to target over the seeds; paired ratios to dgd and to the uncorrected arm, with
     95 % t intervals (seeds that did not reach the target drop out of the to-target ratios)."""
     base = next((a for a in result["arms"] if a["label"] == "dgd"), None)
-    plain = next((a for a in result["arms"] if a["kwargs"].get("staleness_correction") == "none"), None)
+    plain = next((a for a in result["arms"] if coding_of(a).get("staleness_correction") == "none"), None)
     for arm in result["arms"]:
         runs = arm["runs"]
         arm["reached"] = sum(1 for r in runs if r.get("reached"))
@@ -397,12 +399,12 @@ def render(result: dict[str, Any]) -> str:
         + "; ".join(
             f"`{a['label']}` "
             + (
-                f"k = {a['kwargs']['lookahead_steps']:g}"
-                if "lookahead_steps" in a["kwargs"]
+                f"k = {coding_of(a)['lookahead_steps']:g}"
+                if "lookahead_steps" in coding_of(a)
                 else "k = the window's mean age (`(c-1)/2` for pgc, `(n - fresh)/n` for bounded)"
             )
             for a in result["arms"]
-            if a["kwargs"].get("staleness_correction") == "lookahead"
+            if coding_of(a).get("staleness_correction") == "lookahead"
         )
         + ".",
         "- Ratios: paired per seed against `dgd`, geometric mean with a 95 % t interval over the evaluation seeds. "

@@ -115,8 +115,8 @@ def run_worker(args: argparse.Namespace) -> None:
         strategy = PGCStrategy(
             scheme=args.strategy,
             stragglers=0 if args.strategy == "dgd" else 1,
-            diagnostics=False,
-            timeout=600,
+            diagnostics={"enabled": False},
+            liveness={"timeout": 600.0},
         )
     trainer = pl.Trainer(
         accelerator="cpu",
@@ -513,9 +513,9 @@ def render_markdown(res: dict) -> str:
         "below is in docs/results/step_time.json. "
         "Step time is throughput: wall time from every rank past step "
         f"{res['skip']} to every rank done, per step. MLPs on synthetic data, SGD, batch 32 per rank, "
-        f"`diagnostics=False`. `slow`: rank {res['slow']['rank']} sleeps {res['slow']['seconds']} s after every "
-        "backward it runs. 4 ranks share 2 cores, so a sleeping rank frees a core for the others: that flatters "
-        "every `*_slow` row of a straggler-tolerant strategy, and `pgc_slow / ddp (no delay)` most.",
+        f"`diagnostics={{'enabled': False}}`. `slow`: rank {res['slow']['rank']} sleeps {res['slow']['seconds']} s "
+        "after every backward it runs. 4 ranks share 2 cores, so a sleeping rank frees a core for the others: that "
+        "flatters every `*_slow` row of a straggler-tolerant strategy, and `pgc_slow / ddp (no delay)` most.",
         "",
         _plane_sentence(res),
         "",

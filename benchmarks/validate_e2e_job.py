@@ -42,7 +42,7 @@ if __name__ == "__main__":
             scheme=scheme,
             stragglers=0 if scheme == "dgd" else 1,
             start_method="fork",
-            diagnostics=False,
+            diagnostics={"enabled": False},
         ),
         callbacks=[
             ScheduleRecorder(out, trajectory=True),

@@ -186,13 +186,17 @@ def union_reason(message: str) -> str:
 
     ``trainer.strategy`` is ``Union[str, Strategy]``: a ``class_path`` config that fails in ``PGCStrategy.__init__``
     (e.g. an unknown scheme) is reported as a dump of both subtypes' errors and the whole namespace; the ``str``
-    subtype's "Expected a <class 'str'>" and the dump say nothing. Other messages are returned unchanged.
+    subtype's "Expected a <class 'str'>" and the dump say nothing. An option group (``Union[dataclass, dict]``)
+    that fails its own checks nests a second dump, whose ``dict`` subtype's "Expected a <class 'dict'>" says nothing
+    either. Other messages are returned unchanged.
     """
-    if "Does not validate against any of the Union subtypes" not in message or "Errors:" not in message:
+    union = "Does not validate against any of the Union subtypes"
+    if union not in message or "Errors:" not in message:
         return message
     errors = message.split("Errors:", 1)[1].split("Given value type:", 1)[0]
     reasons = [line.strip()[2:] for line in errors.splitlines() if line.strip().startswith("- ")]
-    reasons = [r for r in reasons if not r.startswith("Expected a <class 'str'>")]
+    silent = ("Expected a <class 'str'>", "Expected a <class 'dict'>", union)
+    reasons = [r for r in reasons if not r.startswith(silent)]
     return "; ".join(reasons) if reasons else message
 
 

@@ -1,7 +1,7 @@
 """Staleness corrections: how the pipelined schemes and ``bounded`` compensate for the age of the gradients they reuse.
 
 Pure tensor math on flat parameter and gradient vectors (no Lightning, no ``torch.distributed``);
-:class:`~lightning_pgc.PGCStrategy` calls it at three points of a step (``staleness_correction=...``):
+:class:`~lightning_pgc.PGCStrategy` calls it at three points of a step (``coding={"staleness_correction": ...}``):
 
 - ``"momentum"`` (momentum accounting): the window of ages ``0..c-1`` is implicit momentum
   ``mu_c = D / (1 + D)``, ``D`` the window's mean age (:func:`nominal_mean_age`); at fit start the optimizer's
@@ -43,7 +43,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: The values of ``PGCStrategy(staleness_correction=...)``.
+#: The values of ``PGCStrategy(coding={"staleness_correction": ...})`` (:class:`~lightning_pgc.CodingOptions`).
 CORRECTIONS: tuple[str, ...] = ("none", "momentum", "lookahead", "delay_compensation")
 #: Schemes whose codes hold reused (stale) gradients, and so accept a correction.
 STALE_SCHEMES: tuple[str, ...] = ("pgc_fr", "pgc_cr", "pgc_cr_naive", "bounded")

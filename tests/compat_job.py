@@ -193,7 +193,7 @@ def main(case: str, out: Path) -> None:
     common = dict(
         accelerator="cpu",
         devices=2,
-        strategy=PGCStrategy(timeout=60.0, diagnostics=False),
+        strategy=PGCStrategy(liveness={"timeout": 60.0}, diagnostics={"enabled": False}),
         logger=logger,
         enable_progress_bar=False,
         enable_model_summary=False,

@@ -39,9 +39,8 @@ if __name__ == "__main__":
             scheme=scheme,
             **({} if scheme == "bounded" else {"stragglers": 1}),  # bounded: replication 2, staleness 2
             start_method="fork",
-            diagnostics=False,
-            staleness_correction=correction,
-            dc_lambda=dc_lambda,
+            diagnostics={"enabled": False},
+            coding={"staleness_correction": correction, "dc_lambda": dc_lambda},
         ),
         callbacks=[ScheduleRecorder(out, trajectory=True), StragglerInjector(DELAY, seed=0)],
     )

@@ -33,8 +33,11 @@ def run_job(tmp_path: Path, name: str, timeout: float = 240, **spec: Any) -> dic
     return job
 
 
-#: liveness settings of the fault scenarios: a death is noticed within about a second
-FAST_LIVENESS = {"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0}
+#: liveness settings of the fault scenarios (the strategy's ``liveness`` group): a death is noticed within about a
+#: second
+LIVENESS = {"heartbeat_interval": 0.1, "heartbeat_misses": 10, "timeout": 1.0}
+#: the strategy keyword arguments that set them
+FAST_LIVENESS = {"liveness": LIVENESS}
 
 
 def kill_job(
@@ -73,7 +76,7 @@ SOAK_RSS_GROWTH = 16 << 20
 
 def soak(tmp_path):
     """The soak job and its checks."""
-    kwargs = {"max_lag": MAX_LAG}
+    kwargs = {"liveness": {"max_lag": MAX_LAG}}
     job = run_job(
         tmp_path,
         "soak",

@@ -167,9 +167,8 @@ class Recorder(pl.LightningModule):
 def strategy(name: str) -> pl.strategies.Strategy:
     if name == "ddp":
         return DDPStrategy(start_method="fork")
-    _, kwargs = REGISTERED[name]
     # no diagnostics: its probes call training_step on a whole loaded batch, off the record
-    return lightning_pgc.PGCStrategy(start_method="fork", diagnostics=False, **kwargs)
+    return lightning_pgc.PGCStrategy(**REGISTERED[name].kwargs, start_method="fork", diagnostics={"enabled": False})
 
 
 def main(out: Path, names: list[str]) -> None:

@@ -348,27 +348,27 @@ def test_the_emulator_runs_the_strategys_leader_and_rule() -> None:
 def test_pgc_auto_is_registered_and_its_options_are_checked() -> None:
     from lightning.pytorch.strategies import StrategyRegistry
 
-    from lightning_pgc import PGCStrategy
+    from lightning_pgc import AutoOptions, PGCStrategy
 
     entry = StrategyRegistry["pgc_auto"]
     assert entry["strategy"] is PGCStrategy and entry["init_params"] == {"scheme": "auto"}
-    st = PGCStrategy(scheme="auto", max_stragglers=2, auto_margin=0.2, auto_patience=3, auto_window=7)
-    assert (st.auto.max_stragglers, st.auto.margin, st.auto.patience, st.auto.window) == (2, 0.2, 3, 7)
+    st = PGCStrategy(scheme="auto", auto={"max_stragglers": 2, "margin": 0.2, "patience": 3, "window": 7})
+    assert st.auto == AutoOptions(max_stragglers=2, margin=0.2, patience=3, window=7)
     assert isinstance(st._make_scheme(4), AutoScheme) and st._make_scheme(4).s == 2
     with pytest.raises(ValueError, match="s must be < n"):
         st._make_scheme(2)
-    with pytest.raises(ValueError, match="apply to scheme='auto' only"):
-        PGCStrategy(scheme="pgc_cr", max_stragglers=2)
-    with pytest.raises(ValueError, match="auto_margin"):
-        PGCStrategy(scheme="auto", auto_margin=1.5)
-    with pytest.raises(ValueError, match="max_stragglers"):
-        PGCStrategy(scheme="auto", max_stragglers=0)
-    with pytest.raises(TypeError, match="auto_window"):
-        PGCStrategy(scheme="auto", auto_window=2.5)
-    with pytest.raises(ValueError, match="pass max_stragglers=2, not stragglers"):
+    with pytest.raises(ValueError, match="auto options apply to scheme='auto' only"):
+        PGCStrategy(scheme="pgc_cr", auto={"max_stragglers": 2})
+    with pytest.raises(ValueError, match=r"auto\.margin must be in \(0, 1\)"):
+        PGCStrategy(scheme="auto", auto={"margin": 1.5})
+    with pytest.raises(ValueError, match=r"auto\.max_stragglers must be an int >= 1"):
+        AutoOptions(max_stragglers=0)
+    with pytest.raises(TypeError, match=r"auto\.window must be int"):
+        PGCStrategy(scheme="auto", auto={"window": 2.5})
+    with pytest.raises(ValueError, match=r"pass auto=\{'max_stragglers': 2\}, not stragglers"):
         PGCStrategy(scheme="auto", stragglers=2)
     with pytest.raises(ValueError, match="no staleness to correct"):
-        PGCStrategy(scheme="auto", staleness_correction="momentum")
+        PGCStrategy(scheme="auto", coding={"staleness_correction": "momentum"})
 
 
 def test_the_shipped_table_is_rederived_from_the_shipped_map_records() -> None:

@@ -10,7 +10,7 @@ import torch
 from tests.jobs import FAST_LIVENESS, run_job
 
 #: a window of 4 versions and a gain held for 2: a slowdown of 0.3 s per step on one rank is judged within 6 steps
-QUICK = {"auto_window": 4, "auto_patience": 2}
+QUICK = {"auto": {"window": 4, "patience": 2}}
 
 
 def _identical(job) -> None:
@@ -93,7 +93,7 @@ def test_a_killed_worker_a_nan_gradient_and_a_frozen_rank_are_survived_as_under_
         devices=4,
         max_steps=20,
         check_val_every_n_epoch=100,
-        strategy_kwargs={**FAST_LIVENESS, "max_stragglers": 2},
+        strategy_kwargs={**FAST_LIVENESS, "auto": {"max_stragglers": 2}},
         faults=[
             {"kind": "NaNGradient", "rank": 1, "step": 3},
             {"kind": "Freeze", "rank": 2, "step": 6, "seconds": 2.0},
@@ -118,7 +118,7 @@ def test_a_successor_leader_keeps_the_arm_in_effect(tmp_path):
         max_steps=18,
         check_val_every_n_epoch=100,
         delay="slowranks(ranks=[3], seconds=0.3)",
-        strategy_kwargs={**FAST_LIVENESS, **QUICK, "max_stragglers": 2},
+        strategy_kwargs={**FAST_LIVENESS, "auto": {**QUICK["auto"], "max_stragglers": 2}},
         faults=[{"kind": "Kill", "rank": 0, "step": 12}],
     )
     ranks = job["ranks"]

@@ -295,17 +295,17 @@ def test_registered_name_and_bad_configurations_fail_in_the_launching_process():
     assert isinstance(strategy, PGCStrategy) and strategy.scheme_name == "bounded"
     assert repr(strategy._make_scheme(4)) == "BoundedScheme(n=4, replication=2, staleness=2, fresh=3)"
     with pytest.raises(ValueError, match="s must be < n"):
-        _trainer(PGCStrategy(scheme="bounded", replication=5), devices=4)
-    with pytest.raises(ValueError, match="staleness"):
-        _trainer(PGCStrategy(scheme="bounded", staleness=0), devices=4)
-    with pytest.raises(ValueError, match="fresh"):
-        _trainer(PGCStrategy(scheme="bounded", fresh=9), devices=4)
-    with pytest.raises(ValueError, match=r"\['replication', 'staleness'\] apply to scheme='bounded' only"):
-        PGCStrategy(scheme="pgc_cr", replication=2, staleness=2)
-    with pytest.raises(ValueError, match="max_staleness"):
-        PGCStrategy(scheme="bounded", staleness=4, max_staleness=3)
-    with pytest.raises(ValueError, match="widen_after"):
-        PGCStrategy(scheme="bounded", widen_after=-1.0)
+        _trainer(PGCStrategy(scheme="bounded", coordinator={"replication": 5}), devices=4)
+    with pytest.raises(ValueError, match=r"coordinator\.staleness must be an int >= 1, got 0"):
+        PGCStrategy(scheme="bounded", coordinator={"staleness": 0})
+    with pytest.raises(ValueError, match="fresh must be in"):  # (at most n: known once the ranks are)
+        _trainer(PGCStrategy(scheme="bounded", coordinator={"fresh": 9}), devices=4)
+    with pytest.raises(ValueError, match=r"coordinator options apply to scheme='bounded' only"):
+        PGCStrategy(scheme="pgc_cr", coordinator={"replication": 3, "staleness": 3})
+    with pytest.raises(ValueError, match=r"coordinator\.max_staleness must be None or >= staleness \(4\)"):
+        PGCStrategy(scheme="bounded", coordinator={"staleness": 4, "max_staleness": 3})
+    with pytest.raises(ValueError, match=r"coordinator\.widen_after must be seconds >= 0"):
+        PGCStrategy(scheme="bounded", coordinator={"widen_after": -1.0})
 
 
 @pytest.mark.parametrize("choice", ["round_robin", "oldest"])
@@ -323,7 +323,7 @@ def test_real_ranks_persistent_slow_rank_bounded_ages_identical_replicas_and_win
         tmp_path,
         "bounded",
         strategy="bounded_staleness",
-        strategy_kwargs={"staleness": 3, "choice": choice},
+        strategy_kwargs={"coordinator": {"staleness": 3, "choice": choice}},
         devices=4,
         max_steps=steps,
         delay="slowranks(ranks=[3], seconds=1.0)",

@@ -303,10 +303,16 @@ def test_cifar_recipe_on_tiny_cifar(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "init_args, message",
     [
-        ("scheme: pgc_xx", "invalid configuration: ValueError: unknown scheme 'pgc_xx'; choose one of"),
-        ("timeout: 5m", 'Parser key "timeout":'),
+        ("{scheme: pgc_xx}", "invalid configuration: ValueError: unknown scheme 'pgc_xx'; choose one of"),
+        ("{liveness: {timeout: 5m}}", "liveness.timeout must be float, got str '5m'"),
+        (
+            "{scheme: bounded, coordinator: {staleness: 0}}",
+            "ValueError: coordinator.staleness must be an int >= 1, got 0",
+        ),
+        ("{scheme: bounded, coordinator: {stalenes: 3}}", "PGCStrategy(coordinator=...): unknown option 'stalenes'"),
+        ("{timeout: 5}", "Option 'timeout' is not accepted"),  # a group's field is no keyword of its own
     ],
-    ids=["scheme", "timeout"],
+    ids=["scheme", "group-type", "group-value", "group-unknown-key", "flat-keyword"],
 )
 def test_class_path_errors_name_the_parameter_not_a_union_dump(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], init_args: str, message: str
@@ -316,7 +322,7 @@ def test_class_path_errors_name_the_parameter_not_a_union_dump(
     config = tmp_path / "bad.yaml"
     config.write_text(
         "trainer:\n  accelerator: cpu\n  devices: 2\n  strategy:\n"
-        f"    class_path: lightning_pgc.PGCStrategy\n    init_args:\n      {init_args}\n"
+        f"    class_path: lightning_pgc.PGCStrategy\n    init_args: {init_args}\n"
     )
     with pytest.raises(SystemExit) as exit_info:
         build_cli(["--config", str(config)], run=False)
@@ -324,3 +330,33 @@ def test_class_path_errors_name_the_parameter_not_a_union_dump(
     err = capsys.readouterr().err
     assert message in err
     assert "Given value: Namespace" not in err
+
+
+@pytest.mark.parametrize(
+    "recipe, expected",
+    [
+        (
+            "strategies/bounded_staleness.yaml",
+            {"coordinator": {"replication": 2, "staleness": 2}, "liveness": {"timeout": 300.0}},
+        ),
+        ("strategies/pgc_fr_gradual.yaml", {"coding": {"warmup": "gradual"}, "diagnostics": {"every_n_steps": 25}}),
+        ("seed_experiment/bounded_c4.yaml", {"coordinator": {"replication": 2, "staleness": 4}}),
+    ],
+)
+def test_recipes_with_nested_option_groups_build_the_strategy(recipe: str, expected: dict) -> None:
+    """A recipe's nested groups (``init_args: {coordinator: {replication: 2, staleness: 3}}``) reach the strategy as
+    its dataclasses; one field of a group on the command line overrides that field and keeps the recipe's others."""
+    from lightning_pgc import CoordinatorOptions, PGCStrategy
+    from lightning_pgc.cli import build_cli, resolve_configs
+    from lightning_pgc.strategy.options import GROUPS
+
+    args = resolve_configs(["--config", DIGITS, "--config", recipe, "--trainer.logger=false", *FAST])
+    strategy = build_cli(args, run=False).trainer.strategy
+    assert isinstance(strategy, PGCStrategy)
+    for group, fields in expected.items():
+        assert getattr(strategy, group) == GROUPS[group](**fields)
+    if "coordinator" in expected:
+        args.append("--trainer.strategy.init_args.coordinator.staleness=3")
+        changed = build_cli(args, run=False).trainer.strategy
+        assert changed.coordinator == CoordinatorOptions(replication=2, staleness=3)
+        assert changed.liveness == strategy.liveness

@@ -88,7 +88,7 @@ def test_every_demo_job_is_the_map_grids_job_for_its_cell_arm_and_seed():
             assert mine["wandb"] is None
             theirs["strategy_kwargs"] = {**theirs["strategy_kwargs"], **arm.correction}
             if arm.strategy == "pgc_auto":  # dgd's job under the strategy that starts as dgd
-                theirs["strategy"], theirs["strategy_kwargs"] = "pgc_auto", {"seed": 3, "max_stragglers": 1}
+                theirs["strategy"], theirs["strategy_kwargs"] = "pgc_auto", {"seed": 3, "auto": {"max_stragglers": 1}}
             assert {k: v for k, v in mine.items() if k not in drop} == {
                 k: v for k, v in theirs.items() if k not in drop
             }, (setting.key, arm.key)

@@ -123,7 +123,7 @@ def test_a_real_job_whose_every_gradient_turns_nan_fails_fast_saying_it_diverged
             devices=4,
             max_steps=40,
             check_val_every_n_epoch=100,
-            strategy_kwargs={"timeout": 600.0, "heartbeat_interval": 0.1, "heartbeat_misses": 10},
+            strategy_kwargs={"liveness": {"timeout": 600.0, "heartbeat_interval": 0.1, "heartbeat_misses": 10}},
             faults=[{"kind": "NaNGradient", "rank": r, "step": 5} for r in range(4)],
             timeout=120,
         )

@@ -17,7 +17,7 @@ def test_job_config_is_a_lightningcli_config_over_the_recipe(tmp_path: Path) -> 
     config = job_config(
         {
             "strategy": "pgc_fr",
-            "strategy_kwargs": {"stragglers": 1, "warmup": "gradual"},
+            "strategy_kwargs": {"stragglers": 1, "coding": {"warmup": "gradual"}},
             "devices": 4,
             "delay": "constant(seconds=0.01)",
             "measure": True,
@@ -29,7 +29,7 @@ def test_job_config_is_a_lightningcli_config_over_the_recipe(tmp_path: Path) -> 
     trainer = config["trainer"]
     assert trainer["strategy"] == {
         "class_path": "lightning_pgc.PGCStrategy",
-        "init_args": {"scheme": "pgc_fr", "stragglers": 1, "warmup": "gradual"},
+        "init_args": {"scheme": "pgc_fr", "stragglers": 1, "coding": {"warmup": "gradual"}},
     }
     kinds = [cb["class_path"].rsplit(".", 1)[1] for cb in trainer["callbacks"]]
     assert kinds == ["JobRecorder", "LossRecorder", "StragglerInjector", "WorkMeter", "ValidationCurve"]
@@ -58,7 +58,12 @@ def test_start_method_faults_and_resources_reach_the_config(tmp_path: Path) -> N
     )
     assert forked["trainer"]["strategy"] == {
         "class_path": "lightning_pgc.PGCStrategy",
-        "init_args": {"scheme": "pgc_cr", "stragglers": 1, "start_method": "fork"},
+        "init_args": {
+            "scheme": "pgc_cr",
+            "stragglers": 1,
+            "coding": {"staleness_correction": "lookahead"},
+            "start_method": "fork",
+        },
     }
     assert forked["trainer"]["callbacks"][3] == {
         "class_path": "lightning_pgc.callbacks.faults.Stall",

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lightning_pgc.callbacks.faults import Freeze, Kill, NaNGradient, Stall
-from tests.jobs import FAST_LIVENESS, MAX_LAG, kill_job, run_job, soak, whole_log
+from tests.jobs import FAST_LIVENESS, LIVENESS, MAX_LAG, kill_job, run_job, soak, whole_log
 
 
 #: How far apart the survivors of a lost job may be gone: detection takes at most twice the heartbeat window (1 s
@@ -45,7 +45,7 @@ def test_a_long_stall_costs_nobody_and_the_stalled_rank_rejoins_by_state_transfe
         max_steps=90,
         check_val_every_n_epoch=100,
         compute_s_per_eval=0.05,
-        strategy_kwargs={"max_lag": MAX_LAG, "heartbeat_interval": 0.1, "heartbeat_misses": 20},
+        strategy_kwargs={"liveness": {"max_lag": MAX_LAG, "heartbeat_interval": 0.1, "heartbeat_misses": 20}},
         faults=[
             {"kind": "Freeze", "rank": 3, "step": 2, "seconds": 6.0},
             {"kind": "NaNGradient", "rank": 1, "step": 50},
@@ -141,7 +141,7 @@ def test_more_than_s_frozen_ranks_fail_every_survivor_fast_naming_them(tmp_path)
             devices=4,
             max_steps=40,
             check_val_every_n_epoch=100,
-            strategy_kwargs={"timeout": 1.0, "heartbeat_interval": 0.1, "heartbeat_misses": 10},
+            strategy_kwargs={"liveness": {"timeout": 1.0, "heartbeat_interval": 0.1, "heartbeat_misses": 10}},
             faults=[{"kind": "Freeze", "rank": r, "step": 3, "seconds": 8.0} for r in (2, 3)],
         )
     log = whole_log(failed.value.result.out)
@@ -241,12 +241,7 @@ def _failing_job_watched(tmp_path, name: str, failover=None, **spec):
                 name,
                 strategy="pgc",
                 devices=4,
-                strategy_kwargs={
-                    "heartbeat_interval": 0.1,
-                    "heartbeat_misses": 10,
-                    "timeout": 1.0,
-                    "failover": failover,
-                },
+                strategy_kwargs={"liveness": {**LIVENESS, "failover": failover}},
                 **spec,
             )
         except JobFailed as exc:

@@ -233,7 +233,7 @@ def test_arms_follow_n():
     assert any("c=8" in reason for reason in skipped)
     assert cx.GridArm("bounded", 4, True).strategy(3) == (
         "bounded_staleness",
-        {"seed": 3, "replication": 2, "staleness": 4},
+        {"seed": 3, "coordinator": {"replication": 2, "staleness": 4}},
         {**cx.VALVE, "action": "window"},
     )
     assert cx.GridArm("ignore", 2).strategy(0)[:2] == ("ignore_stragglers", {"seed": 0, "stragglers": 1})
@@ -456,3 +456,20 @@ def test_the_runner_waits_while_the_pause_file_exists(tmp_path):
     assert not pause.exists() and time.monotonic() - started >= 0.5
     grid_map.wait_while_paused(str(pause))  # absent: returns at once
     grid_map.wait_while_paused(None)
+
+
+def test_a_record_with_the_flat_strategy_keywords_of_older_runs_still_matches_its_job(tmp_path):
+    """Records keep the strategy keywords they ran with: those made before the strategy grouped its options name
+    them flat (``{"replication": 2, "staleness": 2}``). The store reads them in today's form, so such a record is
+    reused for its job, and one of another window is not."""
+    argv = ARGV + ["--runs", str(tmp_path / "runs"), "--docs", str(tmp_path / "docs"), "--out", str(tmp_path / "o")]
+    args = grid_map.parse_args(argv)
+    job = cx.Job("main", cx.GridCell("exponential", "sleep"), cx.GridArm("bounded", 2), 0.1, 0, 0.9, round=2)
+    spec = grid_map.job_spec(job, args, args.steps)
+    assert spec["strategy_kwargs"] == {"seed": 0, "coordinator": {"replication": 2, "staleness": 2}}
+    store = cx.Store(tmp_path / "runs")
+    for staleness, reused in ((2, True), (3, False)):  # the newest line of a name wins
+        flat = {"seed": 0, "replication": 2, "staleness": staleness}
+        old = json.loads(json.dumps({**cx.Store.comparable(spec), "strategy_kwargs": flat}))
+        store.records.append(store.book(job), [{"job": job.name, "spec": old, "ok": True}])
+        assert (store.load(job, spec) is not None) is reused

@@ -96,9 +96,9 @@ def test_the_registered_pgc_is_the_pipelined_configuration_the_map_recommends():
     )
     assert named, "the map names no pipelined arm: decide what strategy='pgc' runs, and say so in README"
     (scheme, s, correction), _ = named.most_common(1)[0]
-    expected = {"scheme": scheme, "stragglers": s, **({"staleness_correction": correction} if correction else {})}
-    assert REGISTERED["pgc"][1] == expected
-    assert REGISTERED["pgc_cr"][1] == {"scheme": "pgc_cr", "stragglers": 1}
+    coding = {"coding": {"staleness_correction": correction}} if correction else {}
+    assert REGISTERED["pgc"].kwargs == {"scheme": scheme, "stragglers": s, **coding}
+    assert REGISTERED["pgc_cr"].kwargs == {"scheme": "pgc_cr", "stragglers": 1}
     assert f"`pgc` | `{scheme}` with the look-ahead staleness correction" in README or correction != "lookahead"
 
 

@@ -66,7 +66,9 @@ GRAD_NUMEL = 10
 def _strategy(rank: int = 1, world_size: int = 4, step: int = 7, **kwargs) -> PGCStrategy:
     """A PGCStrategy on rank ``rank`` of ``world_size`` in the middle of fit at ``step`` (what ``on_train_start``
     sets up), without processes."""
-    strategy = PGCStrategy(parallel_devices=[torch.device("cpu")] * world_size, diagnostics=False, **kwargs)
+    strategy = PGCStrategy(
+        parallel_devices=[torch.device("cpu")] * world_size, diagnostics={"enabled": False}, **kwargs
+    )
     strategy.cluster_environment = SimpleNamespace(
         global_rank=lambda: rank, local_rank=lambda: rank, node_rank=lambda: 0, world_size=lambda: world_size
     )
@@ -169,7 +171,7 @@ def test_a_resume_without_a_usable_cache_warms_up_again_and_says_why(
     assert _resume(tmp_path, caplog, saver, _strategy(rank=1, **resumed), step=step, info=info) is None
     message = caplog.records[-1].getMessage()
     assert f"resuming at step {step} without the stale cache: " in message and reason in message
-    assert "warms up again (warmup='full': every held partition is evaluated at that step)" in message
+    assert "warms up again (coding.warmup='full': every held partition is evaluated at that step)" in message
 
 
 def test_a_resume_on_fewer_ranks_warms_up_again(tmp_path, caplog):

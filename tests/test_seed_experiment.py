@@ -35,7 +35,7 @@ def test_arms_are_the_fragments_with_c_in_2_4_8():
     assert se.strategy_of(arms["pgc_cr_c8"], 1) == ("pgc_cr", {"scheme": "pgc_cr", "stragglers": 7, "seed": 1})
     assert se.strategy_of(arms["bounded_c4"], 0) == (
         "pgc_cr",
-        {"scheme": "bounded", "replication": 2, "staleness": 4, "seed": 0},
+        {"scheme": "bounded", "coordinator": {"replication": 2, "staleness": 4}, "seed": 0},
     )
     assert (se.arm_of("bounded_c4").key, se.arm_of("gc_cr_c2").key, se.arm_of("ddp").key) == (
         "bounded_c4",

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import lightning_pgc  # noqa: F401
-from lightning_pgc import PGCStrategy
+from lightning_pgc import CodingOptions, PGCStrategy
 from lightning_pgc.codes import BoundedScheme, make_scheme
 from pgc_lab.experiments import read_result
 from lightning_pgc.staleness import (
@@ -159,23 +159,23 @@ def test_set_momentum_refuses_an_optimizer_without_momentum():
 # =================================================================================================== the option
 def test_option_checks():
     for scheme in ("pgc_cr", "pgc_fr", "pgc_cr_naive", "bounded"):
-        PGCStrategy(scheme, staleness_correction="lookahead", lookahead_steps=1.0)
-        PGCStrategy(scheme, staleness_correction="momentum")
-    PGCStrategy("pgc_fr", staleness_correction="delay_compensation", dc_lambda=0.1)
+        PGCStrategy(scheme, coding={"staleness_correction": "lookahead", "lookahead_steps": 1.0})
+        PGCStrategy(scheme, coding={"staleness_correction": "momentum"})
+    PGCStrategy("pgc_fr", coding={"staleness_correction": "delay_compensation", "dc_lambda": 0.1})
     for scheme in ("dgd", "ignore", "gc_fr", "gc_cr"):
         with pytest.raises(ValueError, match="fresh gradients only"):
-            PGCStrategy(scheme, stragglers=0 if scheme == "dgd" else 1, staleness_correction="lookahead")
+            PGCStrategy(scheme, stragglers=0 if scheme == "dgd" else 1, coding={"staleness_correction": "lookahead"})
     with pytest.raises(ValueError, match="aggregator reuses"):
-        PGCStrategy("bounded", staleness_correction="delay_compensation")
-    with pytest.raises(ValueError, match="staleness_correction must be one of"):
-        PGCStrategy("pgc_cr", staleness_correction="dc")
-    with pytest.raises(ValueError, match="dc_lambda"):
-        PGCStrategy("pgc_cr", staleness_correction="lookahead", dc_lambda=0.1)
-    with pytest.raises(ValueError, match="lookahead_steps"):
-        PGCStrategy("pgc_cr", staleness_correction="lookahead", lookahead_steps=-1.0)
-    with pytest.raises(TypeError, match="dc_lambda"):
-        PGCStrategy("pgc_cr", staleness_correction="delay_compensation", dc_lambda="big")
-    assert PGCStrategy().staleness_correction == "none"
+        PGCStrategy("bounded", coding={"staleness_correction": "delay_compensation"})
+    with pytest.raises(ValueError, match=r"coding\.staleness_correction must be one of"):
+        CodingOptions(staleness_correction="dc")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"coding\.dc_lambda must be None, or >= 0 with .*'delay_compensation'"):
+        PGCStrategy("pgc_cr", coding={"staleness_correction": "lookahead", "dc_lambda": 0.1})
+    with pytest.raises(ValueError, match=r"coding\.lookahead_steps"):
+        PGCStrategy("pgc_cr", coding={"staleness_correction": "lookahead", "lookahead_steps": -1.0})
+    with pytest.raises(TypeError, match=r"coding\.dc_lambda must be float or None"):
+        PGCStrategy("pgc_cr", coding={"staleness_correction": "delay_compensation", "dc_lambda": "big"})
+    assert PGCStrategy().coding.staleness_correction == "none"
 
 
 # ============================================================================================== real 4-rank runs
@@ -195,7 +195,7 @@ def test_each_correction_on_4_real_ranks_keeps_replicas_identical_and_trains(tmp
         tmp_path,
         kind,
         strategy=strategy,
-        strategy_kwargs={"staleness_correction": kind},
+        strategy_kwargs={"coding": {"staleness_correction": kind}},
         devices=4,
         max_steps=30,
         lr=0.2 if kind == "momentum" else 0.1,

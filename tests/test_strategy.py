@@ -79,7 +79,7 @@ def test_exact_schemes_decode_the_full_gradient_on_real_ranks(tmp_path):
         ("pgc", {}, [2] + [1] * 29),  # full warm-up: both held partitions at the first step
         ("pgc_fr", {}, [2] + [1] * 29),
         ("ignore_stragglers", {}, [1] * 30),
-        ("pgc_cr", {"warmup": "gradual"}, [1] * 30),
+        ("pgc_cr", {"coding": {"warmup": "gradual"}}, [1] * 30),
         ("pgc_cr", {"scheme": "pgc_cr_naive"}, [2] + [1] * 29),
     ],
 )
@@ -164,14 +164,15 @@ def test_bad_configurations_fail_before_any_rank_starts():
         _trainer(PGCStrategy(scheme="gc_cr", stragglers=8), devices=64)
     with pytest.raises(ValueError, match="unknown scheme"):
         PGCStrategy(scheme="pgc_xx")
-    with pytest.raises(ValueError, match="warmup"):
-        PGCStrategy(warmup="lazy")
-    with pytest.raises(ValueError, match="timeout"):
-        PGCStrategy(timeout=0)
-    assert PGCStrategy(scheme="bounded", failover=True).failover is True  # (the table moves with the leader)
+    with pytest.raises(ValueError, match=r"coding\.warmup must be one of 'full', 'gradual', got 'lazy'"):
+        PGCStrategy(coding={"warmup": "lazy"})
+    with pytest.raises(ValueError, match=r"liveness\.timeout must be positive seconds, got 0"):
+        PGCStrategy(liveness={"timeout": 0})
+    failover = {"failover": True}
+    assert PGCStrategy(scheme="bounded", liveness=failover).liveness.failover is True  # (the table moves with it)
     with pytest.raises(ValueError, match="rank 0 is the launching process under start_method='popen'"):
-        _trainer(PGCStrategy(failover=True), devices=2)  # popen (the default) outside a cluster launcher
-    assert isinstance(_trainer(PGCStrategy(failover=True, start_method="fork"), devices=2).strategy, PGCStrategy)
+        _trainer(PGCStrategy(liveness=failover), devices=2)  # popen (the default) outside a cluster launcher
+    assert isinstance(_trainer(PGCStrategy(liveness=failover, start_method="fork"), devices=2).strategy, PGCStrategy)
     assert "LIGHTNING_PGC_RANK0_LAUNCHES" not in os.environ  # (a fork job after a popen one: rank 0 is a child)
 
 

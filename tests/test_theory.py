@@ -517,14 +517,16 @@ def test_theory_measurement_refuses_a_staleness_correction_it_does_not_model():
     look-ahead) the callback refuses to start instead of logging a reconstruction that cannot match."""
     from types import SimpleNamespace
 
-    from lightning_pgc import PGCDiagnostics
+    from lightning_pgc import CodingOptions, PGCDiagnostics
 
     module = torch.nn.Linear(2, 1)
     for correction in ("lookahead", "momentum"):
-        trainer = SimpleNamespace(strategy=SimpleNamespace(scheme=None, staleness_correction=correction))
+        coding = CodingOptions(staleness_correction=correction)
+        trainer = SimpleNamespace(strategy=SimpleNamespace(scheme=None, coding=coding))
         with pytest.raises(ValueError, match="strategy='pgc_cr'"):
             PGCDiagnostics(theory_every_n_steps=5).on_train_start(trainer, module)
-    trainer = SimpleNamespace(strategy=SimpleNamespace(scheme=None, staleness_correction="lookahead"))
+    coding = CodingOptions(staleness_correction="lookahead")
+    trainer = SimpleNamespace(strategy=SimpleNamespace(scheme=None, coding=coding))
     PGCDiagnostics().on_train_start(trainer, module)  # the diagnostics without the theory still run
 
 

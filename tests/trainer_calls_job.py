@@ -108,7 +108,7 @@ def trainer(strategy_name: str, start_method: str, out: Path, max_steps: int) ->
 
         strategy: Any = DDPStrategy(start_method=start_method)
     else:
-        strategy = lightning_pgc.PGCStrategy(start_method=start_method, **REGISTERED[strategy_name][1])
+        strategy = lightning_pgc.PGCStrategy(**REGISTERED[strategy_name].kwargs, start_method=start_method)
     return pl.Trainer(
         accelerator="cpu",
         devices=2,

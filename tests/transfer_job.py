@@ -221,12 +221,14 @@ def trainer(scenario: str, out: Path, max_steps: int, faults: list[Callback]) ->
         scheme="pgc_cr",
         stragglers=1,
         start_method="fork",
-        max_lag=MAX_LAG,
-        heartbeat_interval=0.1,
-        heartbeat_misses=20,
-        timeout=3.0,
-        failover=failover,
-        diagnostics=False,
+        liveness={
+            "max_lag": MAX_LAG,
+            "heartbeat_interval": 0.1,
+            "heartbeat_misses": 20,
+            "timeout": 3.0,
+            "failover": failover,
+        },
+        diagnostics={"enabled": False},
     )
     return pl.Trainer(
         accelerator="cpu",

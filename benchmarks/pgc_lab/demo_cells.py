@@ -33,7 +33,7 @@ class DemoArm:
     momentum: float
     map_arm: str  # the map grid's arm key (``crossover.GridArm.key``): its setting, or the uncorrected arm's
     tuned_by: str  # where ``lr`` and ``momentum`` come from
-    correction: dict[str, Any] = field(default_factory=dict, hash=False)  # ``staleness_correction`` and its k
+    correction: dict[str, Any] = field(default_factory=dict, hash=False)  # the ``coding`` group's correction and k
 
     @property
     def in_map(self) -> bool:
@@ -45,9 +45,9 @@ class DemoArm:
             return {}
         if self.strategy == "bounded_staleness":
             assert self.stragglers is not None
-            return {"seed": seed, "replication": 2, "staleness": self.stragglers + 1}
+            return {"seed": seed, "coordinator": {"replication": 2, "staleness": self.stragglers + 1}}
         if self.strategy == "pgc_auto":
-            return {"seed": seed, "max_stragglers": self.stragglers}
+            return {"seed": seed, "auto": {"max_stragglers": self.stragglers}}
         return {"seed": seed, "stragglers": self.stragglers, **self.correction}
 
 
@@ -83,7 +83,7 @@ ARMS: tuple[DemoArm, ...] = (
         0.9,
         "pgc_fr_c2",
         "the staleness benchmark's sweep (docs/results/staleness.json)",
-        {"staleness_correction": "lookahead", "lookahead_steps": 1.0},
+        {"coding": {"staleness_correction": "lookahead", "lookahead_steps": 1.0}},
     ),
     DemoArm("bounded", "bounded_staleness r=2 c=2", "bounded_staleness", 1, 0.05, 0.9, "bounded_c2", GRID),
     # starts as dgd and keeps the user's optimizer: dgd's tuned setting

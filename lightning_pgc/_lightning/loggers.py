@@ -55,7 +55,8 @@ def pin_loggers(loggers: list[Any], ids: list[Optional[str]]) -> None:
             if not isinstance(getattr(lg, "_wandb_init", None), dict):
                 raise RuntimeError(
                     "WandbLogger._wandb_init is gone (lightning_pgc was checked against Lightning "
-                    "2.6.6); update lightning_pgc/_lightning/loggers.py, or pass PGCStrategy(failover=False)"
+                    "2.6.6); update lightning_pgc/_lightning/loggers.py, or pass "
+                    "PGCStrategy(liveness={'failover': False})"
                 )
             lg._id = ident
             lg._wandb_init.update(id=ident, resume="allow")

@@ -164,11 +164,11 @@ class PGCDiagnostics(Callback):
                 "scheme='bounded' the error decomposition is logged as pgc/bounded/err_* instead: "
                 "set theory_every_n_steps=None"
             )
-        correction = getattr(trainer.strategy, "staleness_correction", "none")
+        correction = getattr(getattr(trainer.strategy, "coding", None), "staleness_correction", "none")  # ddp: none
         if correction != "none" and self.theory_every_n_steps:
             raise ValueError(
                 "PGCDiagnostics(theory_every_n_steps=...) measures the uncorrected coded schemes' theory; under "
-                f"staleness_correction={correction!r} each gradient is taken at adjusted parameters, which the "
+                f"coding.staleness_correction={correction!r} each gradient is taken at adjusted parameters, which the "
                 "decomposition does not model: run strategy='pgc_cr' (uncorrected) or set theory_every_n_steps=None"
             )
 

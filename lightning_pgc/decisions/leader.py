@@ -267,7 +267,7 @@ class Leader:
                 raise CoordinatorError(
                     f"the leader's rank {rank} fell {self.max_lag} or more versions behind and was detached, and every "
                     f"other rank has finished or died: no rank is left to send it the state of version {u}. Raise "
-                    "max_lag (PGCStrategy(max_lag=...)) so that a slow leader keeps its aggregates"
+                    "max_lag (PGCStrategy(liveness={'max_lag': ...})) so that a slow leader keeps its aggregates"
                 )
             if not candidates:
                 raise NoDonorYet(f"rank {rank} asks to rejoin at version {u} but no live rank can donate the state yet")

@@ -192,16 +192,17 @@ class Advice:
 
 
 def strategy_kwargs(row: dict[str, Any]) -> dict[str, Any]:
-    """The strategy's keyword arguments for an arm's row (what to pass to ``PGCStrategy`` by name)."""
+    """The strategy's keyword arguments for an arm's row (what to pass to ``PGCStrategy`` by name, its option
+    groups as dicts)."""
     if row["strategy"] == "ddp":
         return {}
     out: dict[str, Any]
     if row["strategy"] == "bounded_staleness":
-        out = {"replication": row["s"] + 1, "staleness": row["c"]}
+        out = {"coordinator": {"replication": row["s"] + 1, "staleness": row["c"]}}
     else:
         out = {"stragglers": row["s"]}
     if row.get("correction", "none") != "none":
-        out["staleness_correction"] = row["correction"]
+        out["coding"] = {"staleness_correction": row["correction"]}
     return out
 
 

@@ -72,7 +72,7 @@ MOMENTA: tuple[float, ...] = (0.0, 0.25, 0.5, 0.7, 0.8, 0.9)
 LR_REACH: int = 4
 #: the momenta the edge rule adds above the grid's largest, in order
 MOMENTUM_STEPS: tuple[float, ...] = (0.95, 0.975, 0.99)
-#: the staleness corrections every pipelined arm also runs with (``PGCStrategy(staleness_correction=...)`` with its
+#: the staleness corrections every pipelined arm also runs with (``CodingOptions.staleness_correction`` with its
 #: defaults: look-ahead ``k = c - 1``, delay compensation ``lambda = 0.04``)
 CORRECTIONS: tuple[str, ...] = ("lookahead", "delay_compensation", "momentum")
 #: strategy name (as registered, ``ddp`` for the synchronous baseline) -> scheme of the codes package
@@ -158,10 +158,12 @@ class MapCell:
 @dataclass(frozen=True)
 class MapArm:
     """A strategy with its ``c``, and the staleness correction it runs with (``PGCStrategy``'s
-    ``staleness_correction``, ``lookahead_steps`` and ``dc_lambda``; the pipelined schemes and bounded staleness).
+    ``coding.staleness_correction``, ``coding.lookahead_steps`` and ``coding.dc_lambda``; the pipelined schemes and
+    bounded staleness).
 
-    ``bounded_staleness``: ``c`` is the window (``staleness``) and ``replication`` the copies of each partition
-    (:class:`~lightning_pgc.codes.BoundedScheme` with its default ``fresh``); the other strategies ignore it."""
+    ``bounded_staleness``: ``c`` is the window (``coordinator.staleness``) and ``replication`` the copies of each
+    partition (:class:`~lightning_pgc.codes.BoundedScheme` with its default ``fresh``); the other strategies ignore
+    it."""
 
     strategy: str
     c: int = 1

@@ -4,7 +4,6 @@ rule carried across a checkpoint and a change of leader."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from lightning_pgc.codes import Scheme
@@ -22,16 +21,6 @@ if switch_log.level == logging.NOTSET:
     switch_log.setLevel(logging.INFO)
 if not logging.getLogger().hasHandlers() and not switch_log.handlers:
     switch_log.addHandler(logging.StreamHandler())
-
-
-@dataclass(frozen=True)
-class AutoOptions:
-    """``PGCStrategy``'s ``max_stragglers``, ``auto_margin``, ``auto_patience`` and ``auto_window``."""
-
-    max_stragglers: int
-    margin: float
-    patience: int
-    window: int
 
 
 class ArmLog:

@@ -43,12 +43,12 @@ class Leadership:
         self.rank = 0  # the rank doing Lightning's rank-zero work
 
     def enabled(self) -> bool:
-        """Whether the runtime fails over when the leader dies: not turned off (``failover=False``), and rank 0 is
-        not the launching process (``start_method="popen"`` without a cluster launcher: the job's own process would
+        """Whether the runtime fails over when the leader dies: not turned off (``liveness.failover=False``), and rank 0
+        is not the launching process (``start_method="popen"`` without a cluster launcher: the job's own process would
         be the dead one)."""
         st = self.strategy
         scheme = st.scheme
-        return st.failover is not False and scheme is not None and not launches_in_rank_zero(st)
+        return st.liveness.failover is not False and scheme is not None and not launches_in_rank_zero(st)
 
     def pin_loggers(self, trainer: "pl.Trainer") -> None:
         """Every rank learns rank 0's logger runs, so that a successor continues them instead of starting new ones

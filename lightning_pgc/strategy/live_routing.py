@@ -113,5 +113,5 @@ class LiveRouting:
     def reap_grace_s(self) -> float:
         """Seconds the launching process gives the other ranks to exit after rank 0 returned: a worker notices a
         gone leader after a heartbeat window, then tears down."""
-        st = self.strategy
-        return 30.0 + 2 * (st.heartbeat_interval * st.heartbeat_misses + st.liveness_timeout)
+        live = self.strategy.liveness
+        return 30.0 + 2 * (live.heartbeat_interval * live.heartbeat_misses + live.timeout)

@@ -278,16 +278,16 @@ class PipelineCheckpoints:
             reasons.append(f"{path} is from another run ({mismatch})")
         how = (
             "every held partition is evaluated at that step"
-            if st.warmup == "full"
+            if st.coding.warmup == "full"
             else "the cache refills over the next c steps"
         )
         log.warning(
             "PGC rank %d: resuming at step %d without the stale cache: %s. The pipeline warms up again "
-            "(warmup=%r: %s), so this run does not continue the interrupted one bitwise.",
+            "(coding.warmup=%r: %s), so this run does not continue the interrupted one bitwise.",
             st.global_rank,
             step,
             reasons[0],
-            st.warmup,
+            st.coding.warmup,
             how,
         )
         return None

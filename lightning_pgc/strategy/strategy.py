@@ -4,7 +4,7 @@ parts, one per concept, are the other modules of :mod:`lightning_pgc.strategy`: 
 (pipeline files), ``live_routing`` (collectives among the live ranks), ``rejoin`` (state transfer),
 ``leadership`` (the rank-zero seat), ``bounded_choice`` (bounded choice), ``sampling`` (partition batches),
 ``loaders`` (the training DataLoader re-created around them), ``preflight`` (refused setups) and ``options``
-(constructor checks).
+(the constructor's option groups).
 
 Per optimizer step ``t`` (= the model version, Invariant 1) every rank:
 
@@ -17,8 +17,8 @@ Per optimizer step ``t`` (= the model version, Invariant 1) every rank:
    runtime's comm thread) and lets its own optimizer step, so every replica
    applies the identical sequence of aggregates (Invariant 2).
 
-A rank that fell more than ``max_lag`` versions behind gets no aggregates (bounded memory); when it is back it
-receives the training state at the open version ``u`` from a donor (state transfer), runs its remaining steps
+A rank that fell more than ``liveness.max_lag`` versions behind gets no aggregates (bounded memory); when it is back
+it receives the training state at the open version ``u`` from a donor (state transfer), runs its remaining steps
 before ``u`` without computing or applying anything, loads the state at ``u`` and goes on with an empty cache.
 
 A checkpoint saved during fit carries every rank's stale cache in ``<checkpoint>.pgc/rank{k}.pt``
@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
-from typing import Any, Callable, Literal, Mapping, Optional, Union
+from typing import Any, Callable, Literal, Mapping, NamedTuple, Optional, Union
 
 import torch
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
@@ -76,48 +76,67 @@ from lightning_pgc.strategy.loaders import partition_loader
 from lightning_pgc.strategy.sampling import PartitionBatchSampler, select_partition, split_batch
 from lightning_pgc.strategy.leadership import Leadership
 from lightning_pgc.strategy.live_routing import ALONE, LiveRouting
-from lightning_pgc.strategy.options import AUTO_DEFAULTS, STRATEGY_SCHEMES, check_options  # noqa: F401 (re-exported)
-from lightning_pgc.strategy.arms import ArmLog, AutoOptions
+from lightning_pgc.strategy.options import (
+    AutoOptions,
+    CodingOptions,
+    CoordinatorOptions,
+    DiagnosticsOptions,
+    LivenessOptions,
+    as_group,
+    check_options,
+)
+from lightning_pgc.strategy.arms import ArmLog
 from lightning_pgc.decisions.auto import AutoCandidate
 from lightning_pgc.decisions.bounded import BoundedLeader
 from lightning_pgc.runtime.control import host_store, open_store, run_prefix
-from lightning_pgc.runtime.group import DataBackend
+from lightning_pgc.runtime.group import DATA_BACKENDS, DataBackend
 from lightning_pgc.runtime.plane import CollectiveRuntime, PGCDetached, PGCInterrupted
 from lightning_pgc.staleness import StalenessCorrection
 from lightning_pgc.strategy.rejoin import StateTransfer
 
 log = logging.getLogger("lightning_pgc.strategy")  # the name users filter on
 
-#: Registered names -> (description, the constructor's keyword arguments). A name without ``stragglers`` keeps the
-#: constructor's default. ``pgc`` is the pipelined configuration the map supports (tests/test_readme.py ties it to
-#: docs/results/which_strategy.json); ``pgc_cr`` is the uncorrected scheme.
-REGISTERED: dict[str, tuple[str, dict[str, Any]]] = {
-    "pgc": (
+
+class Registered(NamedTuple):
+    """A strategy name in Lightning's ``StrategyRegistry``: its description and the ``PGCStrategy`` keyword arguments
+    it stands for (option groups as dicts of their fields)."""
+
+    description: str
+    kwargs: dict[str, Any]
+
+
+#: Registered names -> what they stand for. A name without ``stragglers`` keeps the constructor's default. ``pgc`` is
+#: the pipelined configuration the map supports (tests/test_readme.py ties it to docs/results/which_strategy.json);
+#: ``pgc_cr`` is the uncorrected scheme.
+REGISTERED: dict[str, Registered] = {
+    "pgc": Registered(
         "Pipelined gradient coding, cyclic repetition (s=1), with the look-ahead staleness correction",
-        {"scheme": "pgc_cr", "stragglers": 1, "staleness_correction": "lookahead"},
+        {"scheme": "pgc_cr", "stragglers": 1, "coding": {"staleness_correction": "lookahead"}},
     ),
-    "pgc_cr": (
+    "pgc_cr": Registered(
         "Pipelined gradient coding with cyclic repetition (s=1), uncorrected",
         {"scheme": "pgc_cr", "stragglers": 1},
     ),
-    "pgc_fr": ("Pipelined gradient coding with fractional repetition (s=1)", {"scheme": "pgc_fr", "stragglers": 1}),
-    "gc_cr": ("Gradient coding (Tandon et al.) with cyclic repetition (s=1)", {"scheme": "gc_cr", "stragglers": 1}),
-    "gc_fr": ("Gradient coding with fractional repetition (s=1)", {"scheme": "gc_fr", "stragglers": 1}),
-    "ignore_stragglers": (
-        "Average the fastest n-1 gradients, ignore the slowest rank",
-        {"scheme": "ignore", "stragglers": 1},
+    "pgc_fr": Registered(
+        "Pipelined gradient coding with fractional repetition (s=1)", {"scheme": "pgc_fr", "stragglers": 1}
     ),
-    "dgd": (
-        "Distributed gradient descent through the PGC runtime (waits for all ranks)",
-        {"scheme": "dgd", "stragglers": 0},
+    "gc_cr": Registered(
+        "Gradient coding (Tandon et al.) with cyclic repetition (s=1)", {"scheme": "gc_cr", "stragglers": 1}
     ),
-    "pgc_auto": (
+    "gc_fr": Registered("Gradient coding with fractional repetition (s=1)", {"scheme": "gc_fr", "stragglers": 1}),
+    "ignore_stragglers": Registered(
+        "Average the fastest n-1 gradients, ignore the slowest rank", {"scheme": "ignore", "stragglers": 1}
+    ),
+    "dgd": Registered(
+        "Distributed gradient descent through the PGC runtime (waits for all ranks)", {"scheme": "dgd", "stragglers": 0}
+    ),
+    "pgc_auto": Registered(
         "Starts as dgd and switches to ignoring the slowest ranks (and back) from the step times it measures",
         {"scheme": "auto"},
     ),
-    "bounded_staleness": (
+    "bounded_staleness": Registered(
         "Bounded-staleness table: replication 2, newest entry per partition younger than c=2",
-        {"scheme": "bounded"},
+        {"scheme": "bounded", "coordinator": {"replication": 2, "staleness": 2}},
     ),
 }
 
@@ -139,93 +158,40 @@ class PGCStrategy(DDPStrategy):
 
     Args:
         scheme: one of ``dgd``, ``ignore``, ``gc_fr``, ``gc_cr``, ``pgc_fr``, ``pgc_cr``, ``pgc_cr_naive``,
-            ``bounded`` (bounded staleness, ``docs/results/bounded_staleness.md``: set ``replication`` and ``staleness``), or
+            ``bounded`` (bounded staleness, ``docs/results/bounded_staleness.md``: its options are ``coordinator``), or
             ``auto`` (``pgc_auto``, ``docs/guide.md``: starts as ``dgd`` and switches to ``ignore`` with ``s`` up to
-            ``max_stragglers`` and back, from the step times the leader measures; set ``max_stragglers``).
+            ``auto.max_stragglers`` and back, from the step times the leader measures; its options are ``auto``).
         stragglers: ``s``, how many of the slowest ranks each step may ignore (``c = s + 1`` copies per partition).
-            Not used by ``bounded`` (``replication`` sets its copies).
-        replication: ``bounded`` only (default 2): copies ``r`` of each partition. Raise it if
-            ``pgc/bounded/coverage_waits`` grow because both holders of a partition are slow at once.
-        staleness: ``bounded`` only (default 2): the window ``c``; a version uses per partition the newest
-            gradient with age ``< c``. Raise it if coverage waits dominate ``pgc/bounded/coverage_wait_s``; lower it
-            if ``pgc/bounded/stale_fresh_cos`` drops or the loss rises against ``dgd``. Every rank keeps its last ``c``
-            gradients (``c`` payloads of memory) to announce them again to a new leader.
-        fresh: ``bounded`` only: codes of the open version the leader waits for before closing it (default
-            ``n - r + 1``). Lower it to step on the fastest ranks' gradients (more staleness), raise it for fresher ones.
-        widen_after: ``bounded`` only: seconds of coverage wait after which the leader widens ``c`` by one (logged,
-            ``pgc/bounded/widened``), up to ``max_staleness``; ``None`` (default) only waits.
-        max_staleness: ``bounded`` only: the largest ``c`` widening may reach (default ``2 * staleness``).
-        choice: ``bounded`` only: which held partition a rank evaluates. ``"round_robin"`` (default): held position
-            ``t mod r``, so when every rank reports each partition is evaluated once per step. ``"oldest"``: the one
-            whose table entry was oldest when ``t - 1`` closed (ties by round robin); the loader then fetches the
-            mini-batches of all ``r`` held partitions per step (one is computed). With ``r = 2`` on the digits job
-            both trained alike (``docs/results/bounded_staleness.md``) and ``"round_robin"`` loads less. Under
-            ``"oldest"``, ``pgc/bounded/duplicates`` growing by about one per step means ranks compute the same
-            partition for the same version (several holders chasing one stale partition, possible with
-            ``r >= 3``): go back to ``"round_robin"``.
-        max_stragglers: ``auto`` only (default 1): the largest ``s`` it may switch to.
-        auto_margin: ``auto`` only (default 0.1): the least predicted gain in time per unit of progress that switches.
-        auto_patience: ``auto`` only (default 10): versions in a row the gain must hold before a switch.
-        auto_window: ``auto`` only (default 30): versions of step times the prediction reads.
-        warmup: ``"full"`` evaluates every held partition at the first step (the paper), ``"gradual"`` fills
-            the cache over the first ``c`` steps at no extra cost.
-        timeout: seconds the job may run with fewer live ranks than a version needs (``n - s``) before every rank
-            fails with an error naming the missing ones; counted after the heartbeat window that detects a death.
-            Slow steps never trigger it: liveness is the heartbeats, not progress. Raise it if frozen ranks are
-            expected back (e.g. a preempted node that resumes). Lightning's collectives during fit (validation,
-            checkpoints) also wait this long past the heartbeat window for a silent rank, then go on without it.
-        max_lag: how many versions a rank may fall behind before it is detached: it stops receiving aggregates
-            (its memory stays bounded) and, once back, catches up by state transfer; nobody waits for it.
-            Default: as many as fit in 512 MiB, between ``c + 1`` and 1024. Lower it if a slow rank's memory grows
-            (``buffer_stats['mailbox_high_water']``); raise it if ``rank_stats()[k]['rejoined']`` counts state
-            transfers after short hiccups (each one costs a copy of the model and optimizer state).
-        heartbeat_interval: seconds between heartbeats (every rank to the leader and back).
-        heartbeat_misses: heartbeats a rank may miss before it counts as dead or frozen (it leaves the data group
-            and rejoins by state transfer). Raise it if healthy ranks are reported missing, or ``PGC: rank k is
-            missing`` or ``the leader (rank 0) is silent`` appears under heavy load (e.g. long GIL-holding callbacks, or checkpoints of a large model written in one go).
+            Not used by ``bounded`` (``coordinator.replication`` sets its copies) nor ``auto``.
+        seed: seed of the partition split and of each partition's mini-batch stream.
         nonfinite: what to do with a gradient that contains NaN or inf: ``"skip"`` drops it (the rank is a
             straggler for that step, its cache entry is evicted, ``pgc/rejected/rank{k}`` counts it; once more
             ranks than the scheme tolerates drop theirs at one step, every rank fails with ``DivergedError``:
             lower the learning rate); ``"raise"`` stops training with an error on that rank. Non-zero
             ``pgc/rejected/rank{k}`` means lower the learning rate or clip gradients.
-        seed: seed of the partition split and of each partition's mini-batch stream.
-        diagnostics: attach :class:`~lightning_pgc.PGCDiagnostics` unless one is already there.
-        diagnostics_every: steps between the probe-batch diagnostics (displacement, ``L_hat``).
-        max_condition: largest worst-case condition number accepted for Tandon-coded cyclic schemes.
-        staleness_correction: how the schemes that reuse stale gradients (``pgc_fr``, ``pgc_cr``, ``pgc_cr_naive``,
-            ``bounded``) compensate for their age (:mod:`lightning_pgc.staleness`, ``docs/guide.md``, theory in
-            ``docs/results/theory.md``); refused for the schemes without stale entries. ``"none"`` (default: ``"lookahead"``
-            needed fewer steps wherever it was measured, but it copies the parameters to host memory at every step,
-            see ``docs/guide.md``); ``"momentum"``: at fit start every param group's
-            momentum ``m`` (``momentum``, or ``betas[0]``) becomes ``max(0, m - D / (1 + D))``, ``D`` the window's
-            mean age (``(c - 1) / 2``; ``bounded``: ``(n - fresh) / n``), an optimizer without either is refused;
-            ``"lookahead"``: the fresh gradient is
-            computed at ``beta_t + lookahead_steps * (beta_t - beta_(t-1))`` (two parameter vectors of memory);
-            ``"delay_compensation"``: each cached gradient of version ``v`` is sent as
-            ``g + dc_lambda * g * g * (beta_t - beta_v)`` (``c`` parameter vectors of memory plus, while
-            encoding, a corrected copy of each stale entry; not for ``bounded``, whose stale entries are reused by
-            the aggregator). The decode is unchanged (exact schemes stay exact for the entries they are sent).
-        lookahead_steps: ``"lookahead"`` only: the extrapolation ``k``; default ``c - 1`` (the window's oldest age)
-            for the pipelined schemes, the window's mean age ``(n - fresh) / n`` for ``bounded``
-            (:func:`lightning_pgc.staleness.default_lookahead`).
-        dc_lambda: ``"delay_compensation"`` only: ``lambda`` (default 0.04).
-        process_group_backend: the backend of Lightning's default process group (as for ``ddp``); it does not
-            carry PGC's gradients (``data_backend`` does).
-        process_group_timeout: timeout of Lightning's default process group (as ``DDPStrategy(timeout=...)``).
         data_backend: the backend of PGC's data group, the one all-reduce per step. ``None`` (default): NCCL when the
             model is on a CUDA device, gloo otherwise. ``"gloo"`` on CUDA keeps the codes, aggregates and
             ``param.grad`` on the GPU and stages each all-reduce through host memory: the way for several ranks to
             share one GPU, which NCCL refuses (pass ``process_group_backend="gloo"`` too). ``"nccl"`` needs CUDA.
+        coding: how each rank's code is built and decoded: the pipelined schemes' warm-up, the staleness correction
+            and the conditioning limit of Tandon decodes (:class:`~lightning_pgc.CodingOptions`).
+        coordinator: ``scheme="bounded"`` only: the bounded-staleness coordinator's replication, window, freshness,
+            widening and partition choice (:class:`~lightning_pgc.CoordinatorOptions`).
+        auto: ``scheme="auto"`` only: the switching rule's largest ``s``, margin, patience and window
+            (:class:`~lightning_pgc.AutoOptions`).
+        liveness: heartbeats, the timeout for missing ranks, how far a rank may lag, and leader failover
+            (:class:`~lightning_pgc.LivenessOptions`).
+        diagnostics: the ``pgc/...`` metrics callback the strategy attaches
+            (:class:`~lightning_pgc.DiagnosticsOptions`).
+        accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin: as for ``ddp``.
+        process_group_backend: the backend of Lightning's default process group (as for ``ddp``); it does not
+            carry PGC's gradients (``data_backend`` does).
+        process_group_timeout: timeout of Lightning's default process group (as ``DDPStrategy(timeout=...)``).
         start_method: how Lightning launches the ranks, as for ``ddp``; with any of them a dead rank does not make
             the launcher kill the others (up to ``s`` dead workers are survived, see docs/guide.md).
-        failover: when rank 0 (the leader) dies, a live rank (the lowest, normally) takes over: the control plane,
-            checkpoints, the loggers' runs and (``fork``/``spawn``) the fit's results; the job goes on as with any
-            other dead rank (the log says ``... takes over``). A frozen leader (no heartbeat for a window) is
-            replaced the same way; when it resumes it steps down and rejoins by state transfer, and writes nothing
-            meanwhile. Under ``scheme="bounded"`` the successor rebuilds the table from the codes every rank keeps
-            (its last ``staleness`` ones). ``None`` (default): wherever it is available, i.e. not when rank 0 is the
-            launching process (``start_method="popen"`` outside SLURM or torchrun): there rank 0's death ends the
-            job, fast. ``True``: required (refused where unavailable); ``False``: the job ends whenever rank 0 dies.
+
+    Each group takes its dataclass or a dict of its fields: ``PGCStrategy(scheme="bounded", coordinator={"staleness":
+    3})``, and in a LightningCLI recipe ``coordinator: {replication: 2, staleness: 3}`` under ``init_args``.
     """
 
     strategy_name = "pgc"
@@ -234,25 +200,14 @@ class PGCStrategy(DDPStrategy):
         self,
         scheme: str = "pgc_cr",
         stragglers: int = 1,
-        replication: Optional[int] = None,
-        staleness: Optional[int] = None,
-        fresh: Optional[int] = None,
-        widen_after: Optional[float] = None,
-        max_staleness: Optional[int] = None,
-        choice: Optional[Literal["round_robin", "oldest"]] = None,
-        warmup: Literal["full", "gradual"] = "full",
-        timeout: float = 3.0,
-        max_lag: Optional[int] = None,
-        heartbeat_interval: float = 0.2,
-        heartbeat_misses: int = 15,
-        nonfinite: Literal["skip", "raise"] = "skip",
         seed: int = 0,
-        diagnostics: bool = True,
-        diagnostics_every: int = 25,
-        max_condition: float = 1e8,
-        staleness_correction: Literal["none", "momentum", "lookahead", "delay_compensation"] = "none",
-        lookahead_steps: Optional[float] = None,
-        dc_lambda: Optional[float] = None,
+        nonfinite: Literal["skip", "raise"] = "skip",
+        data_backend: Optional[DataBackend] = None,
+        coding: Union[CodingOptions, dict[str, Any]] = CodingOptions(),
+        coordinator: Union[CoordinatorOptions, dict[str, Any]] = CoordinatorOptions(),
+        auto: Union[AutoOptions, dict[str, Any]] = AutoOptions(),
+        liveness: Union[LivenessOptions, dict[str, Any]] = LivenessOptions(),
+        diagnostics: Union[DiagnosticsOptions, dict[str, Any]] = DiagnosticsOptions(),
         accelerator: Optional["pl.accelerators.Accelerator"] = None,
         parallel_devices: Optional[list[torch.device]] = None,
         cluster_environment: Optional[ClusterEnvironment] = None,
@@ -261,42 +216,25 @@ class PGCStrategy(DDPStrategy):
         process_group_backend: Optional[str] = None,
         process_group_timeout: Optional[timedelta] = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
-        failover: Optional[bool] = None,
-        data_backend: Optional[DataBackend] = None,
-        max_stragglers: Optional[int] = None,
-        auto_margin: Optional[float] = None,
-        auto_patience: Optional[int] = None,
-        auto_window: Optional[int] = None,
     ) -> None:
+        self.coding = as_group(CodingOptions, coding)
+        self.coordinator = as_group(CoordinatorOptions, coordinator)
+        self.auto = as_group(AutoOptions, auto)
+        self.liveness = as_group(LivenessOptions, liveness)
+        self.diagnostics = as_group(DiagnosticsOptions, diagnostics)
         check_options(
             scheme=scheme,
             stragglers=stragglers,
-            replication=replication,
-            staleness=staleness,
-            fresh=fresh,
-            widen_after=widen_after,
-            max_staleness=max_staleness,
-            choice=choice,
-            warmup=warmup,
-            timeout=timeout,
-            max_lag=max_lag,
-            heartbeat_interval=heartbeat_interval,
-            heartbeat_misses=heartbeat_misses,
-            nonfinite=nonfinite,
             seed=seed,
-            diagnostics=diagnostics,
-            diagnostics_every=diagnostics_every,
-            max_condition=max_condition,
-            failover=failover,
-            staleness_correction=staleness_correction,
-            lookahead_steps=lookahead_steps,
-            dc_lambda=dc_lambda,
-            data_backend=data_backend,
-            max_stragglers=max_stragglers,
-            auto_margin=auto_margin,
-            auto_patience=auto_patience,
-            auto_window=auto_window,
+            nonfinite=nonfinite,
+            coding=self.coding,
+            coordinator=self.coordinator,
+            auto=self.auto,
         )
+        if data_backend is not None and not isinstance(data_backend, str):
+            raise TypeError(f"PGCStrategy(data_backend=...) must be str or None, got {data_backend!r}")
+        if data_backend is not None and data_backend not in DATA_BACKENDS:
+            raise ValueError(f"data_backend must be one of {', '.join(DATA_BACKENDS)} or None, got {data_backend!r}")
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -309,34 +247,10 @@ class PGCStrategy(DDPStrategy):
         )
         self.scheme_name = scheme
         self.stragglers = stragglers
-        self.replication = replication
-        self.staleness = staleness
-        self.fresh = fresh
-        self.widen_after = widen_after
-        self.max_staleness = max_staleness
-        self.choice = choice
-        self.warmup = warmup
-        self.liveness_timeout = float(timeout)
-        self.max_lag = max_lag
-        self.heartbeat_interval = float(heartbeat_interval)
-        self.heartbeat_misses = int(heartbeat_misses)
-        self.nonfinite = nonfinite
         self.seed = seed
-        self.diagnostics = diagnostics
-        self.diagnostics_every = diagnostics_every
-        self.max_condition = max_condition
-        self.failover = failover
+        self.nonfinite = nonfinite
         self.data_backend = data_backend
-        self.staleness_correction = staleness_correction
-        self.lookahead_steps = lookahead_steps
-        self.dc_lambda = 0.04 if dc_lambda is None else float(dc_lambda)
         self._staleness = StalenessCorrection("none", 0.0)  # rebuilt for each fit (_start_runtime)
-        self.auto = AutoOptions(
-            max_stragglers=AUTO_DEFAULTS["max_stragglers"] if max_stragglers is None else int(max_stragglers),
-            margin=AUTO_DEFAULTS["auto_margin"] if auto_margin is None else float(auto_margin),
-            patience=AUTO_DEFAULTS["auto_patience"] if auto_patience is None else int(auto_patience),
-            window=AUTO_DEFAULTS["auto_window"] if auto_window is None else int(auto_window),
-        )
         self._arms = ArmLog(self)  # scheme="auto": the arm of every version this rank applied, and the switches
         self.scheme: Optional[Scheme] = None
         self.runtime: Optional[CollectiveRuntime] = None
@@ -365,21 +279,22 @@ class PGCStrategy(DDPStrategy):
         if self.scheme_name == "auto":
             return AutoScheme(world_size, self.auto.max_stragglers, seed=self.seed)
         if self.scheme_name == "bounded":
+            bounded = self.coordinator
             return BoundedScheme(
                 world_size,
-                2 if self.replication is None else self.replication,
-                2 if self.staleness is None else self.staleness,
-                fresh=self.fresh,
-                choice=self.choice or "round_robin",
+                bounded.replication,
+                bounded.staleness,
+                fresh=bounded.fresh,
+                choice=bounded.choice,
                 seed=self.seed,
             )
         return make_scheme(
             self.scheme_name,
             world_size,
             self.stragglers,
-            warmup=self.warmup,
+            warmup=self.coding.warmup,
             seed=self.seed,
-            max_condition=self.max_condition,
+            max_condition=self.coding.max_condition,
         )
 
     @override
@@ -390,7 +305,7 @@ class PGCStrategy(DDPStrategy):
             self._make_scheme(self.num_nodes * len(self.parallel_devices))
         super()._configure_launcher()
         # Lightning's launchers kill every rank when one dies; PGC survives up to s dead ranks.
-        failover = self.failover is not False
+        failover = self.liveness.failover is not False
         if self._start_method != "popen":  # the launching process is not a rank: the control plane's store lives
             host_store()  # here (under popen rank 0 launches, and the default group's store, which it hosts, serves)
         # Lightning hands each call's model and loaders to the launcher: ``_preflight`` checks them there, before
@@ -402,11 +317,11 @@ class PGCStrategy(DDPStrategy):
             ),
         )
         mark_launching_rank(self._launcher)
-        if self.failover and launches_in_rank_zero(self):
+        if self.liveness.failover and launches_in_rank_zero(self):
             raise ValueError(
-                "PGCStrategy(failover=True): rank 0 is the launching process under start_method='popen' "
+                "PGCStrategy(liveness={'failover': True}): rank 0 is the launching process under start_method='popen' "
                 "(outside SLURM or torchrun), so its death ends the job; use start_method='fork' or "
-                "'spawn', or leave failover unset"
+                "'spawn', or leave liveness.failover unset"
             )
 
     def _preflight(self, trainer: "pl.Trainer", args: tuple[Any, ...]) -> None:
@@ -438,11 +353,11 @@ class PGCStrategy(DDPStrategy):
         if trainer.state.fn == TrainerFn.FITTING:
             replace_sigterm_broadcast(trainer, LiveRouting.local_sigterm_check(trainer))
             replace_sigterm_notifier(trainer, LiveRouting.sigterm_notifier(trainer))
-        if trainer.state.fn == TrainerFn.FITTING and self.diagnostics:
+        if trainer.state.fn == TrainerFn.FITTING and self.diagnostics.enabled:
             from lightning_pgc.callbacks import PGCDiagnostics
 
             if not any(isinstance(cb, PGCDiagnostics) for cb in trainer.callbacks):
-                trainer.callbacks.append(PGCDiagnostics(every_n_steps=self.diagnostics_every))
+                trainer.callbacks.append(PGCDiagnostics(every_n_steps=self.diagnostics.every_n_steps))
 
     def _check_supported(self, trainer: "pl.Trainer") -> None:
         """The launch-time checks again in every rank (a launcher that bypasses ``launch``, e.g. a bare script)."""
@@ -522,11 +437,12 @@ class PGCStrategy(DDPStrategy):
         make_leader = None
         window = scheme.c
         if isinstance(scheme, BoundedScheme):
-            window = self.max_staleness or 2 * scheme.window
-            make_leader = partial(BoundedLeader, widen_after=self.widen_after, max_window=window)
+            window = self.coordinator.max_staleness or 2 * scheme.window
+            make_leader = partial(BoundedLeader, widen_after=self.coordinator.widen_after, max_window=window)
         if isinstance(scheme, AutoScheme):
             make_leader = self._arms.leader_factory(None if resume_from is None else resume_from[1])
-        max_lag = self.max_lag or int(min(1024, max(max(scheme.c, window) + 1, (512 << 20) // message_bytes)))
+        liveness = self.liveness
+        max_lag = liveness.max_lag or int(min(1024, max(max(scheme.c, window) + 1, (512 << 20) // message_bytes)))
         self._held = None
         if resumed is not None:
             self._checkpoints.fill(resumed)
@@ -541,11 +457,11 @@ class PGCStrategy(DDPStrategy):
             agg_numel=gradients.numel,
             down_dtype=gradients.dtype,
             start_version=trainer.global_step,
-            timeout=self.liveness_timeout,
+            timeout=float(liveness.timeout),
             max_lag=max_lag,
             make_leader=make_leader,
-            heartbeat_interval=self.heartbeat_interval,
-            heartbeat_misses=self.heartbeat_misses,
+            heartbeat_interval=float(liveness.heartbeat_interval),
+            heartbeat_misses=int(liveness.heartbeat_misses),
             device=self.root_device,
             prefix=run_prefix(self.global_rank),
             keep_versions=window if isinstance(scheme, BoundedScheme) else None,
@@ -559,12 +475,10 @@ class PGCStrategy(DDPStrategy):
         self._rank_stats = []
         self._transfer.pending = None
         self._choices.reset()
+        coding = self.coding
+        dc_lambda = {} if coding.dc_lambda is None else {"dc_lambda": float(coding.dc_lambda)}  # (None: its default)
         self._staleness = StalenessCorrection.for_fit(
-            self.staleness_correction,
-            scheme,
-            trainer.optimizers,
-            lookahead=self.lookahead_steps,
-            dc_lambda=self.dc_lambda,
+            coding.staleness_correction, scheme, trainer.optimizers, lookahead=coding.lookahead_steps, **dc_lambda
         )
 
     @override

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from pgc_lab.experiments.results import RunRecords
+from pgc_lab.experiments.spec import current_spec
 from pgc_lab.experiments.stats import (
     PairedInterval,
     equal_wall_time,
@@ -133,7 +134,7 @@ class GridArm:
         if self.family == "dgd":
             return "dgd", {"seed": seed}, None
         if self.family == "bounded":
-            return "bounded_staleness", {"seed": seed, "replication": 2, "staleness": self.c}, valve
+            return "bounded_staleness", {"seed": seed, "coordinator": {"replication": 2, "staleness": self.c}}, valve
         name = "ignore_stragglers" if self.family == "ignore" else self.family
         return name, {"seed": seed, "stragglers": self.c - 1}, valve
 
@@ -294,7 +295,8 @@ class Store:
     (:class:`~pgc_lab.experiments.results.RunRecords`): one file per round of main runs (``round<r>``) and one
     for the sweep (``sweep``).
 
-    A record is reused only when its spec equals the job's (``wandb`` and ``out`` ignored), so changing a setting
+    A record is reused only when its spec equals the job's (``wandb`` and ``out`` ignored; the strategy keywords of
+    older records read in today's form, :func:`~pgc_lab.experiments.spec.current_spec`), so changing a setting
     reruns exactly the affected jobs; the rerun's record is appended and supersedes the earlier one.
     """
 
@@ -319,7 +321,9 @@ class Store:
         record = self.records.get(self.book(job), job.name)
         if record is None:
             return None
-        if spec is not None and record.get("spec") != json.loads(json.dumps(self.comparable(spec))):
+        if spec is not None and current_spec(dict(record.get("spec") or {})) != json.loads(
+            json.dumps(self.comparable(current_spec(dict(spec))))
+        ):
             return None
         return record
 

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 from pgc_lab.experiments.curves import at_index, cumulative_at, first_crossing, interpolate
 from pgc_lab.experiments.results import JobResult, read_result
-from pgc_lab.experiments.spec import resolve_spec
+from pgc_lab.experiments.spec import current_spec, resolve_spec
 
 __all__ = ["Config", "Run", "equal_wall_times", "isnan", "read_run", "reusable", "run_row", "seed_mean"]
 
@@ -203,9 +203,13 @@ def seed_mean(
 
 
 def reusable(out: Path, spec: dict[str, Any]) -> Optional[JobResult]:
-    """The result of a finished job in ``out`` run with the same spec (ignoring W&B naming), else None."""
+    """The result of a finished job in ``out`` run with the same spec (ignoring W&B naming; an older job's strategy
+    keywords read in today's form), else None."""
     previous = read_result(out)
-    strip = lambda s: {k: v for k, v in resolve_spec(s).items() if k not in ("wandb", "out")}  # noqa: E731
+
+    def strip(s: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in current_spec(resolve_spec(s)).items() if k not in ("wandb", "out")}
+
     if not previous.ok or strip(previous.spec) != strip(spec):
         return None
     return previous

@@ -8,8 +8,9 @@ Spec keys (all optional; :data:`DEFAULTS` has the values):
 
 - ``recipe``: a packaged recipe name or a path (default ``digits_cnn.yaml``);
 - ``strategy`` (any Lightning strategy name, ``ddp`` and the registered PGC names included) and
-  ``strategy_kwargs`` (non-empty: ``PGCStrategy`` by ``class_path`` with the registered name's scheme and
-  stragglers, overridden by these arguments);
+  ``strategy_kwargs`` (non-empty: ``PGCStrategy`` by ``class_path`` with the registered name's arguments,
+  overridden by these; an option group given as a dict, ``{"coordinator": {"staleness": 3}}``, overrides only the
+  fields it names);
 - ``start_method``: how Lightning starts the ranks (``popen``: re-run the command per rank, as users do;
   ``fork``: fork them from the launching process after its imports, which saves each rank the seconds of
   importing Lightning; the test suite uses it). ``ddp`` becomes ``ddp_fork``;
@@ -48,7 +49,7 @@ import yaml
 
 from lightning_pgc import recipe_files as recipes
 
-__all__ = ["DEFAULTS", "job_config", "resolve_spec", "recipe_path"]
+__all__ = ["DEFAULTS", "current_kwargs", "current_spec", "job_config", "resolve_spec", "recipe_path"]
 
 DEFAULTS: dict[str, Any] = {
     "recipe": "digits_cnn.yaml",
@@ -100,6 +101,44 @@ def resolve_spec(spec: dict[str, Any]) -> dict[str, Any]:
     return {**DEFAULTS, **spec}
 
 
+#: The strategy keywords of the records made before ``PGCStrategy`` grouped its options: keyword -> (group, field).
+#: The records keep them as they are; :func:`current_kwargs` reads them in today's form.
+FLAT_KEYWORDS: dict[str, tuple[str, str]] = {
+    **{k: ("coordinator", k) for k in ("replication", "staleness", "fresh", "widen_after", "max_staleness", "choice")},
+    **{k: ("coding", k) for k in ("warmup", "staleness_correction", "lookahead_steps", "dc_lambda", "max_condition")},
+    **{k: ("liveness", k) for k in ("timeout", "max_lag", "heartbeat_interval", "heartbeat_misses", "failover")},
+    "max_stragglers": ("auto", "max_stragglers"),
+    "auto_margin": ("auto", "margin"),
+    "auto_patience": ("auto", "patience"),
+    "auto_window": ("auto", "window"),
+    "diagnostics_every": ("diagnostics", "every_n_steps"),
+}
+
+
+def current_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """Strategy keyword arguments in today's form: a record's flat keywords (``{"replication": 2, "staleness":
+    4}``) moved into their option groups (``{"coordinator": {"replication": 2, "staleness": 4}}``); arguments already
+    in today's form are returned as they are."""
+    out: dict[str, Any] = {}
+    for key, value in kwargs.items():
+        if key == "diagnostics" and isinstance(value, bool):
+            key, value = "diagnostics", {"enabled": value}
+        elif key in FLAT_KEYWORDS:
+            group, field = FLAT_KEYWORDS[key]
+            key, value = group, {field: value}
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            value = {**out[key], **value}
+        out[key] = value
+    return out
+
+
+def current_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` with its ``strategy_kwargs`` in today's form (:func:`current_kwargs`), e.g. a recorded job's."""
+    if not spec.get("strategy_kwargs"):
+        return dict(spec)
+    return {**spec, "strategy_kwargs": current_kwargs(dict(spec["strategy_kwargs"]))}
+
+
 def recipe_path(name: str) -> Path:
     """A local recipe file if ``name`` is one, else the packaged recipe of that name.
 
@@ -133,7 +172,11 @@ def _strategy(spec: dict[str, Any]) -> Any:
 
     if name not in StrategyRegistry or StrategyRegistry[name]["strategy"] is not PGCStrategy:
         raise ValueError(f"strategy_kwargs need a PGC strategy name, got {name!r}")
-    return {"class_path": "lightning_pgc.PGCStrategy", "init_args": {**StrategyRegistry[name]["init_params"], **kwargs}}
+    init = dict(StrategyRegistry[name]["init_params"])
+    for key, value in kwargs.items():  # a group's dict overrides the registered group's fields one by one
+        base = init.get(key)
+        init[key] = {**base, **value} if isinstance(base, dict) and isinstance(value, dict) else value
+    return {"class_path": "lightning_pgc.PGCStrategy", "init_args": init}
 
 
 def _wandb_logger(spec: dict[str, Any], out: Path) -> dict[str, Any]:
