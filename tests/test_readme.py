@@ -41,6 +41,14 @@ def test_the_readme_example_runs_as_pasted(tmp_path):
     assert len(table) == 1 and table[0].count("'rank':") == 2, done.stdout[-2000:]  # rank 0 prints it
 
 
+def test_the_readme_fits_150_lines_and_says_its_limits_before_anything_else():
+    """A reader gets the limits first, then the decision rule, in a page they read to the end."""
+    assert len(README.splitlines()) <= 150
+    sections = [line for line in README.splitlines() if line.startswith("## ")]
+    assert sections[:2] == ["## What to know first", "## Which strategy: the rule"]
+    assert "NCCL with one GPU per rank has not run" in README and "torchrun" in README and "Re-tune `lr`" in README
+
+
 def test_the_readme_keeps_the_fresh_machine_commands():
     assert "make demo   #" in README and "make test   #" in README
 
