@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import torch
+import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 __all__ = ["StepTimeTrace", "TRACE_FORMAT"]
@@ -92,8 +93,6 @@ class StepTimeTrace(Callback):
 
     def _time_allreduce(self, pl_module: LightningModule) -> float:
         """This rank's median time of one all-reduce of a buffer the size of the gradient."""
-        import torch.distributed as dist
-
         params = [p for p in pl_module.parameters() if p.requires_grad]
         buffer = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
         times = []
@@ -107,8 +106,6 @@ class StepTimeTrace(Callback):
         return statistics.median(times[1:])
 
     def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        import torch.distributed as dist
-
         own = self.own_s[self.skip :]
         n = trainer.world_size
         params = [p for p in pl_module.parameters() if p.requires_grad]

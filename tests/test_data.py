@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from lightning_pgc.codes import BoundedScheme
-from lightning_pgc.strategy.sampling import (
+from lightning_pgc.sampling import (
     PartitionBatchSampler,
     PartitionStreams,
     select_partition,

@@ -187,7 +187,7 @@ def test_data_condition_refuses_bad_settings():
 
 
 def test_iid_streams_are_the_runtimes_streams():
-    from lightning_pgc.strategy.sampling import PartitionStreams
+    from lightning_pgc.sampling import PartitionStreams
 
     labels = np.arange(100) % 10
     ours, theirs = partition_streams(labels, 4, 7, DataCondition("iid")), PartitionStreams(100, 4, 7)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import ast
+import graphlib
 import json
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -222,3 +224,90 @@ def test_no_two_classes_of_the_package_or_the_lab_share_a_name() -> None:
                     where.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
     assert len(where) > 50  # the walk sees the classes
     assert {name: paths for name, paths in where.items() if len(paths) > 1} == {}
+
+
+def _import_edges(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules that running ``name`` runs by its imports: every import statement in its source, at
+    module level, under ``if TYPE_CHECKING:`` and inside functions alike. An import of ``a.b.c`` also runs the
+    packages ``a`` and ``a.b`` (their ``__init__``), except those above ``name`` itself (already running when it
+    runs); ``from a.b import c`` runs ``a.b.c`` too when that is a module."""
+    is_package = path.name == "__init__.py"
+    base = name if is_package else name.rpartition(".")[0]
+    above = {name.rsplit(".", k)[0] for k in range(1, name.count(".") + 1)}
+    found: set[str] = set()
+
+    def runs(target: str) -> None:
+        parts = target.split(".")
+        found.update(p for p in (".".join(parts[:k]) for k in range(1, len(parts))) if p in modules and p not in above)
+        while target and target not in modules:  # `import a.b.name`: the module that defines `name`
+            target = target.rpartition(".")[0]
+        if target:
+            found.add(target)
+
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                runs(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            source = node.module or ""
+            if node.level:
+                package = base.split(".")[: len(base.split(".")) - node.level + 1]
+                source = ".".join(package + ([source] if source else []))
+            if source.split(".")[0] != "lightning_pgc":
+                continue
+            runs(source)
+            found.update(f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in modules)
+    return found - {name}
+
+
+def _import_cycle(modules: dict[str, Path]) -> Optional[list[str]]:
+    """One import cycle among ``modules`` (its modules in import order, the first again at the end), or None."""
+    graph = {name: _import_edges(name, path, modules) for name, path in modules.items()}
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as err:
+        return list(reversed(err.args[1]))
+    return None
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    """No module of the package imports, directly or not, a module that imports it back. Every import statement
+    counts, wherever it stands: a cycle hidden in a function, or under ``if TYPE_CHECKING:`` (an annotation that
+    names its caller's class), is a missing interface all the same. A part that needs its owner's attributes says
+    which in a ``Protocol`` of its own (e.g. :class:`~lightning_pgc.strategy.leadership.LeadershipHost`)."""
+    cycle = _import_cycle(_package_modules())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or ())
+
+
+def test_the_cycle_check_sees_cycles_through_type_checking_and_function_level_imports(tmp_path: Path) -> None:
+    """A cycle through an ``if TYPE_CHECKING:`` import, one through a function-level import and one through a
+    package's ``__init__`` are each found (so the check above cannot pass by missing them)."""
+    sources = {
+        "owner.py": "from pkg.part import Part\n",
+        "part.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.owner import Owner\n",
+        "late.py": "def f():\n    from pkg import sub\n",
+        "sub/__init__.py": "from pkg.sub.leaf import X\n",
+        "sub/leaf.py": "from pkg.late import f\n",
+    }
+    modules = {}
+    for rel, text in sources.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text.replace("pkg", "lightning_pgc"))
+        parts = rel.removesuffix(".py").removesuffix("/__init__").split("/")
+        modules[".".join(["lightning_pgc", *parts])] = path
+    cycle = _import_cycle(modules)
+    assert cycle is not None and cycle[0] == cycle[-1]
+    found = set(cycle)
+    assert found in (
+        {"lightning_pgc.owner", "lightning_pgc.part"},
+        {"lightning_pgc.late", "lightning_pgc.sub", "lightning_pgc.sub.leaf"},
+    )
+    without_type_checking = {m: p for m, p in modules.items() if m != "lightning_pgc.part"}
+    assert set(_import_cycle(without_type_checking) or ()) == {
+        "lightning_pgc.late",
+        "lightning_pgc.sub",
+        "lightning_pgc.sub.leaf",
+    }
+    (tmp_path / "late.py").write_text("def f():\n    pass\n")
+    assert _import_cycle(without_type_checking) is None

@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from lightning_pgc.codes import make_scheme
 from lightning_pgc.strategy.loaders import partition_loader
 from lightning_pgc.strategy.preflight import PGCUnsupportedError
-from lightning_pgc.strategy.sampling import PartitionBatchSampler
+from lightning_pgc.sampling import PartitionBatchSampler
 from tests.loaders_job import BATCH, CASES, STEPS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,14 +9,13 @@ import numpy as np
 import pytest
 
 from lightning_pgc.delays import delay_for
-from lightning_pgc.emulator.cluster import delay_model
+from lightning_pgc.emulator.cluster import delay_model, trace_delay_model
 from lightning_pgc.emulator.traces import (
     TraceDelays,
     block_length,
     load_trace,
     resample_index,
     stall_runs,
-    trace_delay_model,
     trace_delays,
 )
 from lightning_pgc.step_trace import TRACE_FORMAT

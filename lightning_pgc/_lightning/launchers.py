@@ -77,7 +77,7 @@ def wrap_launcher(strategy: Any, wrap: Callable[[Any], Any]) -> None:
 def _reap(
     procs: list[Any],
     alive: Callable[[Any], bool],
-    kill: Callable[[Any], None],
+    kill: Callable[[Any], object],
     code: Callable[[Any], Optional[int]],
     grace_s: float,
     first_rank: int,
@@ -186,7 +186,9 @@ class SurvivingMultiprocessingLauncher(_MultiProcessingLauncher):
         context = mp.start_processes(
             self._wrapping_function,
             args=tuple(process_args),
-            nprocs=self._strategy.num_processes,
+            # Lightning types the launcher's strategy as a ParallelStrategy, though its own launch reads DDPStrategy's
+            # ``num_processes`` here too (every strategy it launches for is one)
+            nprocs=self._strategy.num_processes,  # type: ignore[attr-defined]
             start_method=self._start_method,
             join=False,
         )

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 
 from lightning.fabric.loggers.csv_logs import CSVLogger as _FabricCSVLogger  # 2.6.6: CSVLogger's base
 from lightning.fabric.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.loggers import WandbLogger  # (Lightning's class: it imports wandb only when it logs)
 
 
 __all__ = ["continue_loggers", "guard_loggers", "logger_ids", "make_rank_zero", "pin_loggers", "unguard_loggers"]
@@ -27,7 +28,9 @@ def make_rank_zero(zero: bool = True, world_size: int = 1) -> None:
     """This process does the rank-zero work from now on (``zero``): ``rank_zero_only`` functions (loggers,
     rank-zero messages) run here; or no longer (a leader that was replaced): it then counts as a rank above all
     others (2.6.6: loggers' experiments are dummies on ranks above 0)."""
-    rank_zero_only.rank = 0 if zero else world_size
+    # lightning_utilities types ``rank_zero_only`` as a plain (overloaded) function; Lightning sets and reads the
+    # ``rank`` attribute it carries the same way
+    rank_zero_only.rank = 0 if zero else world_size  # type: ignore[attr-defined]
 
 
 def logger_ids(loggers: list[Any]) -> list[Optional[str]]:
@@ -46,8 +49,6 @@ def pin_loggers(loggers: list[Any], ids: list[Optional[str]]) -> None:
     """Every other rank: use rank 0's runs, so that a successor writes into them (2.6.6: ``CSVLogger`` and
     ``TensorBoardLogger`` keep their version in ``_version``; ``WandbLogger`` passes ``_wandb_init`` to
     ``wandb.init`` when its experiment is created)."""
-    from lightning.pytorch.loggers import WandbLogger
-
     for lg, ident in zip(loggers, ids):
         if ident is None:
             continue

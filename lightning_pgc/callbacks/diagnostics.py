@@ -39,6 +39,7 @@ from typing import Any, Mapping, Optional
 import torch
 from lightning.fabric.utilities.apply_func import apply_to_collection
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.loggers import WandbLogger  # (Lightning's class: wandb itself is imported only to log to it)
 from torch import Tensor
 
 from lightning_pgc.callbacks.probe import (
@@ -422,10 +423,6 @@ class PGCDiagnostics(Callback):
 
     def _log_histogram(self, trainer: Trainer, record: Any, version: int, stats: list[dict[str, float]]) -> None:
         """W&B only: the age histogram and, for every rank (no cap), the per-rank table and lag histogram."""
-        try:
-            from lightning.pytorch.loggers import WandbLogger
-        except ImportError:  # pragma: no cover
-            return
         for logger in trainer.loggers:
             if isinstance(logger, WandbLogger):
                 import wandb

@@ -8,6 +8,7 @@ it was taken.
 
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence
 
@@ -18,6 +19,8 @@ from lightning.fabric.utilities.apply_func import apply_to_collection
 from lightning.pytorch import LightningModule, Trainer
 from torch import Tensor
 from torch.utils.data import default_collate
+
+from lightning_pgc.sampling import PartitionBatchSampler
 
 
 __all__ = [
@@ -317,8 +320,6 @@ def _guarded(pl_module: LightningModule) -> Iterator[None]:
 
 def _metric_states(module: torch.nn.Module) -> list[tuple[Any, dict[str, Any]]]:
     """A copy of every torchmetrics metric's state (its ``_defaults`` names and update bookkeeping)."""
-    import copy
-
     saved = []
     for sub in module.modules():
         defaults = getattr(sub, "_defaults", None)
@@ -350,8 +351,6 @@ def swapped_params(params: Sequence[torch.nn.Parameter], flat: Tensor) -> Iterat
 
 def partition_loader(trainer: Trainer) -> Optional[tuple[Any, Any]]:
     """``(DataLoader, PartitionBatchSampler)`` of the running fit, or ``None`` when the strategy is not PGC's."""
-    from lightning_pgc.strategy.sampling import PartitionBatchSampler
-
     combined = getattr(trainer.fit_loop, "_combined_loader", None)
     loaders = list(combined.flattened) if combined is not None else []
     if not loaders and trainer.train_dataloader is not None:

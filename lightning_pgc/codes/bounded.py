@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -194,7 +194,7 @@ class BoundedScheme(Scheme):
             raise ValueError(f"bounded: a code carries exactly one partition gradient, got {list(present)}")
         return {present[0]: 1.0}
 
-    def admits(self, received: Sequence[int]) -> bool:
+    def admits(self, received: Iterable[int]) -> bool:
         """Whether the *partitions* ``received`` cover every partition."""
         return set(self._check_received(set(received))) == set(range(self.n))
 

@@ -26,8 +26,10 @@ emulated, and labelled so.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
+import multiprocessing
 import os
 import sys
 import time
@@ -36,8 +38,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
+import torch
 
-from lightning_pgc.emulator.cells import MapArm, MapCell, Protocol, arms_for, run_arm
+from lightning_pgc.emulator.cells import MapArm, MapCell, Protocol, _model, arms_for, run_arm
 from lightning_pgc.emulator.cluster import COMPUTE_S, RATIOS, TRACE_PREFIX
 from lightning_pgc.emulator.scoring import holm, sign_flip_p
 from lightning_pgc.emulator.summary import ALPHA, summarize
@@ -80,8 +83,6 @@ def proxy_task(ratio: float, known: Optional[Callable[[str], bool]] = None) -> s
 
 
 def _task_known(task: str) -> bool:
-    from lightning_pgc.emulator.cells import _model
-
     try:
         _model(task, 0)
     except ValueError:
@@ -255,8 +256,6 @@ def _div(a: Optional[float], b: Optional[float]) -> Optional[float]:
 
 
 def _run_one(item: tuple[MapCell, MapArm, Protocol]) -> dict[str, Any]:
-    import torch
-
     torch.set_num_threads(1)  # the proxy task's small batched kernels run fastest on one thread
     cell, arm, protocol = item
     return run_arm(cell, arm, protocol)
@@ -334,8 +333,6 @@ def advise(
     started, cpu0 = time.time(), time.process_time()
     records: list[dict[str, Any]] = []
     if workers > 1:
-        import multiprocessing
-
         with multiprocessing.get_context("fork").Pool(workers) as pool:
             for i, rec in enumerate(pool.imap(_run_one, items), 1):
                 records.append(rec)
@@ -467,8 +464,6 @@ def render(advice: Advice) -> str:
 
 def main(argv: Sequence[str]) -> int:
     """``lightning-pgc advise TRACE [--json] [--seeds K] [--bound compute|comm | --ratio R] [--task T] [--workers W]``."""
-    import argparse
-
     parser = argparse.ArgumentParser(
         prog="lightning-pgc advise", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -36,6 +36,7 @@ from lightning_pgc.decisions.bounded import BoundedLeader
 from lightning_pgc.decisions.leader import Leader, StepRecord
 from lightning_pgc.decisions.header import Header
 from lightning_pgc.delays import DelayModel, delay_for, parse_delay
+from lightning_pgc.emulator.auto import auto_leader
 
 __all__ = ["Costs", "SimResult", "simulate"]
 
@@ -150,8 +151,6 @@ class SimResult:
 def _default_leader(scheme: Scheme, steps: int, costs: Costs) -> Leader:
     keep = max(steps + 1, 16)
     if isinstance(scheme, AutoScheme):  # pgc_auto: the strategy's leader and switching rule
-        from lightning_pgc.emulator.auto import auto_leader
-
         return auto_leader(scheme, steps, costs.aggregate_s)
     if isinstance(scheme, BoundedScheme):
         return BoundedLeader(scheme, scheme.n, 0, timeout=math.inf, max_lag=1 << 30, now=0.0)

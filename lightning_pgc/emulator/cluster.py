@@ -17,14 +17,17 @@ Pure: numpy only (no Lightning at run time, no torch.distributed).
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
 from lightning_pgc.emulator.clock import Costs
-from lightning_pgc.delays import DelayModel, LogNormal, NoDelay, SlowRanks, Spikes, SumDelay
+from lightning_pgc.emulator.traces import TraceDelays, block_length, load_trace, trace_delays
+from lightning_pgc.delays import DelayModel, LogNormal, NoDelay, SlowRanks, Spikes, SumDelay, parse_delay
 
 __all__ = [
     "COMPUTE_S",
@@ -40,6 +43,7 @@ __all__ = [
     "costs_for",
     "delay_model",
     "node_size",
+    "trace_delay_model",
 ]
 
 COMPUTE_S = 0.1  #: seconds of one partition gradient's compute
@@ -188,7 +192,7 @@ def _jitter(sigma: float = 0.5) -> LogNormal:
 
 def delay_model(pattern: str, n: int, seed: int = 0) -> DelayModel:
     """The delay model of ``pattern`` (a key of :data:`PATTERNS`, or ``"trace:PATH"``: a step trace replayed by
-    block resampling, :func:`lightning_pgc.emulator.traces.trace_delay_model`) for ``n`` workers (``seed``: node
+    block resampling, :func:`trace_delay_model`) for ``n`` workers (``seed``: node
     stalls' draw, a trace's block starts).
 
     Raises:
@@ -214,10 +218,34 @@ def delay_model(pattern: str, n: int, seed: int = 0) -> DelayModel:
     if pattern == "slow spells":
         return SumDelay([_jitter(), SlowSpells(normal_steps=300, slow_steps=100, seconds=0.3, seed=seed)])
     if pattern.startswith(TRACE_PREFIX):  # a recorded step trace, block-resampled (emulator/traces.py)
-        from lightning_pgc.emulator.traces import trace_delay_model
-
         return trace_delay_model(pattern[len(TRACE_PREFIX) :], n, seed)
     raise ValueError(f"unknown straggler pattern {pattern!r}; valid: {', '.join(PATTERNS)}")
+
+
+def trace_delay_model(path: str | Path, n: int, seed: int = 0, compute_s: Optional[float] = None) -> TraceDelays:
+    """The delay pattern ``"trace:PATH"`` of the map for ``n`` workers: the trace's delays, block-resampled with its
+    :func:`~lightning_pgc.emulator.traces.block_length`, scaled so that its typical step is ``compute_s`` (default:
+    the map's ``COMPUTE_S``).
+
+    Raises:
+        ValueError: ``n < 2``, or the file is not a step trace.
+    """
+    if n < 2:
+        raise ValueError(f"n must be >= 2 workers, got {n}")
+    if compute_s is None:
+        compute_s = COMPUTE_S
+    path = Path(path).resolve()
+    stat = path.stat()
+    own, block = _trace_file(str(path), stat.st_mtime_ns, stat.st_size)
+    typical, delays = trace_delays(own)
+    return TraceDelays(delays * (compute_s / typical), block, seed)
+
+
+@functools.lru_cache(maxsize=16)
+def _trace_file(path: str, mtime_ns: int, size: int) -> tuple[np.ndarray, int]:
+    """A trace file's own times and block length, cached by its path and its version (modification time, size)."""
+    own = load_trace(path).own
+    return own, block_length(own)
 
 
 def costs_for(ratio: float, compute_s: float = COMPUTE_S) -> Costs:
@@ -246,8 +274,6 @@ class Cluster:
 
     def delay_model(self, seed: int) -> DelayModel:
         if self.delay is not None:
-            from lightning_pgc.delays import parse_delay
-
             return parse_delay(self.delay.replace("{last}", str(self.n - 1)))
         return delay_model(self.pattern, self.n, seed)
 

@@ -1,11 +1,11 @@
 """Data conditions of the emulator: which training samples each of the ``n`` partitions holds.
 
-``iid``: the runtime's own split (:func:`lightning_pgc.strategy.sampling.split_partitions`, a seeded shuffle cut in ``n`` near-equal
+``iid``: the runtime's own split (:func:`lightning_pgc.sampling.split_partitions`, a seeded shuffle cut in ``n`` near-equal
 parts), so partitions are identical in distribution. ``dirichlet``: a label-skewed split; for every class the
 shares of the ``n`` partitions are drawn from ``Dirichlet(alpha * 1_n)`` and the class's samples are dealt out in
 those shares. Small ``alpha`` (0.1) gives each partition one or two dominant labels, large ``alpha`` tends to iid.
 Every partition keeps at least one sample. Pure numpy; the mini-batch streams over the partitions are the
-runtime's :class:`~lightning_pgc.strategy.sampling.PartitionStreams` (one deterministic stream per partition).
+runtime's :class:`~lightning_pgc.sampling.PartitionStreams` (one deterministic stream per partition).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lightning_pgc.strategy.sampling import PartitionStreams, split_partitions
+from lightning_pgc.sampling import PartitionStreams, split_partitions
 
 __all__ = ["DataCondition", "dirichlet_partitions", "label_skew", "partition_streams"]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Optional, Sequence
 
 import numpy as np
@@ -130,8 +131,6 @@ def ratio_permutation_p(
 
 def _z(q: float) -> float:
     """The standard normal quantile of ``q`` (``statistics.NormalDist``)."""
-    from statistics import NormalDist
-
     return NormalDist().inv_cdf(q)
 
 

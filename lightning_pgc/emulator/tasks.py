@@ -28,6 +28,9 @@ import torch
 from torch import nn
 
 from lightning_pgc.emulator.train import Task
+from lightning_pgc.examples.digits import DigitsCNN, load_digits_tensors
+from lightning_pgc.examples.shifted_digits import BNCNN, shifted_digits_tensors
+from lightning_pgc.examples.stdlib_lm import ByteTransformer, corpus_info, lm_tensors
 
 __all__ = ["TARGET_RULE", "TASKS", "TaskSpec", "make_task", "targets_from_curve", "task_info"]
 
@@ -135,17 +138,11 @@ _DATA: dict[str, tuple[torch.Tensor, ...]] = {}
 def _data(name: str) -> tuple[torch.Tensor, ...]:
     if name not in _DATA:
         if name in ("mlp", "cnn"):
-            from lightning_pgc.examples.digits import load_digits_tensors
-
             train, val = load_digits_tensors()
             _DATA[name] = (*train.tensors, *val.tensors)
         elif name == "lm":
-            from lightning_pgc.examples.stdlib_lm import lm_tensors
-
             _DATA[name] = lm_tensors(32)
         else:
-            from lightning_pgc.examples.shifted_digits import shifted_digits_tensors
-
             _DATA[name] = shifted_digits_tensors()
     return _DATA[name]
 
@@ -154,15 +151,9 @@ def _model(name: str) -> nn.Module:
     if name == "mlp":
         return nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 10))
     if name == "cnn":
-        from lightning_pgc.examples.digits import DigitsCNN
-
         return DigitsCNN().net
     if name == "lm":
-        from lightning_pgc.examples.stdlib_lm import ByteTransformer
-
         return ByteTransformer(context=32, width=32, heads=4, layers=2)
-    from lightning_pgc.examples.shifted_digits import BNCNN
-
     return BNCNN(16)
 
 
@@ -207,7 +198,5 @@ def task_info(name: str) -> dict[str, Any]:
     if s.optimizer == "adamw":
         out["beta2"] = s.beta2
     if name == "lm":
-        from lightning_pgc.examples.stdlib_lm import corpus_info
-
         out["corpus"] = corpus_info()
     return out

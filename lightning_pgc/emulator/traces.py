@@ -25,9 +25,9 @@ then ``L = T`` and every resample is a rotation of the whole trace.
 ``k // R`` draws its own block starts, so the copies are independent resamples of the same cluster.
 
 **For the map**: the straggler pattern ``"trace:PATH"`` of :func:`lightning_pgc.emulator.cluster.delay_model` is
-:func:`trace_delay_model` ``(PATH, n, seed)``: the trace's delays scaled so that its typical step is the map's
-compute of one gradient (``COMPUTE_S``), so a trace recorded on any hardware plays at the map's time unit, with its
-ratio of delay to compute kept.
+:func:`lightning_pgc.emulator.cluster.trace_delay_model` ``(PATH, n, seed)``: a :class:`TraceDelays` of the
+trace's delays scaled so that its typical step is the map's compute of one gradient (``COMPUTE_S``), so a trace
+recorded on any hardware plays at the map's time unit, with its ratio of delay to compute kept.
 
 Pure: numpy only (no Lightning, no torch.distributed); only :func:`load_trace` imports the callback's module, for
 the file format's name.
@@ -35,7 +35,6 @@ the file format's name.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -55,7 +54,6 @@ __all__ = [
     "load_trace",
     "resample_index",
     "stall_runs",
-    "trace_delay_model",
     "trace_delays",
 ]
 
@@ -227,30 +225,3 @@ class TraceDelays(DelayModel):
 
     def _params(self) -> dict[str, Any]:
         return {"digest": self.digest, "block": self.block, "seed": self.seed}
-
-
-@functools.lru_cache(maxsize=16)
-def _trace_file(path: str, mtime_ns: int, size: int) -> tuple[np.ndarray, int]:
-    """A trace file's own times and block length, cached by its path and its version (modification time, size)."""
-    own = load_trace(path).own
-    return own, block_length(own)
-
-
-def trace_delay_model(path: str | Path, n: int, seed: int = 0, compute_s: Optional[float] = None) -> TraceDelays:
-    """The delay pattern ``"trace:PATH"`` of the map for ``n`` workers: the trace's delays, block-resampled with its
-    :func:`block_length`, scaled so that its typical step is ``compute_s`` (default: the map's ``COMPUTE_S``).
-
-    Raises:
-        ValueError: ``n < 2``, or the file is not a step trace.
-    """
-    if n < 2:
-        raise ValueError(f"n must be >= 2 workers, got {n}")
-    if compute_s is None:
-        from lightning_pgc.emulator.cluster import COMPUTE_S
-
-        compute_s = COMPUTE_S
-    path = Path(path).resolve()
-    stat = path.stat()
-    own, block = _trace_file(str(path), stat.st_mtime_ns, stat.st_size)
-    typical, delays = trace_delays(own)
-    return TraceDelays(delays * (compute_s / typical), block, seed)

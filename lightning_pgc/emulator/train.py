@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from lightning_pgc.codes import Scheme
-from lightning_pgc.strategy.sampling import PartitionStreams
+from lightning_pgc.sampling import PartitionStreams
 from lightning_pgc.emulator.aggregate import plan_for
 from lightning_pgc.emulator.running_stats import buffer_decay, next_statistics, used_codes
 from lightning_pgc.emulator.schedule import Version

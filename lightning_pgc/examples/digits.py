@@ -16,6 +16,8 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 from torchmetrics.classification import MulticlassAccuracy
 
+from lightning_pgc.strategy import PGCStrategy
+
 
 def load_digits_tensors(val_fraction: float = 0.2, seed: int = 0) -> tuple[TensorDataset, TensorDataset]:
     """Train/validation split of scikit-learn's digits as float images in [0, 1] with shape (N, 1, 8, 8)."""
@@ -129,8 +131,6 @@ def log_train_loss(module: pl.LightningModule, outputs: Any, sync: bool = True) 
     collective is needed (one would wait for stragglers); under ``ddp`` the local losses are averaged, an
     extra all-reduce per step unless ``sync=False`` (then each rank logs its own loss, as plain Lightning does).
     """
-    from lightning_pgc.strategy import PGCStrategy
-
     loss = outputs["loss"] if isinstance(outputs, dict) else outputs
     if loss is None:
         return

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
-from lightning_pgc.examples.digits import TensorDataModule
+from lightning_pgc.examples.digits import TensorDataModule, load_digits_tensors, log_train_loss
 
 __all__ = [
     "DATA_SEED",
@@ -57,8 +57,6 @@ def _perturb(x: Tensor, copies: int, gen: torch.Generator) -> Tensor:
 def shifted_digits_tensors() -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``x_train, y_train, x_val, y_val``: images ``[N, 1, 8, 8]`` (float32) and labels, the training copies of the
     digits' training split and the validation copies of its validation split (deterministic)."""
-    from lightning_pgc.examples.digits import load_digits_tensors
-
     train, val = load_digits_tensors()
     gen = torch.Generator().manual_seed(DATA_SEED)
     (x, y), (xv, yv) = train.tensors, val.tensors
@@ -108,8 +106,6 @@ class ShiftedDigitsCNN(pl.LightningModule):
         return self.net(x)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        from lightning_pgc.examples.digits import log_train_loss
-
         x, y = batch
         loss = F.cross_entropy(self(x), y)
         log_train_loss(self, loss)

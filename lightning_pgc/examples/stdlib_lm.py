@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
-from lightning_pgc.examples.digits import TensorDataModule
+from lightning_pgc.examples.digits import TensorDataModule, log_train_loss
 
 __all__ = [
     "CORPUS_BYTES",
@@ -174,8 +174,6 @@ class StdlibLM(pl.LightningModule):
         return self.net(x)
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        from lightning_pgc.examples.digits import log_train_loss
-
         x, y = batch
         loss = lm_loss(self(x), y)
         log_train_loss(self, loss)

@@ -11,6 +11,10 @@ import torch
 from torch import Tensor
 
 
+#: A CUDA event: recorded on one stream, waited on by another (the runtime's events are ``None`` off CUDA).
+Event = torch.cuda.Event
+
+
 class PGCTimeoutError(RuntimeError):
     """No aggregate arrived in time: the leader stopped beating (or a bounded wait in a test ran out)."""
 
@@ -27,8 +31,8 @@ class Code:
         self.flat = torch.zeros(numel, dtype=dtype, device=device)
         self.rows = self.flat.view(1, -1)  # (the codes' encode writes one row)
         self.version = -1
-        self.event: Optional[object] = None  # CUDA: recorded when it was submitted (the comm stream waits on it)
-        self.read: Optional[object] = None  # CUDA: recorded after the comm stream last read it
+        self.event: Optional[Event] = None  # CUDA: recorded when it was submitted (the comm stream waits on it)
+        self.read: Optional[Event] = None  # CUDA: recorded after the comm stream last read it
 
     def write(self, start: int, flat: Tensor) -> None:
         """Copy ``flat`` into the code at offset ``start`` (e.g. the averaged buffers)."""
@@ -46,14 +50,14 @@ class Aggregates:
 
     def __init__(self, numel: int, dtype: torch.dtype, device: torch.device) -> None:
         self.numel, self.dtype, self.device = numel, dtype, device
-        self._items: dict[int, tuple[Tensor, Optional[object], tuple[int, ...]]] = {}
-        self._free: list[tuple[Tensor, Optional[object]]] = []
+        self._items: dict[int, tuple[Tensor, Optional[Event], tuple[int, ...]]] = {}
+        self._free: list[tuple[Tensor, Optional[Event]]] = []
         self._cond = threading.Condition()
         self._abort: Optional[BaseException] = None
         self.high_water = 0
         self.allocated = 0
 
-    def buffer(self, wait_event: Callable[[object], None] = lambda e: None) -> Tensor:
+    def buffer(self, wait_event: Callable[[Event], None] = lambda e: None) -> Tensor:
         """A free buffer (a new one if none is free); ``wait_event`` is applied to the event of its last use."""
         with self._cond:
             if self._free:
@@ -64,7 +68,7 @@ class Aggregates:
             self.allocated += 1
         return torch.empty(self.numel, dtype=self.dtype, device=self.device)
 
-    def put(self, version: int, buf: Tensor, event: Optional[object] = None, table: tuple[int, ...] = ()) -> None:
+    def put(self, version: int, buf: Tensor, event: Optional[Event] = None, table: tuple[int, ...] = ()) -> None:
         with self._cond:
             old = self._items.pop(version, None)
             if old is not None:
@@ -92,7 +96,7 @@ class Aggregates:
         with self._cond:
             return version in self._items
 
-    def take(self, version: int, timeout: float) -> tuple[Tensor, Optional[object], tuple[int, ...]]:
+    def take(self, version: int, timeout: float) -> tuple[Tensor, Optional[Event], tuple[int, ...]]:
         """Remove and return ``(buffer, event, table)`` of ``version``, waiting up to ``timeout`` seconds; older
         entries go back to the pool.
 
@@ -113,7 +117,7 @@ class Aggregates:
                 self._free.append((self._items.pop(stale)[0], None))
             return self._items.pop(version)
 
-    def release(self, buf: Tensor, event: Optional[object] = None) -> None:
+    def release(self, buf: Tensor, event: Optional[Event] = None) -> None:
         with self._cond:
             self._free.append((buf, event))
 

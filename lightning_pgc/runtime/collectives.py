@@ -14,7 +14,10 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-__all__ = ["CollectiveError", "Gather", "LiveCollectives"]
+__all__ = ["CollectiveError", "Contribution", "Gather", "LiveCollectives"]
+
+#: One rank's part of one collective, as the runtime carries it: the operation's name and the rank's object.
+Contribution = tuple[str, object]
 
 
 class CollectiveError(RuntimeError):

@@ -3,30 +3,131 @@
 It runs independently of the training thread, so a rank still computing version ``t`` takes part in ``t``'s
 all-reduce on time (with zeros) and keeps the aggregate; it also runs Lightning's collectives on the data group in
 the order the leader sets, and joins each new configuration of the group. A mixin of
-:class:`~lightning_pgc.runtime.plane.CollectiveRuntime` (it uses that class's state).
+:class:`~lightning_pgc.runtime.plane.CollectiveRuntime`: what it uses of that class is :class:`CommHost`.
 """
 
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
+import threading
 import time
+from datetime import timedelta
 from typing import Optional, Sequence
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
-from lightning_pgc.runtime.collectives import CollectiveError
-from lightning_pgc.runtime.control import Channel, inbox, leader_box
+from lightning_pgc.codes import Scheme
+from lightning_pgc.runtime.collectives import CollectiveError, Contribution
+from lightning_pgc.runtime.control import Announcement, Bye, Channel, inbox, leader_box, live_store
 from lightning_pgc.runtime.group import DataGroup, open_group
+from lightning_pgc.runtime.rejoin import StateFn
+from lightning_pgc.runtime.succession import Succession
 from lightning_pgc.decisions.leader import STAT_NAMES
-from lightning_pgc.runtime.aggregates import PGCTimeoutError
+from lightning_pgc.runtime.aggregates import Aggregates, Code, PGCTimeoutError
 from lightning_pgc.codes.shares import contribute
 
 log = logging.getLogger(__name__)
 
 
-class CommLoop:
-    """The comm thread's methods (mixed into :class:`~lightning_pgc.runtime.plane.CollectiveRuntime`)."""
+class CommHost(ABC):
+    """What the comm thread uses of the runtime it runs in (:class:`~lightning_pgc.runtime.plane.CollectiveRuntime`
+    sets all of it in its constructor): the run's layout, the leadership, and the state it shares with the training
+    thread and the heartbeats."""
+
+    scheme: Scheme
+    rank: int
+    world_size: int
+    device: torch.device
+    up_dtype: torch.dtype
+    down_dtype: torch.dtype
+    coded_numel: int
+    agg_numel: int
+    data_backend: str
+    prefix: str
+    kept_versions: int
+    failover: bool
+    heartbeat_interval: float
+    heartbeat_window: float
+    group_timeout: timedelta
+    term: int
+    leader_rank: int
+    members: list[int]
+    succession: Succession
+    aggregates: Aggregates
+    progress: int
+    alive: int
+    final_stats: Optional[list[dict[str, float]]]
+    _frontier: int
+    _lock: threading.Lock
+    _codes: dict[int, Code]
+    _free_codes: list[Code]
+    _announced: dict[int, Announcement]
+    _rejoining: Optional[int]
+    _bye: Optional[Bye]
+    _state_fn: Optional[StateFn]
+    _leader_heard: float
+    _comm_free_at: float
+    _stopping: threading.Event
+    _beats_done: threading.Event
+    _ctl: Channel
+    _chan: Channel
+    _group_store: Optional[dist.Store]
+    _attach_cond: threading.Condition
+    _attachments: dict[int, list[tuple[int, int, str]]]
+    _attach_info: Optional[tuple[int, int, str]]
+    _attached: threading.Event
+
+    @property
+    @abstractmethod
+    def is_leader(self) -> bool: ...
+
+    @abstractmethod
+    def fail(self, exc: BaseException) -> None: ...
+
+    @abstractmethod
+    def failure(self) -> Optional[BaseException]: ...
+
+    @abstractmethod
+    def _check_leader(self, doing: str) -> None: ...
+
+    @abstractmethod
+    def _leader_box(self) -> str: ...
+
+    @abstractmethod
+    def _set_gap(self, rank: int, version: int, detach: bool) -> None: ...
+
+    @abstractmethod
+    def _receives(self, rank: int, version: int) -> bool: ...
+
+    @abstractmethod
+    def _donate(self, version: int, state_fn: StateFn) -> None: ...
+
+
+class CommLoop(CommHost):
+    """The comm thread's methods (mixed into :class:`~lightning_pgc.runtime.plane.CollectiveRuntime`, which sets the
+    state below in its constructor)."""
+
+    group: Optional[DataGroup]  # the data group of configuration ``config`` (None: not a member now)
+    config: int
+    completed: int  # the last version whose all-reduce this rank completed
+    _next: int  # the version whose decision it runs next
+    _waiting: bool
+    _busy: bool
+    _stream: Optional[torch.cuda.Stream]
+    _scratch: Optional[Tensor]  # the sum buffer when the payload's dtype is wider than the aggregate's
+    allreduce_s: float
+    allreduces: int
+    data_bytes: int
+    _coll_cond: threading.Condition
+    _coll_seq: int
+    _coll_mine: dict[int, Contribution]  # seq -> this rank's contribution, until the collective ran
+    _coll_done: dict[int, dict[int, Contribution]]  # seq -> every member's, until the training thread takes them
+    _coll_saved: dict[int, Optional[Contribution]]
+    _coll_history: dict[int, dict[int, Contribution]]
+    _coll_replay: dict[int, dict[int, Contribution]]
 
     def _comm(self) -> None:
         try:
@@ -163,7 +264,7 @@ class CommLoop:
     def _open_group(self, number: int, members: list[int]) -> Optional[DataGroup]:
         """The data group of configuration ``number`` over this rank's group store (None: not a member)."""
         return open_group(
-            self._group_store,
+            live_store(self._group_store),
             self.prefix,
             number,
             members,
@@ -231,7 +332,7 @@ class CommLoop:
     def _sum_buffer(self) -> Tensor:
         if self.up_dtype == self.down_dtype:
             return self.aggregates.buffer(lambda e: torch.cuda.current_stream(self.device).wait_event(e))
-        scratch = getattr(self, "_scratch", None)
+        scratch = self._scratch
         if scratch is None:
             scratch = self._scratch = torch.empty(self.agg_numel, dtype=self.up_dtype, device=self.device)
         return scratch
@@ -316,7 +417,7 @@ def _expand(version: int, plan: Sequence) -> list[tuple[int, int, int]]:
     return [(p, p, version) if isinstance(p, int) else tuple(p) for p in plan]
 
 
-def _checked(seq: int, got: dict[int, tuple[str, object]]) -> dict[int, object]:
+def _checked(seq: int, got: dict[int, Contribution]) -> dict[int, object]:
     """The contributions of collective ``seq`` by rank, once every rank called the same operation."""
     ops = {r: o for r, (o, _) in got.items()}
     if len(set(ops.values())) > 1:

@@ -24,6 +24,7 @@ from datetime import timedelta
 from typing import Any, Optional
 
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _get_default_store
 
 #: Environment variable naming the store the launching process hosts (``host:port``), inherited by the ranks.
 STORE_ENV = "PGC_STORE_ADDR"
@@ -67,8 +68,6 @@ def open_store(timeout: timedelta) -> dist.Store:
     if addr:
         host, port = addr.rsplit(":", 1)
         return dist.TCPStore(host, int(port), is_master=False, timeout=timeout, wait_for_workers=False, use_libuv=True)
-    from torch.distributed.distributed_c10d import _get_default_store
-
     return _get_default_store()
 
 
@@ -78,13 +77,28 @@ _RUNS = itertools.count()  # runtime starts in this process: every rank starts t
 def run_prefix(rank: int) -> str:
     """A namespace for one runtime start, the same on every rank and new for every start (rank 0 draws it and
     passes it through the default group's store)."""
-    from torch.distributed.distributed_c10d import _get_default_store
-
     store = _get_default_store()
     key = f"pgc/run/{next(_RUNS)}"
     if rank == 0:
         store.set(key, uuid.uuid4().hex)
     return "pgc/" + store.get(key).decode()
+
+
+def live_store(store: Optional[dist.Store]) -> dist.Store:
+    """``store``, a connection of a runtime, or a clear error once that runtime stopped and closed its connections."""
+    if store is None:
+        raise RuntimeError("PGC: the runtime stopped and closed its connections to the store")
+    return store
+
+
+#: A worker's announcement that its code for a version is ready: ``("code", rank, version, ages, skipped, partition,
+#: busy_s)`` (the leader reads it as a :class:`~lightning_pgc.decisions.header.Header`); a rank keeps the last ones to
+#: send them again to a new leader.
+Announcement = tuple[str, int, int, tuple[int, ...], int, int, float]
+
+#: A worker's goodbye at the end of its training: ``("bye", rank, skipped, leaving)`` (``leaving``: it stops alone, on
+#: SIGTERM, and the others go on without it).
+Bye = tuple[str, int, int, bool]
 
 
 #: How long a blocking pop may wait in the store. Pops are woken by messages (every rank's own heartbeat thread ticks
@@ -102,15 +116,21 @@ class Channel:
     """
 
     def __init__(self, store: dist.Store, prefix: str) -> None:
-        self.store = store.clone()
-        self.store.set_timeout(_NEVER)
+        connection = store.clone()
+        connection.set_timeout(_NEVER)
+        self._connection: Optional[dist.Store] = connection
         self.prefix = prefix
         self.bytes_sent = 0
         self.bytes_received = 0
 
+    @property
+    def store(self) -> dist.Store:
+        """This channel's connection to the store."""
+        return live_store(self._connection)
+
     def close(self) -> None:
         """Drop this channel's connection (the runtime stopped: nothing pushes or pops on it any more)."""
-        self.store = None  # type: ignore[assignment]
+        self._connection = None
 
     def _key(self, box: str) -> str:
         return f"{self.prefix}/{box}"

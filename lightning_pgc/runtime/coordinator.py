@@ -22,17 +22,54 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from datetime import timedelta
+from typing import Optional, Protocol
 
-from lightning_pgc.runtime.control import inbox, leader_box, term_key
+from lightning_pgc.codes import Scheme
+from lightning_pgc.codes.bounded import BoundedScheme
+from lightning_pgc.runtime.control import Channel, inbox, leader_box, term_key
+from lightning_pgc.runtime.succession import Succession
 from lightning_pgc.decisions.auto_leader import AutoLeader
 from lightning_pgc.decisions.leader import CoordinatorError, Leader, NoDonorYet, StepRecord
 from lightning_pgc.decisions.header import Header
 
-if TYPE_CHECKING:
-    from lightning_pgc.runtime.plane import CollectiveRuntime
-
 log = logging.getLogger(__name__)
+
+
+class CoordinatorHost(Protocol):
+    """What the control plane uses of its rank's runtime (:class:`~lightning_pgc.runtime.plane.CollectiveRuntime`):
+    the run's layout, what the rank knows of the data group, and the state the training thread and the comm thread
+    keep (the coordinator only writes ``alive``)."""
+
+    scheme: Scheme
+    rank: int
+    world_size: int
+    timeout: float
+    failover: bool
+    heartbeat_interval: float
+    heartbeat_window: float
+    group_timeout: timedelta
+    kept_versions: int
+    term: int
+    members: list[int]
+    config: int
+    progress: int
+    alive: int
+    allreduce_s: float
+    allreduces: int
+    leader: Optional[Leader]
+    succession: Succession
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def leader_channel(self) -> Channel: ...
+
+    def detached_ranks(self) -> dict[int, int]: ...
+
+    def donate_final(self, rank: int, version: int, transfer: str) -> None: ...
+
+    def fail(self, exc: BaseException) -> None: ...
 
 
 @dataclass
@@ -45,7 +82,7 @@ class _Reconfiguration:
 class Coordinator:
     """The control plane of one :class:`~lightning_pgc.runtime.plane.CollectiveRuntime` (the leader's rank)."""
 
-    def __init__(self, runtime: "CollectiveRuntime", leader: Leader, succeeds: Optional[int] = None) -> None:
+    def __init__(self, runtime: CoordinatorHost, leader: Leader, succeeds: Optional[int] = None) -> None:
         self.rt = runtime
         self.leader = leader
         self.term = runtime.term
@@ -71,7 +108,7 @@ class Coordinator:
         self.chan = rt.leader_channel()
         try:
             if self.succeeds is not None:
-                self._take_over(time.monotonic())
+                self._take_over(time.monotonic(), self.succeeds)
             self._loop()
         except BaseException as exc:
             if not self._deposed():
@@ -92,20 +129,20 @@ class Coordinator:
         """To every rank (one that left the data group may come back: it must hear the leader)."""
         self.chan.push_all([inbox(r) for r in range(self.rt.world_size)], (self.term, message))
 
-    def _take_over(self, now: float) -> None:
+    def _take_over(self, now: float, old: int) -> None:
         """A successor's start: what its rank knows (who is detached), the old leader silent, every rank told."""
         rt, leader = self.rt, self.leader
         leader.detached.update(rt.detached_ranks())
-        leader.silence(self.succeeds, now)
+        leader.silence(old, now)
         log.warning(
             "PGC rank %d is the leader now (term %d, after rank %d); the next version is decided once the members "
             "reported what they completed",
             rt.rank,
             self.term,
-            self.succeeds,
+            old,
         )
         self._send_all(("lead", rt.rank))
-        self._start(now, f"the leader (rank {self.succeeds}) is silent")
+        self._start(now, f"the leader (rank {old}) is silent")
 
     def _deposed(self) -> bool:
         """Whether a newer term replaced this coordinator (its rank froze, say): it then ends without a word."""
@@ -369,8 +406,9 @@ def _compact(rec: StepRecord) -> list:
     return [tuple(p) for p in plan]
 
 
-def _table(rt: "CollectiveRuntime", rec: StepRecord) -> tuple[int, ...]:
+def _table(rt: CoordinatorHost, rec: StepRecord) -> tuple[int, ...]:
     """What workers read to pick their next partition under ``choice="oldest"``: each partition's entry age."""
-    if getattr(rt.scheme, "choice", None) != "oldest":
+    scheme = rt.scheme
+    if not isinstance(scheme, BoundedScheme) or scheme.choice != "oldest":  # (the one scheme with a choice)
         return ()
-    return tuple(rec.version - v if k >= 0 else rt.scheme.window for _, k, v in rec.plan())
+    return tuple(rec.version - v if k >= 0 else scheme.window for _, k, v in rec.plan())

@@ -36,11 +36,13 @@ import torch.distributed as dist
 from torch import Tensor
 
 from lightning_pgc.codes import Scheme
+from lightning_pgc.codes.bounded import BoundedScheme
 from lightning_pgc.runtime.aggregates import Aggregates, Code, PGCTimeoutError
-from lightning_pgc.runtime.collectives import LiveCollectives
+from lightning_pgc.runtime.collectives import Contribution, LiveCollectives
 from lightning_pgc.runtime.comm import CommLoop
+from lightning_pgc.runtime.coordinator import Coordinator
 from lightning_pgc.runtime.rejoin import Rejoins, StateFn
-from lightning_pgc.runtime.control import Channel, inbox, leader_box
+from lightning_pgc.runtime.control import Announcement, Bye, Channel, inbox, leader_box, live_store
 from lightning_pgc.runtime.group import DataGroup, data_backend_for
 from lightning_pgc.decisions.leader import Leader, StepRecord
 from lightning_pgc.runtime.succession import Succession
@@ -59,7 +61,9 @@ class PGCDetached(RuntimeError):
     rejoins."""
 
 
-class CollectiveRuntime(CommLoop, Rejoins):
+# (Rejoins first: CommHost, CommLoop's interface, declares Rejoins._donate abstract, and a name resolves to the first
+# class of the MRO that defines it; the other order leaves _donate abstract and the class refuses to be built.)
+class CollectiveRuntime(Rejoins, CommLoop):
     """Every rank's runtime on the collective data plane; the leader's also runs the control plane.
 
     The worker API: :meth:`start`; per version :meth:`published`, :meth:`detached` /
@@ -113,7 +117,8 @@ class CollectiveRuntime(CommLoop, Rejoins):
             raise ValueError(
                 f"need heartbeat_interval > 0 and heartbeat_misses >= 1, got {heartbeat_interval}, {heartbeat_misses}"
             )
-        self.scheme, self.store, self.rank, self.world_size = scheme, store, rank, world_size
+        self.scheme, self.rank, self.world_size = scheme, rank, world_size
+        self.store: Optional[dist.Store] = store  # (None once stopped: every connection goes with the runtime)
         self.numel, self.coded_numel, self.agg_numel = numel, coded_numel, agg_numel
         self.up_dtype: torch.dtype = scheme.payload_dtype
         self.down_dtype = down_dtype
@@ -124,7 +129,7 @@ class CollectiveRuntime(CommLoop, Rejoins):
         self.heartbeat_window = self.heartbeat_interval * heartbeat_misses
         self.group_timeout = timedelta(seconds=self.heartbeat_window + self.timeout)  # one liveness window
         self.prefix = prefix if prefix is not None else f"pgc/{next(_RUNS)}"
-        self.kept_versions = keep_versions or (scheme.window if scheme.reuses_codes else 1)
+        self.kept_versions = keep_versions or _kept_versions(scheme)
         self.failover = bool(failover)
         self.term = 0  # the leader's term (see :mod:`~lightning_pgc.runtime.succession`)
         self.leader_rank = 0
@@ -155,9 +160,9 @@ class CollectiveRuntime(CommLoop, Rejoins):
         self.transfers: list[dict[str, object]] = []  # the state transfers this rank sent or received
         self._leader_heard = self._resumed_at = self._last_check = self._comm_free_at = time.monotonic()
         self._last_settle = 0.0
-        self._announced: dict[int, tuple] = {}  # version -> the announcement of the code kept for it
+        self._announced: dict[int, Announcement] = {}  # version -> the announcement of the code kept for it
         self._rejoining: Optional[int] = None  # the version this rank asked to rejoin at (until attached)
-        self._bye: Optional[tuple] = None  # the BYE this rank said
+        self._bye: Optional[Bye] = None  # the BYE this rank said
         self._stopping = threading.Event()
         self._interrupted = threading.Event()  # SIGTERM: every wait of the training thread ends (interrupt())
         self._beats_done = threading.Event()
@@ -171,9 +176,11 @@ class CollectiveRuntime(CommLoop, Rejoins):
         self._beat_chan = Channel(store, self.prefix)
         self._lead_chan: Optional[Channel] = Channel(store, self.prefix) if rank == 0 or failover else None
         self._channels = [c for c in (self._ctl, self._chan, self._beat_chan, self._lead_chan) if c is not None]
-        self._group_store = store.clone()
-        self._xfer_store = store.clone()  # the training thread's, for the rendezvous of state transfers
-        self._start_timeout = store.timeout  # for the ranks to meet (the store's: the process group's timeout)
+        self._group_store: Optional[dist.Store] = store.clone()
+        self._xfer_store: Optional[dist.Store] = store.clone()  # the training thread's, for state transfers' rendezvous
+        # for the ranks to meet (the store's: the process group's timeout); torch's stubs leave out the `timeout`
+        # property that its Store has
+        self._start_timeout: timedelta = store.timeout  # type: ignore[attr-defined]
         self.allreduce_s, self.allreduces = 0.0, 0  # the last all-reduce's seconds (read by scheme="auto"), how many
         self.data_bytes = 0  # bytes this rank's all-reduces sent (as many are received): a ring's 2 (m-1)/m payloads
         # comm thread state
@@ -185,39 +192,39 @@ class CollectiveRuntime(CommLoop, Rejoins):
         self._busy = False  # the comm thread is inside a collective (it reads no message until it ends, within the
         # group's timeout)
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._scratch: Optional[Tensor] = None
+        self._tables: dict[int, tuple[int, ...]] = {}  # the table ages of the last aggregate taken (bounded)
         self._coll_cond = threading.Condition()
-        self._coll_mine: dict[int, tuple[str, object]] = {}
-        self._coll_done: dict[int, dict[int, tuple[str, object]]] = {}
-        self._coll_saved: dict[int, Optional[tuple[str, object]]] = {}  # the last collective's own contribution
-        self._coll_history: dict[int, dict[int, tuple[str, object]]] = {}  # the last results (a rejoiner replays them)
-        self._coll_replay: dict[int, dict[int, tuple[str, object]]] = {}  # a donor's results, for collectives this
+        self._coll_mine: dict[int, Contribution] = {}
+        self._coll_done: dict[int, dict[int, Contribution]] = {}
+        self._coll_saved: dict[int, Optional[Contribution]] = {}  # the last collective's own contribution
+        self._coll_history: dict[int, dict[int, Contribution]] = {}  # the last results (a rejoiner replays them)
+        self._coll_replay: dict[int, dict[int, Contribution]] = {}  # a donor's results, for collectives this
         # rank calls in the steps it skips before the version it rejoins at
         self._coll_seq = 0  # Lightning's collectives this rank called
         self.collectives = LiveCollectives(self)
-        self._coordinator = None
+        self._coordinator: Optional[Coordinator] = None
         if rank == 0:
             self._lead(start_version)
 
     def _lead(self, start_version: Optional[int] = None, succeeds: Optional[int] = None) -> None:
         """Make this rank the leader: the first one (``start_version``), or the successor of leader ``succeeds`` (its
         control plane starts at the first version this rank did not complete and is corrected from the reports)."""
-        from lightning_pgc.runtime.coordinator import Coordinator
-
         version = start_version if start_version is not None else self.completed + 1
         leader = self._make_leader(
             self.scheme, self.world_size, version, self.timeout, self.max_lag, self.heartbeat_window
         )
-        self._coordinator = Coordinator(self, leader, succeeds=succeeds)
+        coordinator = self._coordinator = Coordinator(self, leader, succeeds=succeeds)
         self.leader = leader
         if succeeds is not None:
-            self._spawn(self._coordinator.run, "pgc-leader")
+            self._spawn(coordinator.run, "pgc-leader")
 
     def leader_channel(self) -> Channel:
         """The connection of this rank's control plane (opened at construction; a rank that leads a second time
         opens another)."""
         chan, self._lead_chan = self._lead_chan, None
         if chan is None:
-            chan = Channel(self.store, self.prefix)
+            chan = Channel(live_store(self.store), self.prefix)
             self._channels.append(chan)
         return chan
 
@@ -233,8 +240,9 @@ class CollectiveRuntime(CommLoop, Rejoins):
         """Wait for every rank (within the store's timeout), build the first data group and start the comm,
         heartbeat and (leader) control threads; liveness is judged from here on."""
         ready = [f"{self.prefix}/ready/{r}" for r in range(self.world_size)]
-        self._group_store.set(ready[self.rank], "1")
-        self._group_store.wait(ready, self._start_timeout)
+        store = live_store(self._group_store)
+        store.set(ready[self.rank], "1")
+        store.wait(ready, self._start_timeout)
         self.group = self._open_group(0, list(range(self.world_size)))
         now = time.monotonic()
         self._leader_heard = self._resumed_at = self._last_check = self._comm_free_at = now
@@ -304,7 +312,7 @@ class CollectiveRuntime(CommLoop, Rejoins):
         if not alive:  # every connection to the store goes with this runtime (as ddp's do with its groups)
             for chan in self._channels:
                 chan.close()
-            self.store = self._group_store = self._xfer_store = None  # type: ignore[assignment]
+            self.store = self._group_store = self._xfer_store = None
 
     # ------------------------------------------------------------------------------------------- worker API
     def published(self, version: int) -> bool:
@@ -381,8 +389,7 @@ class CollectiveRuntime(CommLoop, Rejoins):
 
     def table(self, version: int) -> Optional[tuple[int, ...]]:
         """Bounded staleness with ``choice="oldest"``: the table ages ``version`` closed with (once), else None."""
-        tables = getattr(self, "_tables", {})
-        return tables.pop(version, None)
+        return self._tables.pop(version, None)
 
     def release(self, aggregate: Tensor) -> None:
         """Give an aggregate from :meth:`wait` back once nothing (e.g. ``param.grad``) views it."""
@@ -517,3 +524,12 @@ class CollectiveRuntime(CommLoop, Rejoins):
         self.aggregates.abort(exc)
         with self._coll_cond:
             self._coll_cond.notify_all()
+
+
+def _kept_versions(scheme: Scheme) -> int:
+    """Versions a code may serve by default: the window of a scheme that reuses codes (bounded staleness), else 1."""
+    if not scheme.reuses_codes:
+        return 1
+    if not isinstance(scheme, BoundedScheme):
+        raise TypeError(f"{type(scheme).__name__} reuses codes but has no window: pass keep_versions")
+    return scheme.window

@@ -1,7 +1,7 @@
 """State transfer on the collective runtime: a detached rank asks to rejoin, a donor sends it the training state
 (with the results of its last collectives) over a two-rank group of their own
-(:mod:`~lightning_pgc.runtime.transfer`). A mixin of :class:`~lightning_pgc.runtime.plane.CollectiveRuntime` (it
-uses that class's state).
+(:mod:`~lightning_pgc.runtime.transfer`). A mixin of :class:`~lightning_pgc.runtime.plane.CollectiveRuntime`: what it
+uses of that class is :class:`RejoinHost`.
 
 The store carries only the request (``rejoin``), the leader's ``attach`` (version, donor, the transfer's name) and
 the pair's rendezvous: a few dozen bytes each, whatever the size of the model or of a metric's state.
@@ -15,9 +15,17 @@ the recipient receives before it runs any step of the version it rejoins at.
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
+import threading
 import time
+from datetime import timedelta
 from typing import Any, Callable, Optional
 
+import torch
+import torch.distributed as dist
+
+from lightning_pgc.runtime.collectives import Contribution
+from lightning_pgc.runtime.control import Channel, live_store
 from lightning_pgc.runtime.transfer import Pair, TransferFailed, flatten, receive, send
 
 log = logging.getLogger(__name__)
@@ -35,8 +43,40 @@ def transfer_key(prefix: str, recipient: int, transfer: str) -> str:
     return f"{prefix}/state/{recipient}/{transfer}"
 
 
-class Rejoins:
-    """The worker API of state transfer (mixed into :class:`~lightning_pgc.runtime.plane.CollectiveRuntime`)."""
+class RejoinHost(ABC):
+    """What state transfer uses of the runtime it is mixed into (:class:`~lightning_pgc.runtime.plane.CollectiveRuntime`
+    sets all of it in its constructor; the comm thread records the leader's ``attach`` messages and the collectives'
+    results)."""
+
+    rank: int
+    device: torch.device
+    prefix: str
+    heartbeat_interval: float
+    group_timeout: timedelta
+    transfers: list[dict[str, object]]
+    _ctl: Channel
+    _xfer_store: Optional[dist.Store]
+    _rejoining: Optional[int]
+    _attached: threading.Event
+    _attach_info: Optional[tuple[int, int, str]]
+    _attach_cond: threading.Condition
+    _attachments: dict[int, list[tuple[int, int, str]]]  # version -> (recipient, donor, transfer)
+    _coll_cond: threading.Condition
+    _coll_history: dict[int, dict[int, Contribution]]
+    _coll_replay: dict[int, dict[int, Contribution]]
+
+    @abstractmethod
+    def _leader_box(self) -> str: ...
+
+    @abstractmethod
+    def _check_leader(self, doing: str) -> None: ...
+
+
+class Rejoins(RejoinHost):
+    """The worker API of state transfer (mixed into :class:`~lightning_pgc.runtime.plane.CollectiveRuntime`, which
+    sets the state below in its constructor)."""
+
+    _donated: dict[int, set[str]]  # version -> transfers sent
 
     def rejoin(self, version: int, into: Optional[StateFn] = None) -> tuple[int, Any]:
         """Ask to rejoin at ``version``; block until a donor sent the training state. Returns ``(u, state)``, the
@@ -60,7 +100,7 @@ class Rejoins:
             started = time.monotonic()
             try:
                 with Pair(
-                    self._xfer_store, transfer_key(self.prefix, self.rank, transfer), 1, self.group_timeout
+                    live_store(self._xfer_store), transfer_key(self.prefix, self.rank, transfer), 1, self.group_timeout
                 ) as pair:
                     connected = time.monotonic()  # (the donor came: its training thread reached version u)
                     got = receive(pair, u, {"training": into()} if into is not None else None, self.device)
@@ -138,7 +178,8 @@ class Rejoins:
             history = dict(self._coll_history)
         started = time.monotonic()
         try:
-            with Pair(self._xfer_store, transfer_key(self.prefix, rank, transfer), 0, self.group_timeout) as pair:
+            store = live_store(self._xfer_store)
+            with Pair(store, transfer_key(self.prefix, rank, transfer), 0, self.group_timeout) as pair:
                 connected = time.monotonic()
                 sent = send(pair, version, {"training": state, "collectives": history, "bytes": _bytes(state)})
         except TransferFailed as exc:

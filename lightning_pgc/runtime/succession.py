@@ -20,20 +20,36 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from typing import Optional, Protocol
 
+from lightning_pgc.decisions.leader import Leader
 from lightning_pgc.runtime.control import Channel, leader_box, term_key
 
-if TYPE_CHECKING:
-    from lightning_pgc.runtime.plane import CollectiveRuntime
-
 log = logging.getLogger(__name__)
+
+
+class SuccessionHost(Protocol):
+    """What the terms use of their rank's runtime (:class:`~lightning_pgc.runtime.plane.CollectiveRuntime`)."""
+
+    rank: int
+    term: int
+    leader_rank: int
+    members: list[int]
+    progress: int
+    heartbeat_interval: float
+    heartbeat_window: float
+    leader: Optional[Leader]  # this rank's control plane while it leads (a deposed leader's is set to None here)
+
+    @property
+    def is_leader(self) -> bool: ...
+
+    def follow(self, term: int, winner: int) -> None: ...
 
 
 class Succession:
     """The terms of one :class:`~lightning_pgc.runtime.plane.CollectiveRuntime` (its ``failover``)."""
 
-    def __init__(self, runtime: "CollectiveRuntime") -> None:
+    def __init__(self, runtime: SuccessionHost) -> None:
         self.rt = runtime
         self._lock = threading.Lock()
 

@@ -4,14 +4,13 @@ rule carried across a checkpoint and a change of leader."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 from lightning_pgc.codes import Scheme
 from lightning_pgc.decisions.auto import DGD, AutoCandidate, AutoRule, FactorTable, arm_from_code, candidates
 from lightning_pgc.decisions.auto_leader import AutoLeader, Switch
-
-if TYPE_CHECKING:
-    from lightning_pgc.strategy.strategy import PGCStrategy
+from lightning_pgc.runtime.plane import CollectiveRuntime
+from lightning_pgc.strategy.options import AutoOptions
 
 log = logging.getLogger("lightning_pgc.strategy")
 #: the switches' log: shown at INFO by default, as Lightning shows its own INFO lines (a handler of its own when the
@@ -23,11 +22,27 @@ if not logging.getLogger().hasHandlers() and not switch_log.handlers:
     switch_log.addHandler(logging.StreamHandler())
 
 
+class ArmLogHost(Protocol):
+    """What :class:`ArmLog` reads of its strategy (:class:`~lightning_pgc.PGCStrategy`)."""
+
+    @property
+    def global_rank(self) -> int: ...
+
+    @property
+    def is_global_zero(self) -> bool: ...
+
+    @property
+    def auto(self) -> AutoOptions: ...
+
+    @property
+    def runtime(self) -> Optional[CollectiveRuntime]: ...
+
+
 class ArmLog:
     """What one rank knows of ``scheme="auto"``'s arms: the arm of each version it applied (from the decision
     messages, so every rank sees a switch at the same version) and the switches, in order."""
 
-    def __init__(self, strategy: "PGCStrategy") -> None:
+    def __init__(self, strategy: ArmLogHost) -> None:
         self.strategy = strategy
         self.arm: AutoCandidate = DGD
         # (first version under the new arm, old, new)

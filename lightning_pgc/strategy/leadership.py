@@ -10,8 +10,9 @@ to the successor, so that the job goes on writing the same checkpoints and the s
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import Any, Optional, Protocol
 
+import lightning.pytorch as pl
 from lightning_pgc._lightning import (
     continue_loggers,
     guard_loggers,
@@ -21,13 +22,35 @@ from lightning_pgc._lightning import (
     pin_loggers,
     unguard_loggers,
 )
-
-if TYPE_CHECKING:
-    import lightning.pytorch as pl
-
-    from lightning_pgc.strategy.strategy import PGCStrategy
+from lightning_pgc.codes import Scheme
+from lightning_pgc.runtime.plane import CollectiveRuntime
+from lightning_pgc.strategy.options import LivenessOptions
 
 log = logging.getLogger(__name__)
+
+
+class LeadershipHost(Protocol):
+    """What :class:`Leadership` uses of its strategy (:class:`~lightning_pgc.PGCStrategy`)."""
+
+    @property
+    def global_rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def liveness(self) -> LivenessOptions: ...
+
+    @property
+    def scheme(self) -> Optional[Scheme]: ...
+
+    @property
+    def runtime(self) -> Optional[CollectiveRuntime]: ...
+
+    @property
+    def lightning_module(self) -> Optional[pl.LightningModule]: ...
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any: ...
 
 
 class Leadership:
@@ -38,7 +61,7 @@ class Leadership:
     checkpoint, and when the runtime stops; :meth:`release_loggers` after that; :attr:`rank` at any time.
     """
 
-    def __init__(self, strategy: "PGCStrategy") -> None:
+    def __init__(self, strategy: LeadershipHost) -> None:
         self.strategy = strategy
         self.rank = 0  # the rank doing Lightning's rank-zero work
 

@@ -6,18 +6,35 @@ checkpoints; :class:`LiveRouting` sends them among the live ranks instead (:mod:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
+from torchmetrics import Metric  # (a dependency of Lightning's)
+from torchmetrics.utilities.distributed import gather_all_tensors
 
 import lightning.pytorch as pl
 from lightning_pgc._lightning import mark_sigterm
-
-if TYPE_CHECKING:
-    from lightning_pgc.strategy.strategy import PGCStrategy
+from lightning_pgc.runtime.plane import CollectiveRuntime
+from lightning_pgc.strategy.options import LivenessOptions
 
 #: :meth:`LiveRouting.target` on a rank that is leaving (SIGTERM): collectives run on this rank alone.
 ALONE = object()
+
+
+class LiveRoutingHost(Protocol):
+    """What :class:`LiveRouting` uses of its strategy (:class:`~lightning_pgc.PGCStrategy`)."""
+
+    @property
+    def runtime(self) -> Optional[CollectiveRuntime]: ...
+
+    @property
+    def lightning_module(self) -> Optional[pl.LightningModule]: ...
+
+    @property
+    def liveness(self) -> LivenessOptions: ...
+
+    def rejoin_before_collective(self, version: int) -> None: ...
 
 
 class LiveRouting:
@@ -28,7 +45,7 @@ class LiveRouting:
     :meth:`target` before each collective.
     """
 
-    def __init__(self, strategy: "PGCStrategy") -> None:
+    def __init__(self, strategy: LiveRoutingHost) -> None:
         self.strategy = strategy
         self.metric_syncs: list[tuple[Any, Any]] = []
 
@@ -51,10 +68,6 @@ class LiveRouting:
         """Make the module's torchmetrics metrics synchronize among the live ranks during fit: their default
         ``gather_all_tensors`` runs on the default group (every rank), so a dead rank would fail validation.
         ``Metric.dist_sync_fn`` is torchmetrics' public hook for it (checked with torchmetrics 1.9.0)."""
-        try:
-            from torchmetrics import Metric
-        except ImportError:  # no torchmetrics: nothing to route
-            return
         module = self.strategy.lightning_module
         assert module is not None
         modules = module.modules()
@@ -72,8 +85,6 @@ class LiveRouting:
         """torchmetrics' ``dist_sync_fn``: the state ``tensor`` of every live rank, in rank order."""
         live = self.target()
         if live is None or group is not None:
-            from torchmetrics.utilities.distributed import gather_all_tensors
-
             return gather_all_tensors(tensor, group=group)
         if live is ALONE:
             return [tensor]
@@ -102,7 +113,6 @@ class LiveRouting:
         """Lightning broadcasts a SIGTERM flag from rank 0 before *every* training batch; that collective makes each
         rank wait for the slowest one and would defeat straggler tolerance. Under PGC a SIGTERM is handled on the
         rank that received it: it leaves at its next batch, and the others go on as with a dead rank."""
-        from lightning.pytorch.utilities.exceptions import SIGTERMException
 
         def check() -> None:
             if getattr(trainer, "received_sigterm", False):

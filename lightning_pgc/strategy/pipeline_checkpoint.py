@@ -16,13 +16,16 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 import torch
+from lightning.fabric.plugins import CheckpointIO
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from lightning_pgc.strategy.strategy import PGCStrategy
+import lightning.pytorch as pl
+from lightning_pgc.codes import Scheme, StaleCache
+from lightning_pgc.strategy.gradients import Gradients
+from lightning_pgc.strategy.options import CodingOptions
 
 __all__ = [
     "FORMAT",
@@ -166,6 +169,42 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+class PipelineCheckpointsHost(Protocol):
+    """What :class:`PipelineCheckpoints` uses of its strategy (:class:`~lightning_pgc.PGCStrategy`)."""
+
+    @property
+    def global_rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def is_global_zero(self) -> bool: ...
+
+    @property
+    def seed(self) -> int: ...
+
+    @property
+    def coding(self) -> CodingOptions: ...
+
+    @property
+    def scheme(self) -> Optional[Scheme]: ...
+
+    @property
+    def cache(self) -> Optional[StaleCache]: ...
+
+    @property
+    def gradients(self) -> Gradients: ...
+
+    @property
+    def lightning_module(self) -> Optional[pl.LightningModule]: ...
+
+    @property
+    def checkpoint_io(self) -> CheckpointIO: ...
+
+    def warm_start_step(self) -> int: ...
+
+
 class PipelineCheckpoints:
     """The per-rank pipeline files of one :class:`~lightning_pgc.PGCStrategy` (``<checkpoint>.pgc/rank{k}.pt``), so
     that a resumed fit continues the pipeline instead of warming it up again.
@@ -174,7 +213,7 @@ class PipelineCheckpoints:
     once in ``on_train_start``; :meth:`save` and :meth:`remove` whenever Lightning saves or drops a checkpoint.
     """
 
-    def __init__(self, strategy: "PGCStrategy") -> None:
+    def __init__(self, strategy: PipelineCheckpointsHost) -> None:
         self.strategy = strategy
         self.resume_from: Optional[tuple[str, Any]] = None  # (checkpoint path, its "pgc" entry) until fit starts
 

@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
 import torch
+from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.callbacks import GradientAccumulationScheduler, LearningRateFinder
 from lightning.pytorch.utilities import rank_zero_warn
-from torch.utils.data import DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, SequentialSampler
+from torchmetrics import Metric  # (a dependency of Lightning's)
 
 
 __all__ = ["CollectiveGuard", "PGCUnsupportedError", "SingleUseClosure", "check_fit"]
@@ -162,9 +164,6 @@ def check_train_loader(loader: Any) -> None:
 
 def _lightning_sampler(sampler: Any) -> bool:
     """Lightning's injected ``DistributedSampler`` over a default sampler (not its wrapper of a custom one)."""
-    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
-    from torch.utils.data import DistributedSampler
-
     return isinstance(sampler, DistributedSampler) and not isinstance(sampler, DistributedSamplerWrapper)
 
 
@@ -180,10 +179,6 @@ def _loaders(obj: Any) -> Iterator[Any]:
 
 
 def _is_metric(module: torch.nn.Module) -> bool:
-    try:
-        from torchmetrics import Metric
-    except ImportError:  # pragma: no cover
-        return False
     return isinstance(module, Metric)
 
 

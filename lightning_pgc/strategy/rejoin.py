@@ -9,19 +9,52 @@ version.
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 import torch
 from torch import Tensor
 
+import lightning.pytorch as pl
 from lightning_pgc._lightning import set_closure_loss
-
-if TYPE_CHECKING:
-    from lightning_pgc.strategy.strategy import PGCStrategy
+from lightning_pgc.codes import StaleCache
+from lightning_pgc.staleness import StalenessCorrection
+from lightning_pgc.strategy.gradients import Gradients
 
 
 STALLED_IDLE = 8  # idle steps without gaining on the open version after which a detached rank rejoins at once
+
+
+class LastStep(Protocol):
+    """What an idle step repeats of the last step this rank applied (:class:`~lightning_pgc.strategy.StepInfo`)."""
+
+    @property
+    def loss(self) -> float: ...
+
+
+class StateTransferHost(Protocol):
+    """What :class:`StateTransfer` uses of its strategy (:class:`~lightning_pgc.PGCStrategy`); an idle step counts
+    as skipped (``skipped_steps``)."""
+
+    skipped_steps: int
+
+    @property
+    def global_rank(self) -> int: ...
+
+    @property
+    def cache(self) -> Optional[StaleCache]: ...
+
+    @property
+    def gradients(self) -> Gradients: ...
+
+    @property
+    def last_step(self) -> Optional[LastStep]: ...
+
+    @property
+    def correction(self) -> StalenessCorrection: ...
+
+    @property
+    def lightning_module(self) -> Optional[pl.LightningModule]: ...
 
 
 class StateTransfer:
@@ -32,7 +65,7 @@ class StateTransfer:
     while it returns True); :meth:`finish` when training ends. A donor sends :meth:`state_tree`.
     """
 
-    def __init__(self, strategy: "PGCStrategy") -> None:
+    def __init__(self, strategy: StateTransferHost) -> None:
         self.strategy = strategy
         self.pending: Optional[tuple[int, Any]] = None  # (version, state) received by state transfer, not loaded
         self._gap: Optional[tuple[int, int]] = None  # (smallest gap to the open version, idle steps since then)

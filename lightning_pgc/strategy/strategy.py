@@ -2,9 +2,9 @@
 messaging in :mod:`lightning_pgc.runtime`; this module only connects them to Lightning's training loop. Its
 parts, one per concept, are the other modules of :mod:`lightning_pgc.strategy`: ``pipeline_checkpoint``
 (pipeline files), ``live_routing`` (collectives among the live ranks), ``rejoin`` (state transfer),
-``leadership`` (the rank-zero seat), ``bounded_choice`` (bounded choice), ``sampling`` (partition batches),
-``loaders`` (the training DataLoader re-created around them), ``preflight`` (refused setups) and ``options``
-(the constructor's option groups).
+``leadership`` (the rank-zero seat), ``arms`` (``scheme="auto"``), ``gradients`` (the payload layout),
+``bounded_choice`` (bounded choice), ``loaders`` (the training DataLoader re-created around the partition batches of
+:mod:`lightning_pgc.sampling`), ``preflight`` (refused setups) and ``options`` (the constructor's option groups).
 
 Per optimizer step ``t`` (= the model version, Invariant 1) every rank:
 
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sized
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
@@ -37,9 +38,11 @@ from typing import Any, Callable, Literal, Mapping, NamedTuple, Optional, Union
 
 import torch
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch import Tensor
 from torch.optim import Optimizer
 from torch.utils.data import DataLoader
@@ -60,6 +63,7 @@ from lightning_pgc._lightning import (
     sync_module_states,
     wrap_launcher,
 )
+from lightning_pgc.callbacks import PGCDiagnostics
 from lightning_pgc.strategy.pipeline_checkpoint import PipelineCheckpoints
 from lightning_pgc.strategy.bounded_choice import ChoiceBook
 from lightning_pgc.strategy.gradients import Gradients
@@ -73,7 +77,7 @@ from lightning_pgc.strategy.preflight import (
     check_trainer,
 )
 from lightning_pgc.strategy.loaders import partition_loader
-from lightning_pgc.strategy.sampling import PartitionBatchSampler, select_partition, split_batch
+from lightning_pgc.sampling import PartitionBatchSampler, select_partition, split_batch
 from lightning_pgc.strategy.leadership import Leadership
 from lightning_pgc.strategy.live_routing import ALONE, LiveRouting
 from lightning_pgc.strategy.options import (
@@ -88,6 +92,7 @@ from lightning_pgc.strategy.options import (
 from lightning_pgc.strategy.arms import ArmLog
 from lightning_pgc.decisions.auto import AutoCandidate
 from lightning_pgc.decisions.bounded import BoundedLeader
+from lightning_pgc.decisions.leader import Leader
 from lightning_pgc.runtime.control import host_store, open_store, run_prefix
 from lightning_pgc.runtime.group import DATA_BACKENDS, DataBackend
 from lightning_pgc.runtime.plane import CollectiveRuntime, PGCDetached, PGCInterrupted
@@ -340,8 +345,15 @@ class PGCStrategy(DDPStrategy):
     def warm_start_step(self) -> int:
         """The step at which this fit's caches were empty (fit start, or the step a checkpoint resumed at)."""
         if self._warm_start is None:
-            self._warm_start = self.lightning_module.trainer.global_step
+            self._warm_start = self._module().trainer.global_step
         return self._warm_start
+
+    def _module(self) -> "pl.LightningModule":
+        """The LightningModule being trained (the hooks that read it run once Lightning attached it)."""
+        module = self.lightning_module
+        if module is None:
+            raise RuntimeError("PGCStrategy: no LightningModule is attached yet (Lightning attaches it before setup)")
+        return module
 
     @override
     def setup(self, trainer: "pl.Trainer") -> None:
@@ -354,10 +366,10 @@ class PGCStrategy(DDPStrategy):
             replace_sigterm_broadcast(trainer, LiveRouting.local_sigterm_check(trainer))
             replace_sigterm_notifier(trainer, LiveRouting.sigterm_notifier(trainer))
         if trainer.state.fn == TrainerFn.FITTING and self.diagnostics.enabled:
-            from lightning_pgc.callbacks import PGCDiagnostics
-
-            if not any(isinstance(cb, PGCDiagnostics) for cb in trainer.callbacks):
-                trainer.callbacks.append(PGCDiagnostics(every_n_steps=self.diagnostics.every_n_steps))
+            # (Lightning's callback connector sets `Trainer.callbacks`; Trainer does not declare it)
+            callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
+            if not any(isinstance(cb, PGCDiagnostics) for cb in callbacks):
+                callbacks.append(PGCDiagnostics(every_n_steps=self.diagnostics.every_n_steps))
 
     def _check_supported(self, trainer: "pl.Trainer") -> None:
         """The launch-time checks again in every rank (a launcher that bypasses ``launch``, e.g. a bare script)."""
@@ -385,13 +397,18 @@ class PGCStrategy(DDPStrategy):
         if isinstance(dataloader.batch_sampler, PartitionBatchSampler):
             return dataloader
         check_train_loader(dataloader)  # loaders built by hooks in the ranks: refused on every rank alike
-        self._partition_batch_size = dataloader.batch_size
-        dataset = dataloader.dataset
+        batch_size = self._partition_batch_size = dataloader.batch_size
+        assert batch_size is not None  # (check_train_loader refuses a loader without one)
+        dataset, scheme = dataloader.dataset, self.scheme
+        if not isinstance(dataset, Sized):
+            raise TypeError(f"PGCStrategy splits the training dataset by its length: {type(dataset).__name__} has none")
+        if scheme is None:
+            raise RuntimeError("PGCStrategy: the scheme is built in setup_environment, before any training loader")
         sampler = PartitionBatchSampler(
             len(dataset),
-            self.scheme,
+            scheme,
             rank=self.global_rank,
-            batch_size=dataloader.batch_size,
+            batch_size=batch_size,
             seed=self.seed,
             base_step=lambda: trainer.global_step,
             warmup_step=self.warm_start_step,
@@ -402,7 +419,7 @@ class PGCStrategy(DDPStrategy):
     @override
     def on_validation_start(self) -> None:
         super().on_validation_start()
-        trainer = self.lightning_module.trainer
+        trainer = self._module().trainer
         if trainer.sanity_checking and self.runtime is None:
             # Fit's sanity check: the runtime runs from here on, so that its collectives (validation `sync_dist`,
             # metric syncs) go among the live ranks and a rank that dies now does not end the job.
@@ -412,13 +429,13 @@ class PGCStrategy(DDPStrategy):
     def on_train_start(self) -> None:
         super().on_train_start()
         if self.runtime is None:  # (started at the sanity check otherwise)
-            self._start_runtime(self.lightning_module.trainer)
+            self._start_runtime(self._module().trainer)
 
     def _start_runtime(self, trainer: "pl.Trainer") -> None:
         """Build and start the runtime for this fit (at its sanity check, or at the start of training)."""
         # Every parameter, frozen ones included, and the buffers (BatchNorm statistics, averaged over the received
         # ranks so that the replicas stay identical buffers included; DDP broadcasts rank 0's buffers instead).
-        gradients = self.gradients = Gradients.of(self.lightning_module, self.root_device)
+        gradients = self.gradients = Gradients.of(self._module(), self.root_device)
         scheme = self.scheme
         assert scheme is not None
         self.cache = StaleCache(scheme.partitions(self.global_rank), max_age=scheme.cache_max_age)
@@ -434,7 +451,7 @@ class PGCStrategy(DDPStrategy):
                 f"out for step {self._warm_start}"
             )
         message_bytes = gradients.nbytes
-        make_leader = None
+        make_leader: Optional[Callable[..., Leader]] = None
         window = scheme.c
         if isinstance(scheme, BoundedScheme):
             window = self.coordinator.max_staleness or 2 * scheme.window
@@ -492,7 +509,7 @@ class PGCStrategy(DDPStrategy):
         if self.runtime is not None:
             trainer = self.lightning_module.trainer if self.lightning_module is not None else None
             leave = trainer is not None and trainer.received_sigterm
-            if leave:
+            if trainer is not None and leave:
                 log.warning(
                     "PGC rank %d: SIGTERM: leaving at step %d (the others go on while enough ranks are left)",
                     self.global_rank,
@@ -668,7 +685,7 @@ class PGCStrategy(DDPStrategy):
         if self.runtime is None:  # e.g. an optimizer step outside fit's training loop
             return super().optimizer_step(optimizer, closure, model, **kwargs)
         assert self.scheme is not None
-        version = self._version = self.lightning_module.trainer.global_step
+        version = self._version = self._module().trainer.global_step
         self._step_began = time.monotonic()  # this rank's own time for the version runs from here to its code
         start = self.warm_start_step()
         self._evaluations = self.scheme.evaluations(self.global_rank, version, start=start)
@@ -680,8 +697,6 @@ class PGCStrategy(DDPStrategy):
         try:
             out = super().optimizer_step(optimizer, pgc_closure, model, **kwargs)
         except PGCInterrupted as exc:  # SIGTERM while waiting on the others: leave as Lightning's SIGTERM does
-            from lightning.pytorch.utilities.exceptions import SIGTERMException
-
             raise SIGTERMException() from exc
         self._leadership.follow()
         return out

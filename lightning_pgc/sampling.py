@@ -3,7 +3,8 @@
 The training set is split into ``n`` partitions by a seeded permutation. Each partition has an
 infinite, deterministic stream of indices, so every holder of partition ``i`` that evaluates it at
 step ``t`` draws the *same* mini-batch: the gradients of different copies of a partition agree, as
-gradient coding requires. Pure ``torch.utils.data`` and numpy: no Lightning, no ``torch.distributed``.
+gradient coding requires. Pure ``torch.utils.data`` and numpy: no Lightning, no ``torch.distributed``. The strategy
+draws its training batches from it, the diagnostics their probe batches and the emulator its mini-batch streams.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import dataclasses
 import math
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol, cast
 
 import numpy as np
 import torch
@@ -265,9 +266,12 @@ def _first_leading_size(batch: Any) -> Optional[int]:
     return None
 
 
-def _rebuild_mapping(template: Mapping, items: dict) -> Mapping:
+def _rebuild_mapping(template: Mapping[Any, Any], items: dict[Any, Any]) -> Mapping[Any, Any]:
+    """A mapping of ``template``'s class holding ``items``, or ``items`` itself where that class is not built from a
+    dict (``Mapping`` declares no constructor: the concrete classes, ``dict`` and ``OrderedDict`` say, take one)."""
+    rebuild = cast(Callable[[dict[Any, Any]], Mapping[Any, Any]], type(template))
     try:
-        return type(template)(items)
+        return rebuild(items)
     except TypeError:
         return items
 
