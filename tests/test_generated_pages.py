@@ -24,14 +24,17 @@ def test_benchmarks_block_is_what_grid_renders_from_benchmarks_json() -> None:
     assert block == grid.render_markdown(result, result["table"])
 
 
-def test_demo_page_is_what_the_demo_renders_from_demo_json() -> None:
+@pytest.mark.parametrize("stem", ["demo", "demo_full"])
+def test_demo_page_is_what_the_demo_renders_from_demo_json(stem: str) -> None:
+    """demo.md (``make demo``) and demo_full.md (``--arms all``, the full race), each from its own json."""
     from pgc_lab import demo
 
-    saved = json.loads((RESULTS / "demo.json").read_text())
+    saved = json.loads((RESULTS / f"{stem}.json").read_text())
     args = demo.parse_args([])
     args.__dict__.update(saved["settings"])
+    assert demo.DOCS_STEMS[args.arms] == stem
     outcomes = demo.read_outcomes(saved["results"])
-    assert demo.page(outcomes, args, saved["command"]) == (RESULTS / "demo.md").read_text()
+    assert demo.page(outcomes, args, saved["command"]) == (RESULTS / f"{stem}.md").read_text()
 
 
 def test_staleness_emulated_page_is_what_its_script_renders_from_its_json() -> None:

@@ -1,5 +1,5 @@
-"""The main job (``make demo``): a race of every strategy a user would weigh, in a cell with one slow rank and in
-a cell where stragglers are rare, both cells of the map grid.
+"""The main job (``make demo``): a race of the strategies a user weighs, in a cell with one slow rank and in a
+cell where stragglers are rare, both cells of the map grid.
 
 The digits CNN on 4 CPU processes (the map grid's ``sleep`` cost: the 38k-parameter CNN plus 25 ms of simulated
 compute per gradient), one seed, in two cells of the map grid (docs/results/benchmarks.md):
@@ -8,22 +8,32 @@ compute per gradient), one seed, in two cells of the map grid (docs/results/benc
 - **stragglers are rare** (``stalls-sleep``): log-normal jitter and rare 1-3 s stalls, where not waiting has little
   to hide.
 
-The race (:data:`ARMS`): ``ddp``; ``ignore_stragglers`` c = 2; the map's best GC; PGC without and with its best
-staleness correction; ``bounded_staleness``; ``pgc_auto``. Each arm runs at the learning rate and momentum its own tuning chose
-(the map grid's sweep, ``dgd``'s for ``pgc_auto``, which starts as ``dgd``; the corrected arm's, which the map grid does not sweep, from the staleness benchmark,
-docs/results/staleness.json); every job is otherwise the map's own job for its cell, arm and seed (tests/test_demo.py
-checks the specs against ``benchmarks/grid_map.py`` and the choices against the shipped results).
+The race (:data:`DEFAULT_ARMS`, ``--arms default``): ``ddp``; ``ignore_stragglers`` c = 2; ``pgc``, the registered
+name (PGC-CR s = 1 with the look-ahead staleness correction, the recommended pipelined arm); ``bounded_staleness``;
+``pgc_auto``: 5 arms x 2 cells = 10 jobs. The full race, ``python benchmarks/demo.py --arms all`` (:data:`ARMS`),
+adds the map's best GC (``gc_fr`` c = 2) and ``pgc_fr`` c = 2 without and with look-ahead: 16 jobs;
+``--arms all --docs`` writes its results to docs/results/demo_full.md and demo_full.json. ``--only``
+names any arms of the full race.
 
-Why digits, not the map's harder tasks: a race of 7 arms in 2 cells is 14 jobs of 4 ranks; on 2 cores that fits
-the demo's budget of about 10 minutes only with the small digits CNN.
+Each arm runs at the learning rate and momentum its own tuning chose (:attr:`DemoArm.tuned_by`: the map grid's sweep;
+``dgd``'s for ``pgc_auto``, which starts as ``dgd``; for the look-ahead arms, which the map grid does not sweep, the
+staleness benchmark's look-ahead arm, docs/results/staleness.json); every job is otherwise the map's own job for
+its cell, arm and seed (tests/test_demo.py checks the specs against ``benchmarks/grid_map.py`` and the choices
+against the shipped results).
 
-Prints, per cell, a table of every arm (time and steps to the target validation loss, seconds per step, the ratio
-to ``ddp`` in this run and over the map's 5 seeds when docs/results/grid_map.json is there), the winner of this run, the
-map's verdict and the guide's row for this kind of cluster; writes a loss-vs-wall-clock PNG (one panel per cell,
-every arm, the target line), ``results.md`` and ``results.json``.
+Why digits, not the map's harder tasks: 10 jobs of 4 ranks fit the demo's budget of 10 minutes on 2 cores only
+with the small digits CNN.
 
-    python benchmarks/demo.py [--settings slow,rare] [--only ddp,pgc] [--seed 0] [--out outputs/demo] [--wandb]
-                                 [--docs]
+Progress: on a terminal, rich's progress bars; anywhere else (a file, a pipe, a CI log) one flushed plain line as
+each job starts and one as it ends (time to target, seconds per step, the job's wall seconds, the time elapsed),
+so ``make demo > demo.log`` read with ``tail -f`` shows the race as it goes. Then, per cell, a table of every arm
+(time and steps to the target validation loss, seconds per step, the ratio to ``ddp`` in this run and over the
+map's 5 seeds when docs/results/grid_map.json is there), the winner of this run, the map's verdict and the guide's
+row for this kind of cluster; writes a loss-vs-wall-clock PNG (one panel per cell, every arm, the target line),
+``results.md`` and ``results.json``.
+
+    python benchmarks/demo.py [--arms default|all] [--settings slow,rare] [--only ddp,pgc] [--seed 0]
+                              [--out outputs/demo] [--wandb] [--docs]
 
 The time to target is :func:`pgc_lab.experiments.crossing` of the validation loss, measured on rank 0 every
 ``--val-every`` steps on the whole validation set. Not the training loss: under PGC the decoded training loss
@@ -35,14 +45,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any, Optional
 
 from pgc_lab.demo_cells import (
+    ARM_SETS,
     ARMS,
     COMPUTE_S_PER_EVAL,
+    DEFAULT_ARMS,
     MAP,
     RECIPE_MOMENTUM,
     ROOT,
@@ -58,7 +72,19 @@ from pgc_lab.demo_cells import (
 )
 from pgc_lab.experiments import FILES, JobResult, crossing, launch
 
-__all__ = ["ARMS", "MAP", "SETTINGS", "STALENESS", "DemoArm", "Outcome", "Setting", "main", "map_winner", "verdict"]
+__all__ = [
+    "ARMS",
+    "DEFAULT_ARMS",
+    "MAP",
+    "SETTINGS",
+    "STALENESS",
+    "DemoArm",
+    "Outcome",
+    "Setting",
+    "main",
+    "map_winner",
+    "verdict",
+]
 
 
 def job_spec(setting: Setting, arm: DemoArm, args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -97,7 +123,8 @@ def job_spec(setting: Setting, arm: DemoArm, args: argparse.Namespace, out: Path
 
 
 def selected(args: argparse.Namespace) -> list[tuple[Setting, DemoArm]]:
-    """The (setting, arm) pairs ``--settings`` and ``--only`` name, in run order.
+    """The (setting, arm) pairs ``--settings`` and ``--arms`` name (or ``--only``, any arms of the full race), in
+    run order.
 
     Raises:
         SystemExit: an unknown setting or arm key.
@@ -113,45 +140,128 @@ def selected(args: argparse.Namespace) -> list[tuple[Setting, DemoArm]]:
     unknown = sorted(set(only) - set(keys))
     if unknown:
         raise SystemExit(f"--only: unknown {unknown}; choose from {keys}")
-    return [(SETTINGS[s], arm) for s in settings for arm in ARMS if not only or arm.key in only]
+    chosen = only or ARM_SETS[args.arms]
+    return [(SETTINGS[s], arm) for s in settings for arm in ARMS if arm.key in chosen]
+
+
+#: a rough model of one job's wall time on 2 otherwise idle cores, for the estimate the demo prints first: starting
+#: and stopping 4 ranks (imports, process group, teardown), then seconds per training step (validation included)
+JOB_START_S = 18.0
+JOB_S_PER_STEP = 0.08
+
+
+def estimate_s(jobs: int, steps: int) -> float:
+    """A rough wall time of ``jobs`` jobs of ``steps`` steps each on 2 cores (:data:`JOB_START_S`,
+    :data:`JOB_S_PER_STEP`): the demo's first line, so that a reader knows how long to wait."""
+    return jobs * (JOB_START_S + JOB_S_PER_STEP * steps)
+
+
+def clock(seconds: float) -> str:
+    """``m:ss``."""
+    minutes, secs = divmod(int(round(seconds)), 60)
+    return f"{minutes}:{secs:02d}"
+
+
+class RaceReport:
+    """How the race shows its progress: on a terminal, rich's progress bar per job; anywhere else (a file, a pipe,
+    a CI log, where a bar renders nothing useful) one plain line, flushed, as each job starts and one as it ends, so
+    that a log read with ``tail -f`` shows the race as it goes."""
+
+    def __init__(self, runs: list[tuple[Setting, DemoArm]], args: argparse.Namespace, bar: bool) -> None:
+        self.runs, self.args, self.bar = runs, args, bar
+        self.started = time.monotonic()
+        self.job_walls: list[float] = []
+        self.progress: Any = None
+        self.tasks: dict[tuple[str, str], Any] = {}
+        self.current: Any = None
+
+    def __enter__(self) -> RaceReport:
+        self.started = time.monotonic()
+        if self.bar:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(
+                TextColumn("{task.description:<40}"),
+                BarColumn(),
+                TextColumn("{task.completed:>4.0f}/{task.total:.0f} steps"),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[status]}"),
+            )
+            self.progress.__enter__()
+            self.tasks = {
+                (s.key, a.key): self.progress.add_task(f"{s.key}: {a.label}", total=self.args.steps, status="waiting")
+                for s, a in self.runs
+            }
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+    def _line(self, i: int, setting: Setting, arm: DemoArm, text: str) -> None:
+        print(f"[{i}/{len(self.runs)}] {setting.title}: {arm.label} ... {text}", flush=True)
+
+    def start(self, i: int, setting: Setting, arm: DemoArm) -> None:
+        """Job ``i`` (from 1) starts."""
+        if self.progress is None:
+            self._line(i, setting, arm, "starting")
+            return
+        self.current = self.tasks[(setting.key, arm.key)]
+        self.progress.update(self.current, status="starting ranks")
+
+    def step(self, step: int) -> None:
+        """The running job reported ``step`` (``launch``'s ``on_progress``)."""
+        if self.progress is not None:
+            self.progress.update(self.current, completed=step, status="training" if step else "starting ranks")
+
+    def failed(self, i: int, setting: Setting, arm: DemoArm) -> None:
+        if self.progress is None:
+            self._line(i, setting, arm, f"failed after {time.monotonic() - self.started:.0f} s")
+        else:
+            self.progress.update(self.current, status="[red]failed")
+
+    def done(self, i: int, setting: Setting, arm: DemoArm, o: Outcome) -> None:
+        """Job ``i`` ended with ``o``: its time to target, seconds per step, wall seconds, and the race's elapsed
+        time and what is left at the mean job time so far."""
+        self.job_walls.append(o.job_wall_s)
+        if self.progress is not None:
+            self.progress.update(self.current, completed=self.args.steps, status="[green]done")
+            return
+        if o.time_to_target is None:
+            target = f"target not reached in {o.steps} steps"
+        else:
+            target = f"target in {o.time_to_target:.1f} s ({o.steps_to_target:.0f} steps)"
+        per_step = "-" if o.s_per_step is None else f"{o.s_per_step:.3f}"
+        elapsed = time.monotonic() - self.started
+        left = (len(self.runs) - i) * sum(self.job_walls) / len(self.job_walls)
+        self._line(
+            i,
+            setting,
+            arm,
+            f"done: {target}, {per_step} s per step, job {o.job_wall_s:.0f} s; elapsed {clock(elapsed)}"
+            + (f", about {clock(left)} left" if i < len(self.runs) else ""),
+        )
 
 
 def run_all(args: argparse.Namespace) -> list[Outcome]:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
     root = Path(args.out).resolve()
     root.mkdir(parents=True, exist_ok=True)
     reference = map_reference()
     outcomes = []
-    with Progress(
-        TextColumn("{task.description:<40}"),
-        BarColumn(),
-        TextColumn("{task.completed:>4.0f}/{task.total:.0f} steps"),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[status]}"),
-    ) as progress:
-        runs = selected(args)
-        tasks = {
-            (s.key, a.key): progress.add_task(f"{s.key}: {a.label}", total=args.steps, status="waiting")
-            for s, a in runs
-        }
-        for setting, arm in runs:
-            task = tasks[(setting.key, arm.key)]
-            progress.update(task, status="starting ranks")
-
-            def report(step: int, task: Any = task) -> None:
-                progress.update(task, completed=step, status="training" if step else "starting ranks")
-
+    runs = selected(args)
+    with RaceReport(runs, args, bar=sys.stdout.isatty()) as report:
+        for i, (setting, arm) in enumerate(runs, 1):
+            report.start(i, setting, arm)
             out = root / setting.key / arm.key
-            result = launch(job_spec(setting, arm, args, out), check=False, on_progress=report)
+            result = launch(job_spec(setting, arm, args, out), check=False, on_progress=report.step)
             if not result.ok:
-                progress.update(task, status="[red]failed")
+                report.failed(i, setting, arm)
                 raise SystemExit(f"{setting.key}/{arm.label} failed ({result.error}); see {out / FILES['log']}")
-            progress.update(task, completed=args.steps, status="[green]done")
             o = outcome(arm.label, result, args)
             o.setting, o.key, o.lr, o.momentum = setting.key, arm.key, arm.lr, arm.momentum
             if arm.in_map:
                 o.map_vs_ddp = reference.get((setting.map_cell, arm.map_arm))
+            report.done(i, setting, arm, o)
             outcomes.append(o)
     return outcomes
 
@@ -174,6 +284,7 @@ def outcome(label: str, result: JobResult, args: argparse.Namespace) -> Outcome:
         val_curve=val,
         skipped=[r["skipped_steps"] for r in result.ranks],
         identical=result.identical_replicas,
+        job_wall_s=result.job_wall_s,
     )
 
 
@@ -260,7 +371,17 @@ def read_outcomes(rows: list[dict[str, Any]]) -> list[Outcome]:
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--settings", default="slow,rare", help="comma-separated subset of " + ",".join(SETTINGS))
-    p.add_argument("--only", default="", help="comma-separated arm keys (" + ", ".join(a.key for a in ARMS) + ")")
+    p.add_argument(
+        "--arms",
+        choices=sorted(ARM_SETS),
+        default="default",
+        help="default: the arms a user weighs (" + ", ".join(DEFAULT_ARMS) + "); all: the full race, every arm",
+    )
+    p.add_argument(
+        "--only",
+        default="",
+        help="comma-separated arm keys, any of the full race's (" + ", ".join(a.key for a in ARMS) + ")",
+    )
     p.add_argument("--steps", type=int, default=200, help="steps per job (the map grid's)")
     p.add_argument("--target-loss", type=float, default=0.3, help="target validation loss (the map grid's)")
     p.add_argument("--val-every", type=int, default=20, help="steps between validation-loss measurements")
@@ -275,26 +396,56 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     p.add_argument(
         "--docs",
         action="store_true",
-        help="also write docs/results/demo.md, docs/results/demo.json, docs/results/demo_loss.png",
+        help="also write docs/results/demo.md, demo.json, demo_loss.png (with --arms all: demo_full.md, "
+        "demo_full.json, demo_full_loss.png)",
     )
     p.set_defaults(target_quantity="validation loss")  # saved with the settings: what the target is a value of
     return p.parse_args(argv)
 
 
+#: the results files' stem under docs/results/ of each ``--arms`` set (``--docs``)
+DOCS_STEMS = {"default": "demo", "all": "demo_full"}
+#: the command of the full race's results
+FULL_RACE = "python benchmarks/demo.py --arms all --docs"
+
+
+def arm_names(keys: tuple[str, ...]) -> str:
+    """The labels of these arms, in run order: ``a, b and c``."""
+    labels = [a.label for a in ARMS if a.key in keys]
+    return ", ".join(labels[:-1]) + " and " + labels[-1] if len(labels) > 1 else "".join(labels)
+
+
 def page(outcomes: list[Outcome], args: argparse.Namespace, command: str) -> str:
-    """docs/results/demo.md: the command, the table, each setting's verdict, the PNG."""
+    """docs/results/demo.md (``--arms all``: demo_full.md): the command, the race's arms and where the other race's
+    results are, the table, each setting's verdict, the PNG."""
+    stem = DOCS_STEMS[args.arms]
     verdicts = "\n\n".join(
         f"- **{s.headline}.** {verdict(s, outcomes)} What the cell shows: {s.why}" for s in shown_settings(outcomes)
     )
+    others = tuple(a.key for a in ARMS if a.key not in DEFAULT_ARMS)
+    if args.arms == "all":
+        title, source = "# The demo's full race", "`" + command + "`"
+        race = (
+            f"Every arm of the demo: the default race's ({arm_names(DEFAULT_ARMS)}) and {arm_names(others)}. "
+            "The default race, `make demo`, is in [demo.md](demo.md)."
+        )
+    else:
+        title, source = "# The demo's results", "`make demo` (here: `" + command + "`)"
+        race = (
+            f"The default race: the arms a user weighs ({arm_names(DEFAULT_ARMS)}). The full race, which adds "
+            f"{arm_names(others)}, is `{FULL_RACE}`; its results are in [demo_full.md](demo_full.md)."
+        )
+    walls = [o.job_wall_s for o in outcomes if math.isfinite(o.job_wall_s)]
+    took = f" The {len(walls)} jobs took {sum(walls) / 60:.1f} min in all." if walls else ""
     return (
-        "# The demo's results\n\nProduced by `make demo` (here: `" + command + "`) on a 2-core, no-GPU machine; "
-        "timings are noisy, compare rows of the same setting. One seed: the map's column is the paired ratio over "
-        "its seeds, from [grid_map.json](grid_map.json) (docs/results/benchmarks.md). Every other number below is in "
-        "[demo.json](demo.json).\n\n"
+        f"{title}\n\nProduced by {source} on a 2-core, no-GPU machine; timings are noisy, compare rows of the same "
+        f"setting. {race}{took} One seed: the map's column is the paired ratio over its seeds, from "
+        "[grid_map.json](grid_map.json) (docs/results/benchmarks.md). Every other number below is in "
+        f"[{stem}.json]({stem}.json).\n\n"
         + markdown_table(outcomes, args)
         + "\n\n"
         + verdicts
-        + "\n\n![loss vs wall clock](demo_loss.png)\n"
+        + f"\n\n![loss vs wall clock]({stem}_loss.png)\n"
     )
 
 
@@ -356,11 +507,21 @@ def main(argv: Optional[list[str]] = None) -> None:
     command = ("python benchmarks/demo.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
     runs = selected(args)
     cells = ", ".join(f"{s.title} ({s.map_cell})" for s in SETTINGS.values() if any(r[0] is s for r in runs))
+    arms = [a for a in ARMS if any(r[1] is a for r in runs)]
+    n_cells = len({r[0].key for r in runs})
+    if args.arms == "all" and not args.only:
+        race = "the full race"
+    else:
+        race = f"the full race, every arm, is `{FULL_RACE}` (its results: docs/results/demo_full.md)"
     console.print(
-        f"[bold]lightning_pgc demo[/]: {len(runs)} jobs x {args.steps} steps on 4 CPU processes, in the map grid's "
-        f"cells {cells}. Digits, not the map's harder tasks: this race fits about 10 minutes on 2 cores only with "
-        "the small digits CNN."
+        f"[bold]lightning_pgc demo[/]: {len(runs)} jobs ({len(arms)} arms x {n_cells} cell{'s' * (n_cells > 1)}) x "
+        f"{args.steps} steps on 4 CPU processes, roughly {estimate_s(len(runs), args.steps) / 60:.0f} min on 2 idle "
+        f"cores (longer while other work shares them). Arms: {', '.join(a.label for a in arms)}; {race}. Cells of "
+        f"the map grid: {cells}. Digits, not the map's harder tasks: the race fits its budget on 2 cores only with "
+        "the small digits CNN.",
+        highlight=False,
     )
+    sys.stdout.flush()
     outcomes = run_all(args)
     print_results(console, outcomes, args)
 
@@ -372,14 +533,15 @@ def main(argv: Optional[list[str]] = None) -> None:
     (root / "results.json").write_text(json.dumps([_row(o, outcomes) for o in outcomes], indent=1))
     written = [png, root / "results.md", root / "results.json"]
     if args.docs:
-        plot(outcomes, args, docs / "demo_loss.png")
-        (docs / "demo.json").write_text(
+        stem = DOCS_STEMS[args.arms]
+        plot(outcomes, args, docs / f"{stem}_loss.png")
+        (docs / f"{stem}.json").write_text(
             json.dumps(
                 {"command": command, "settings": vars(args), "results": [_row(o, outcomes) for o in outcomes]}, indent=1
             )
         )
-        (docs / "demo.md").write_text(page(outcomes, args, command))
-        written += [docs / "demo.md", docs / "demo.json", docs / "demo_loss.png"]
+        (docs / f"{stem}.md").write_text(page(outcomes, args, command))
+        written += [docs / f"{stem}.md", docs / f"{stem}.json", docs / f"{stem}_loss.png"]
     for path in written:
         console.print(f"wrote {path}")
 

@@ -1,6 +1,6 @@
-"""The demo's race: its arms, each at its own tuned setting, its two cells of the map grid, and how a race is judged
-(the winner of the run, the map's verdict over its seeds, the guide's row). No Lightning, nothing run here:
-:mod:`pgc_lab.demo` runs the race and prints it."""
+"""The demo's race: its arms (the default race's and the full race's), each at its own tuned setting, its two cells
+of the map grid, and how a race is judged (the winner of the run, the map's verdict over its seeds, the guide's
+row). No Lightning, nothing run here: :mod:`pgc_lab.demo` runs the race and prints it."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Collection, Optional
 
 ROOT = Path(__file__).resolve().parents[2]
 #: the map grid's rendered results, when this is a checkout (not part of an installed package)
@@ -27,18 +27,21 @@ class DemoArm:
 
     key: str  # what ``--only`` names
     label: str
-    strategy: str
+    strategy: str  # a registered strategy name
     stragglers: Optional[int]  # s of a coded scheme (``staleness`` for bounded_staleness); None for ddp
     lr: float
     momentum: float
     map_arm: str  # the map grid's arm key (``crossover.GridArm.key``): its setting, or the uncorrected arm's
     tuned_by: str  # where ``lr`` and ``momentum`` come from
     correction: dict[str, Any] = field(default_factory=dict, hash=False)  # the ``coding`` group's correction and k
+    #: the staleness benchmark's arm (its label in docs/results/staleness.json) whose tuned setting this arm runs
+    #: at; None: the map grid's sweep chose it
+    staleness_arm: Optional[str] = None
 
     @property
     def in_map(self) -> bool:
         """Whether the map grid ran this arm itself (not a corrected arm, not ``pgc_auto``)."""
-        return not self.correction and self.strategy != "pgc_auto"
+        return self.staleness_arm is None and self.strategy != "pgc_auto"
 
     def strategy_kwargs(self, seed: int) -> dict[str, Any]:
         if self.strategy == "ddp":
@@ -69,26 +72,50 @@ class Setting:
 
 
 GRID = "the map grid's sweep (docs/results/grid_map.json)"
+#: the staleness benchmark's look-ahead arm: pgc_fr c=2 with look-ahead k=1, one slow rank, 4 real ranks
+LOOKAHEAD = "pgc_fr c=2 lookahead k=1"
+STALENESS_SWEEP = "the staleness benchmark's sweep (docs/results/staleness.json)"
+#: every arm the demo can race (``--arms all``), in run order
 ARMS: tuple[DemoArm, ...] = (
     DemoArm("ddp", "ddp", "ddp", None, 0.1, 0.9, "ddp", GRID),
     DemoArm("ignore", "ignore_stragglers c=2", "ignore_stragglers", 1, 0.5, 0.0, "ignore_c2", GRID),
     DemoArm("gc", "gc_fr c=2", "gc_fr", 1, 0.1, 0.9, "gc_fr_c2", GRID),
-    DemoArm("pgc", "pgc_fr c=2", "pgc_fr", 1, 0.5, 0.0, "pgc_fr_c2", GRID),
+    DemoArm("pgc_fr", "pgc_fr c=2", "pgc_fr", 1, 0.5, 0.0, "pgc_fr_c2", GRID),
     DemoArm(
-        "pgc_lookahead",
+        "pgc_fr_lookahead",
         "pgc_fr c=2 + lookahead k=1",
         "pgc_fr",
         1,
         0.1,
         0.9,
         "pgc_fr_c2",
-        "the staleness benchmark's sweep (docs/results/staleness.json)",
+        STALENESS_SWEEP,
         {"coding": {"staleness_correction": "lookahead", "lookahead_steps": 1.0}},
+        staleness_arm=LOOKAHEAD,
+    ),
+    # the registered name: pgc_cr (s=1) with look-ahead at its default k = c - 1 = 1. The map grid swept pgc_cr
+    # only uncorrected and the staleness benchmark only pgc_fr: the look-ahead arm's setting there
+    DemoArm(
+        "pgc",
+        "pgc (pgc_cr c=2 + lookahead k=1)",
+        "pgc",
+        1,
+        0.1,
+        0.9,
+        "pgc_cr_c2",
+        f"the look-ahead arm ({LOOKAHEAD}) of {STALENESS_SWEEP}: the map grid did not sweep pgc_cr with look-ahead",
+        staleness_arm=LOOKAHEAD,
     ),
     DemoArm("bounded", "bounded_staleness r=2 c=2", "bounded_staleness", 1, 0.05, 0.9, "bounded_c2", GRID),
     # starts as dgd and keeps the user's optimizer: dgd's tuned setting
     DemoArm("auto", "pgc_auto max_stragglers=1", "pgc_auto", 1, 0.1, 0.9, "dgd", GRID),
 )
+#: the arms ``make demo`` races (``--arms default``): the ones a user weighs, ``pgc`` the recommended pipelined arm
+DEFAULT_ARMS: tuple[str, ...] = ("ddp", "ignore", "pgc", "bounded", "auto")
+#: the arm sets ``--arms`` names
+ARM_SETS: dict[str, tuple[str, ...]] = {"default": DEFAULT_ARMS, "all": tuple(a.key for a in ARMS)}
+#: how the race's pgc arm is tuned, against the guide's MLP tuning
+PGC_TUNING = " (at the digits CNN's look-ahead tuning, not the MLP's)"
 SETTINGS: dict[str, Setting] = {
     s.key: s
     for s in (
@@ -97,12 +124,13 @@ SETTINGS: dict[str, Setting] = {
             "one slow rank",
             "slowrank-sleep",
             "lognormal(median=0.02, sigma=0.5) + slowranks(ranks=[3], seconds=0.1)",
-            "rank 3 is 0.1 s slower on every step. Every tolerant arm stops waiting for it; the exact ones (gc_fr) "
-            "pay a second gradient per step, the others pay with dropped or one-version-old gradients. 4 ranks "
-            "share 2 cores: the sleeping rank frees a core, which flatters every arm that does not wait for it.",
+            "rank 3 is 0.1 s slower on every step. Every tolerant arm stops waiting for it and pays with dropped or "
+            "one-version-old gradients (an exact gradient code, gc_fr in the full race, pays a second gradient per "
+            "step instead). 4 ranks share 2 cores: the sleeping rank frees a core, which flatters every arm that does "
+            "not wait for it.",
             "one node is persistently slower",
             "the guide's row for 4 workers (docs/guide.md, emulated on the digits MLP) recommends pgc_cr c=2 with "
-            "look-ahead; this race has pgc_fr c=2, the map grid's fastest PGC here, with and without look-ahead",
+            f"look-ahead, the registered pgc this race runs{PGC_TUNING}",
         ),
         Setting(
             "rare",
@@ -113,8 +141,8 @@ SETTINGS: dict[str, Setting] = {
             "hide, so what a tolerant arm saves per step is about what its dropped or stale gradients cost in steps.",
             "single workers stall for 1-3 s now and then",
             "the guide's row for 4 workers (docs/guide.md, emulated on the digits MLP) recommends pgc_cr c=2 with "
-            "look-ahead under its own stall model (docs/results/emulator.md, rank stalls); this cell's stalls come with "
-            "probability 0.002 per rank and step",
+            f"look-ahead, the registered pgc this race runs{PGC_TUNING}, under its own stall model "
+            "(docs/results/emulator.md, rank stalls); this cell's stalls come with probability 0.002 per rank and step",
         ),
     )
 }
@@ -135,6 +163,7 @@ class Outcome:
     skipped: list[int]
     identical: bool
     val_curve: list[tuple[float, int, float]] = field(default_factory=list)  # (wall, step, validation loss)
+    job_wall_s: float = math.nan  # the whole job: its processes' start to their exit
     setting: str = ""  # a key of SETTINGS
     key: str = ""  # the arm's key
     lr: float = math.nan
@@ -181,21 +210,26 @@ def split_vs_ddp(o: Outcome, outcomes: list[Outcome]) -> tuple[Optional[float], 
     )
 
 
-def map_winner(setting: Setting, path: Path = MAP) -> Optional[tuple[DemoArm, dict[str, Any]]]:
-    """The race's arm the map finds fastest against ddp in this cell (smallest paired ratio), with that ratio;
-    None without the map's file."""
+def map_winner(
+    setting: Setting, path: Path = MAP, keys: Optional[Collection[str]] = None
+) -> Optional[tuple[DemoArm, dict[str, Any]]]:
+    """The race's arm (of those ``keys`` names; default: every arm) the map finds fastest against ddp in this cell
+    (smallest paired ratio), with that ratio; None without the map's file or an arm the map ran."""
     reference = map_reference(path)
     rated = [
         (a, reference[(setting.map_cell, a.map_arm)])
         for a in ARMS
-        if a.in_map and a.key != "ddp" and (setting.map_cell, a.map_arm) in reference
+        if a.in_map
+        and a.key != "ddp"
+        and (keys is None or a.key in keys)
+        and (setting.map_cell, a.map_arm) in reference
     ]
     return min(rated, key=lambda ar: ar[1]["estimate"]) if rated else None
 
 
 def verdict(setting: Setting, outcomes: list[Outcome], path: Path = MAP) -> str:
     """The winner of this run in ``setting`` (and its ratio to ddp, split into steps and seconds per step), the
-    map's verdict over its seeds, whether the two disagree, and the guide's row."""
+    map's verdict over its seeds on the arms this run raced, whether the two disagree, and the guide's row."""
     mine = [o for o in outcomes if o.setting == setting.key]
     reached = [o for o in mine if o.time_to_target is not None]
     if not reached:
@@ -208,10 +242,11 @@ def verdict(setting: Setting, outcomes: list[Outcome], path: Path = MAP) -> str:
         if best.key != "ddp" and time is not None and steps is not None and per_step is not None:
             text += f" ({time:.2f}x ddp's time: {steps:.2f}x its steps at {per_step:.2f}x its seconds per step)"
         text += "."
-    found = map_winner(setting, path)
+    found = map_winner(setting, path, {o.key for o in mine})
     if found is not None:
         arm, m = found
-        text += f" The map over {m['seeds']} seeds: {arm.label} is fastest at {m['estimate']:.2f}x ddp's time "
+        text += f" The map over {m['seeds']} seeds, of the arms raced here: {arm.label} is fastest at "
+        text += f"{m['estimate']:.2f}x ddp's time "
         text += f"[{m['low']:.2f}, {m['high']:.2f}]"
         if m["high"] < 1:
             text += "."
