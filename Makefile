@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 export WANDB_MODE ?= offline
 export WANDB_SILENT ?= true
 
-.PHONY: demo test test-fast lint bench bench-grid emulated-map clean venv
+.PHONY: demo test test-fast test-compat lint bench bench-grid emulated-map clean venv
 
 venv: $(STAMP)
 
@@ -20,6 +20,23 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[examples,wandb,bench,test]"
 	touch $(STAMP)
 
+# The lowest releases pyproject.toml admits (Lightning, torch and the torchvision built for it), in a venv of their
+# own built as `venv` builds .venv; the stamp names the versions, so changing one rebuilds it
+COMPAT_LIGHTNING   := 2.5.0
+COMPAT_TORCH       := 2.8.0
+COMPAT_TORCHVISION := 0.23.0
+COMPAT_VENV  := .venv-compat
+COMPAT_PY    := $(COMPAT_VENV)/bin/python
+COMPAT_STAMP := $(COMPAT_VENV)/.installed-$(COMPAT_LIGHTNING)-$(COMPAT_TORCH)-$(COMPAT_TORCHVISION)
+COMPAT_PINS  := "lightning==$(COMPAT_LIGHTNING)" "torch==$(COMPAT_TORCH)" "torchvision==$(COMPAT_TORCHVISION)"
+
+$(COMPAT_STAMP): pyproject.toml
+	$(PYTHON) -m venv --clear $(COMPAT_VENV)
+	$(COMPAT_PY) -m pip install --quiet --upgrade pip
+	$(COMPAT_PY) -m pip install --quiet "torch==$(COMPAT_TORCH)" "torchvision==$(COMPAT_TORCHVISION)"
+	$(COMPAT_PY) -m pip install --quiet -e ".[examples,wandb,bench,test]" $(COMPAT_PINS)
+	touch $(COMPAT_STAMP)
+
 demo: $(STAMP)
 	$(PY) benchmarks/demo.py
 
@@ -30,6 +47,11 @@ test: $(STAMP)
 # everything but the tests that start real ranks or take long (markers in tests/conftest.py)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not realrank and not slow"
+
+# test-fast's tests and one 2-rank fit (the wheel's `lightning-pgc fit`, strategy pgc) on the lowest releases
+test-compat: $(COMPAT_STAMP)
+	$(COMPAT_PY) -m pytest -q -n 2 --dist loadfile -m "not realrank and not slow"
+	$(COMPAT_PY) -m pytest -q tests/test_packaging.py::test_wheel_installs_and_runs_a_packaged_recipe_from_any_directory
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
@@ -52,4 +74,4 @@ emulated-map: $(STAMP)
 	$(PY) benchmarks/which_strategy.py --summary docs/results/emulated_map_$(ROUND).json
 
 clean:
-	rm -rf $(VENV) outputs lightning_logs wandb
+	rm -rf $(VENV) $(COMPAT_VENV) outputs lightning_logs wandb

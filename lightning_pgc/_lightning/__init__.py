@@ -3,8 +3,8 @@
 When Lightning changes one of these, this package is the only place to fix: ``shims`` (the training loop's
 closure, SIGTERM broadcast and notifier, weight broadcast, SyncBatchNorm flag), ``launchers`` (launchers that
 survive dead ranks), ``loggers`` (the rank-zero seat and the loggers' runs) and ``data`` (the training DataLoader
-re-created as under ``ddp``). Checked against lightning 2.6.6
-(see the ``lightning`` pin in pyproject.toml).
+re-created as under ``ddp``). Checked against lightning 2.6.6 and 2.5.0, the ends of the ``lightning`` range in
+pyproject.toml (``make test-compat`` runs the lower end).
 """
 
 from lightning_pgc._lightning.data import leave_training_loaders, with_batch_sampler

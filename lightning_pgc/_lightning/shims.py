@@ -1,20 +1,23 @@
 """Lightning's private training-loop hooks that PGCStrategy replaces or reads: the closure's result, the
 per-batch SIGTERM broadcast and the SIGTERM notifier, the weight broadcast at wrap time, SyncBatchNorm's flag.
 
-Checked against lightning 2.6.6 (see the ``lightning`` pin in pyproject.toml); each helper names the private
-attribute it uses and raises a clear error if the attribute moved.
+Checked against lightning 2.6.6 and 2.5.0, the ends of the ``lightning`` range in pyproject.toml (``make
+test-compat`` runs the lower end); each helper names the private attribute it uses and raises a clear error if the
+attribute moved.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
+import lightning
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout  # 2.6.6: module constant
 from lightning.pytorch.loops.optimization.automatic import ClosureResult  # 2.6.6: automatic optimization output
 from lightning.pytorch.overrides.distributed import _sync_module_states  # 2.6.6: broadcast rank 0's weights
 
 import lightning.pytorch as pl
+from packaging.version import Version
 
 __all__ = [
     "closure_loss",
@@ -26,6 +29,9 @@ __all__ = [
     "set_closure_loss",
     "sync_module_states",
 ]
+
+#: The first Lightning release that broadcasts the SIGTERM flag from rank 0 before every training batch.
+_SIGTERM_BROADCAST_SINCE = Version("2.5.2")
 
 
 def sync_module_states(module: torch.nn.Module) -> None:
@@ -54,13 +60,16 @@ def replace_sigterm_broadcast(trainer: "pl.Trainer", check: Callable[[], None]) 
     """Replace the per-batch SIGTERM broadcast of the training epoch loop with ``check``.
 
     Lightning 2.6.6 calls ``fit_loop.epoch_loop._broadcast_sigterm_tensor()`` before every training batch; it is
-    a collective on the default group that makes each rank wait for the slowest one.
+    a collective on the default group that makes each rank wait for the slowest one. Releases before 2.5.2 have no
+    such broadcast (each rank checks its own flag after each batch): there is nothing to replace.
 
     Raises:
         RuntimeError: the attribute is gone (a Lightning version this module was not checked against).
     """
     epoch_loop = trainer.fit_loop.epoch_loop
     if not hasattr(epoch_loop, "_broadcast_sigterm_tensor"):
+        if Version(lightning.__version__) < _SIGTERM_BROADCAST_SINCE:
+            return
         raise RuntimeError(
             "lightning_pgc: this Lightning version has no `_broadcast_sigterm_tensor` on the training epoch loop "
             "(checked against 2.6.6); update lightning_pgc/_lightning/shims.py"
