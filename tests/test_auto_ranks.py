@@ -71,7 +71,7 @@ def test_a_resume_continues_with_the_stored_arm(tmp_path):
     assert [r["auto_arm"] for r in a["ranks"]] == ["ignore_stragglers s=1"] * 4
     ckpt = a["out"] / "checkpoints" / "epoch=0-step=12.ckpt"
     saved = torch.load(ckpt, weights_only=False)["pgc"]["auto"]
-    assert saved["arm"] == ["ignore", 1] and len(saved["window"]["times"]) == QUICK["auto_window"]
+    assert saved["arm"] == ["ignore", 1] and len(saved["window"]["times"]) == QUICK["auto"]["window"]
     b = run_job(tmp_path, "b", max_steps=16, ckpt_path=str(ckpt), **common)
     # the first version after the resume already runs the stored arm: no switch, no dgd version in between
     assert all(r["switches"] == [] if "switches" in r else r["auto_switches"] == [] for r in b["ranks"])
