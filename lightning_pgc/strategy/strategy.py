@@ -169,8 +169,9 @@ class PGCStrategy(DDPStrategy):
         stragglers: ``s``, how many of the slowest ranks each step may ignore (``c = s + 1`` copies per partition).
             Not used by ``bounded`` (``coordinator.replication`` sets its copies) nor ``auto``.
         seed: seed of the partition split and of each partition's mini-batch stream.
-        nonfinite: what to do with a gradient that contains NaN or inf: ``"skip"`` drops it (the rank is a
-            straggler for that step, its cache entry is evicted, ``pgc/rejected/rank{k}`` counts it; once more
+        nonfinite: what to do with a gradient, loss or buffer (BatchNorm statistics) that contains NaN or inf:
+            ``"skip"`` drops the rank's code (the rank is a straggler for that step, a bad gradient's cache entry is
+            evicted, bad buffers are replaced by the aggregate's, ``pgc/rejected/rank{k}`` counts it; once more
             ranks than the scheme tolerates drop theirs at one step, every rank fails with ``DivergedError``:
             lower the learning rate); ``"raise"`` stops training with an error on that rank. Non-zero
             ``pgc/rejected/rank{k}`` means lower the learning rate or clip gradients.
