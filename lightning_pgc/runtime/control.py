@@ -151,6 +151,8 @@ class Channel:
 
     def push_all(self, boxes: list[str], message: Any) -> None:
         """Send ``message`` to every box of ``boxes`` (all of one kind: inboxes, or leader boxes)."""
+        if not boxes:
+            return
         schema, framed = _schema(boxes[0])
         data = encode(schema, message, framed)
         for box in boxes:
