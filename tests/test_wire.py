@@ -119,6 +119,8 @@ BAD_INBOX = [
     (_leader([0, "decide", 12, [0, 4], []]), "decide"),  # a rank out of range
     (_leader([0, "decide", 12, [[0, 1, 13]], []]), "decide"),  # a code of a later version
     (_leader([0, "decide", 12, [[0, 1]], []]), "decide"),  # an entry of the wrong length
+    (_leader([0, "decide", 12, [2, 2], []]), "decide"),  # a rank twice
+    (_leader([0, "decide", 12, [[1, 0, 12], [1, 2, 12]], []]), "decide"),  # a partition twice
     (_leader([0, "decide", 12, list(range(N)) + [0], []]), "decide"),  # longer than n
     (_leader([0, "detach", 12]), "detach"),
     (_leader([0, "attach", 12, 1, 9, "0.1"]), "attach"),  # donor out of range

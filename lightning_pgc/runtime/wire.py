@@ -8,8 +8,8 @@ process that reaches the store can at worst send a message the schema admits, ne
 
 :func:`decode` refuses (:class:`WireError`) anything that is not valid UTF-8 JSON of the right shape, a kind the
 box does not carry, a wrong number of fields, a field of the wrong type, a rank outside ``[0, n)``, a negative or
-absurd version, a plan entry for a later version than its decision, or a message over :data:`MAX_MESSAGE_BYTES`.
-The receiver drops such a message and logs it (:class:`DropLog`); it never ends a run.
+absurd version, a plan entry for a later version than its decision or a key twice in a plan, or a message over
+:data:`MAX_MESSAGE_BYTES`. The receiver drops such a message and logs it (:class:`DropLog`); it never ends a run.
 
 Pure: no torch, no torch.distributed.
 """
@@ -165,10 +165,13 @@ def plan(value: Any, n: int) -> list[Any]:
     return _list(value, n, n, _entry, "a plan")
 
 
-def _plan_not_ahead(fields: tuple[Any, ...]) -> None:
-    """``decide``: no plan entry is for a later version than the one decided."""
+def _plan_sane(fields: tuple[Any, ...]) -> None:
+    """``decide``: no plan entry is for a later version than the one decided, and no decode key comes twice."""
     if any(isinstance(e, tuple) and e[2] > fields[0] for e in fields[1]):
         raise WireError(f"the plan of version {fields[0]} names a code of a later version")
+    keys = [e[0] if isinstance(e, tuple) else e for e in fields[1]]
+    if len(set(keys)) != len(keys):
+        raise WireError(f"the plan of version {fields[0]} names a rank or partition twice")
 
 
 #: Every kind a box carries, with its fields' checks in order.
@@ -205,7 +208,7 @@ INBOX: Schema = {
 
 
 #: Checks of several fields together, by kind (after each field's own).
-_ACROSS: dict[str, Callable[[tuple[Any, ...]], None]] = {"decide": _plan_not_ahead}
+_ACROSS: dict[str, Callable[[tuple[Any, ...]], None]] = {"decide": _plan_sane}
 
 
 def _fields(schema: Schema, kind: str, fields: list[Any], n: int) -> tuple[Any, ...]:
