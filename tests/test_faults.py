@@ -1,5 +1,5 @@
-"""Faults on real processes (4 CPU ranks, gloo): a long stall, a non-finite gradient, a 300-step soak; and the fault
-callbacks."""
+"""Faults on real processes (4 CPU ranks, gloo): a long stall, a non-finite gradient, non-finite BatchNorm statistics,
+a 300-step soak; and the fault callbacks."""
 
 from __future__ import annotations
 
@@ -66,6 +66,32 @@ def test_a_long_stall_costs_nobody_and_the_stalled_rank_rejoins_by_state_transfe
     assert all(math.isfinite(loss) for _, _, loss in job["curve"])
     assert "rejoined at version" in job["stderr"] and "non-finite gradient at step 50" in job["stderr"]
     assert "rank 3 is missing (no heartbeat" in job["stderr"] and "rank 3 is alive again" in job["stderr"]
+
+
+def test_one_ranks_nan_batchnorm_statistics_are_rejected_and_every_replica_stays_finite_and_identical(tmp_path):
+    """4 ranks, the digits CNN with BatchNorm; rank 1's running statistics turn NaN at step 3, its gradient intact.
+    Its code is rejected as a NaN gradient's is (counted, not decoded), it takes the others' statistics with that
+    step's aggregate, and every replica ends identical with every parameter and buffer finite. Rank 3 is slow at
+    every step, so without the check rank 1's code would be among the three admitted and the aggregate's mean would
+    carry the NaN to every rank."""
+    job = run_job(
+        tmp_path,
+        "nan_buffers",
+        strategy="pgc",
+        devices=4,
+        max_steps=8,
+        batch_norm=True,
+        check_val_every_n_epoch=100,
+        delay="slowranks(ranks=[3], seconds=0.3)",
+        faults=[{"kind": "NaNBuffers", "rank": 1, "step": 3}],
+    )
+    ranks = job["ranks"]
+    assert len({r["checksum"] for r in ranks}) == 1 and {r["global_step"] for r in ranks} == {8}
+    assert all(r["state_finite"] for r in ranks)
+    table = ranks[0]["rank_stats"]
+    assert table[1]["rejected"] == 1 and sum(row["rejected"] for row in table) == 1
+    assert all(math.isfinite(loss) for _, _, loss in job["curve"])
+    assert "PGC rank 1: non-finite buffers at step 3" in job["stderr"]
 
 
 def test_a_300_step_soak_with_jitter_and_stalls_neither_hangs_nor_grows(tmp_path):

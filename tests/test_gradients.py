@@ -110,3 +110,17 @@ def test_a_non_finite_entry_makes_the_code_non_finite_and_is_named(bad):
     assert gradients.finite(code) and gradients.nonfinite({0: entries[0]}) == []
     gradients.clear()
     assert gradients.fresh == {}
+
+
+def test_a_non_finite_buffer_makes_the_payload_non_finite_though_the_gradient_is_finite():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    gradients = Gradients.of(model, torch.device("cpu"))
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    entries = {0: gradients.adopt(0, None)}
+    model[1].running_var[1] = float("nan")  # one rank's statistics
+    code = torch.zeros(gradients.numel)
+    gradients.encode({0: 1.0}, entries, code)
+    code[gradients.grad_numel + 1 :] = gradients.flat_buffers(code.dtype)
+    assert not gradients.finite(code)
+    assert gradients.finite(code, buffers=False) and gradients.nonfinite(entries) == []

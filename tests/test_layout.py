@@ -45,7 +45,7 @@ def test_public_names_are_importable_from_the_package_and_its_callbacks() -> Non
         assert getattr(lightning_pgc, name) is not None
     for name in ("PGCDiagnostics", "StalenessValve", "StragglerInjector", "parse_delay", "SlowRanks"):
         assert getattr(lightning_pgc, name) is getattr(callbacks, name)
-    for name in ("Stall", "Freeze", "Kill", "Terminate", "NaNGradient"):
+    for name in ("Stall", "Freeze", "Kill", "Terminate", "NaNGradient", "NaNBuffers"):
         assert getattr(callbacks, name) is getattr(faults, name)
     assert callbacks.StragglerInjector is stragglers.StragglerInjector
 

@@ -7,11 +7,12 @@
 - :class:`StragglerInjector` (stragglers.py): sleeps on chosen ranks, identically under ``ddp`` and the PGC
   strategies, so comparisons are fair; the delay models it sleeps are :mod:`lightning_pgc.delays` (re-exported
   here, as they configure it).
-- :class:`Stall`, :class:`Freeze`, :class:`Kill`, :class:`Terminate`, :class:`NaNGradient` (faults.py): one fault at a chosen step.
+- :class:`Stall`, :class:`Freeze`, :class:`Kill`, :class:`Terminate`, :class:`NaNGradient`,
+  :class:`NaNBuffers` (faults.py): one fault at a chosen step.
 """
 
 from lightning_pgc.callbacks.diagnostics import PGCDiagnostics
-from lightning_pgc.callbacks.faults import Freeze, Kill, NaNGradient, Stall, Terminate
+from lightning_pgc.callbacks.faults import Freeze, Kill, NaNBuffers, NaNGradient, Stall, Terminate
 from lightning_pgc.callbacks.stragglers import StragglerInjector
 from lightning_pgc.callbacks.valve import StalenessValve
 from lightning_pgc.delays import Constant, DelayModel, Exponential, LogNormal, NoDelay, SlowRanks, Spikes, parse_delay
@@ -23,6 +24,7 @@ __all__ = [
     "Freeze",
     "Kill",
     "LogNormal",
+    "NaNBuffers",
     "NaNGradient",
     "NoDelay",
     "PGCDiagnostics",

@@ -26,7 +26,7 @@ from typing import Any, Optional
 from lightning.pytorch import Callback, LightningModule, Trainer
 from typing_extensions import override
 
-__all__ = ["PHASES", "Fault", "Freeze", "Kill", "NaNGradient", "Stall", "Terminate"]
+__all__ = ["PHASES", "Fault", "Freeze", "Kill", "NaNBuffers", "NaNGradient", "Stall", "Terminate"]
 
 #: When a fault may fire (``Fault(during=...)``).
 PHASES: tuple[str, ...] = ("train", "validation", "sanity_check")
@@ -173,3 +173,16 @@ class NaNGradient(Fault):
             for p in pl_module.parameters():
                 if p.grad is not None:
                     p.grad.fill_(float("nan"))
+
+
+class NaNBuffers(NaNGradient):
+    """Make the hit rank's floating-point buffers (BatchNorm running statistics) NaN at step ``step``, after the
+    backward pass: statistics gone bad on one rank, its gradient intact (training only)."""
+
+    @override
+    def on_after_backward(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self._armed:
+            self._armed = False
+            for b in pl_module.buffers():
+                if b.is_floating_point():
+                    b.fill_(float("nan"))

@@ -9,6 +9,10 @@ connection of its own (``Store.clone``). A rank opens all of them when its runti
 the connecting side names the server by a reverse DNS lookup, which takes seconds where the resolver drops
 queries, so no connection is opened while liveness is being judged.
 
+Every message has a fixed schema and travels as compact JSON (:mod:`~lightning_pgc.runtime.wire`), never pickled:
+the store is not authenticated, so whatever a rank reads from it is checked, and a message that fails the check is
+dropped and logged, never acted on.
+
 The store must outlive any single rank: the launching process hosts it under ``fork``/``spawn`` (and under
 ``popen``, where rank 0 is the launching process), the elastic agent under ``torchrun``.
 """
@@ -17,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import pickle
 import socket
 import uuid
 from datetime import timedelta
@@ -25,6 +28,8 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import _get_default_store
+
+from lightning_pgc.runtime.wire import INBOX, LEADER_BOX, DropLog, Schema, WireError, decode, encode, rank
 
 #: Environment variable naming the store the launching process hosts (``host:port``), inherited by the ranks.
 STORE_ENV = "PGC_STORE_ADDR"
@@ -110,18 +115,24 @@ _NEVER = timedelta(days=1)
 class Channel:
     """One thread's end of the control plane: push to any rank's inbox, pop from one's own.
 
+    Messages are checked against their box's schema (:mod:`~lightning_pgc.runtime.wire`) when they are read; one that
+    fails is dropped and logged (:attr:`drops`), and reading goes on with the next.
+
     Args:
         store: the store (this channel clones it: one connection per thread).
         prefix: the namespace of this run (unique per runtime start).
+        world_size: the run's ranks (a rank named in a message must be one of them).
     """
 
-    def __init__(self, store: dist.Store, prefix: str) -> None:
+    def __init__(self, store: dist.Store, prefix: str, world_size: int) -> None:
         connection = store.clone()
         connection.set_timeout(_NEVER)
         self._connection: Optional[dist.Store] = connection
         self.prefix = prefix
+        self.world_size = world_size
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.drops = DropLog(f"control plane of {prefix}")
 
     @property
     def store(self) -> dist.Store:
@@ -136,43 +147,66 @@ class Channel:
         return f"{self.prefix}/{box}"
 
     def push(self, box: str, message: Any) -> None:
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-        self.store.queue_push(self._key(box), data)
-        self.bytes_sent += len(data)
+        self.push_all([box], message)
 
     def push_all(self, boxes: list[str], message: Any) -> None:
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        """Send ``message`` to every box of ``boxes`` (all of one kind: inboxes, or leader boxes)."""
+        if not boxes:
+            return
+        schema, framed = _schema(boxes[0])
+        data = encode(schema, message, framed)
         for box in boxes:
             self.store.queue_push(self._key(box), data)
         self.bytes_sent += len(data) * len(boxes)
 
     def pop(self, box: str) -> Any:
-        """The next message of ``box``, waiting for it (the caller makes sure one comes: a tick, say)."""
-        data = self.store.queue_pop(self._key(box))
-        self.bytes_received += len(data)
-        return pickle.loads(data)
+        """The next well-formed message of ``box``, waiting for it (the caller makes sure one comes: a tick, say)."""
+        while True:
+            data = self.store.queue_pop(self._key(box))
+            message = self._read(box, data)
+            if message is not None:
+                return message
 
     def drain(self, box: str) -> list[Any]:
-        """Every message already in ``box`` (none waited for)."""
+        """Every well-formed message already in ``box`` (none waited for)."""
         out = []
         for _ in range(self.store.queue_len(self._key(box))):
             try:
                 data = self.store.queue_pop(self._key(box), False)
             except dist.QueueEmptyError:
                 break
-            self.bytes_received += len(data)
-            out.append(pickle.loads(data))
+            message = self._read(box, data)
+            if message is not None:
+                out.append(message)
         return out
 
-    def claim(self, key: str, value: str) -> str:
-        """Set ``key`` to ``value`` unless it is set already (atomically, in the store); returns the value it holds."""
-        return self.store.compare_set(self._key(key), "", value).decode()
+    def _read(self, box: str, data: bytes) -> Optional[tuple[Any, ...]]:
+        """The message ``data`` carries, or None (dropped and logged: it does not fit ``box``'s schema)."""
+        self.bytes_received += len(data)
+        schema, framed = _schema(box)
+        try:
+            return decode(schema, data, self.world_size, framed)
+        except WireError as exc:
+            self.drops.drop(box, exc)
+            return None
 
-    def read(self, key: str) -> Optional[str]:
-        """The value of ``key``, or None if it is not set (not waited for)."""
+    def claim(self, key: str, rank: int) -> Optional[int]:
+        """Set ``key`` to ``rank`` unless it is set already (atomically, in the store); returns the rank it holds, or
+        None if it holds something else than a rank (dropped and logged)."""
+        return self._rank_of(key, self.store.compare_set(self._key(key), "", str(rank)))
+
+    def read(self, key: str) -> Optional[int]:
+        """The rank ``key`` holds, or None if it is not set (not waited for) or holds something else."""
         if not self.store.check([self._key(key)]):
             return None
-        return self.store.get(self._key(key)).decode()
+        return self._rank_of(key, self.store.get(self._key(key)))
+
+    def _rank_of(self, key: str, data: bytes) -> Optional[int]:
+        try:
+            return rank(int(data.decode("ascii")), self.world_size)
+        except ValueError as exc:  # (WireError and UnicodeDecodeError are ValueErrors)
+            self.drops.drop(key, WireError(f"it holds {data!r:.40}, not a rank ({exc})", "lead"))
+            return None
 
 
 def inbox(rank: int) -> str:
@@ -185,6 +219,11 @@ def leader_box(term: int) -> str:
     """The inbox of the leader of ``term`` (announcements, heartbeats, rejects, rejoins, reports, collective
     requests). A new term has a new box, so a deposed leader that resumes reads none of its successor's mail."""
     return f"leader/{term}"
+
+
+def _schema(box: str) -> tuple[Schema, bool]:
+    """The schema of ``box``'s messages, and whether they are framed with the sender's term (inboxes)."""
+    return (INBOX, True) if box.startswith("to/") else (LEADER_BOX, False)
 
 
 def term_key(term: int) -> str:

@@ -29,6 +29,7 @@ from lightning_pgc.codes import Scheme
 from lightning_pgc.codes.bounded import BoundedScheme
 from lightning_pgc.runtime.control import Channel, inbox, leader_box, term_key
 from lightning_pgc.runtime.succession import Succession
+from lightning_pgc.runtime.wire import DropLog, WireError
 from lightning_pgc.decisions.auto_leader import AutoLeader
 from lightning_pgc.decisions.leader import CoordinatorError, Leader, NoDonorYet, StepRecord
 from lightning_pgc.decisions.header import Header
@@ -102,6 +103,7 @@ class Coordinator:
         self._last_beat = 0.0
         self._missing: set[int] = set()
         self._allreduces = 0  # all-reduces of this rank whose time the leader has read (scheme="auto")
+        self._early_codes = DropLog(f"leader of term {self.term}")  # announcements of versions not open yet
 
     def run(self) -> None:
         rt = self.rt
@@ -199,6 +201,9 @@ class Coordinator:
             _, rank, version, ages, skipped, partition, busy_s = item
             if self._stash is not None:
                 self._stash.append(item)
+            elif version > leader.version:  # (no rank computes a version before the leader opened it)
+                why = f"rank {rank}'s code for version {version} while version {leader.version} is open"
+                self._early_codes.drop(self.box, WireError(why, kind))
             elif rank in self.members:
                 leader.on_code(Header(version, rank, len(ages), tuple(ages), skipped, partition, busy_s), now)
         elif kind == "beat":

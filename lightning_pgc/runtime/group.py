@@ -5,6 +5,11 @@ A configuration is a numbered set of member ranks. Its group is a fresh ``Proces
 default) or ``ProcessGroupGloo`` (CPU tensors; CUDA tensors too when asked: several ranks sharing one GPU, which NCCL
 does not allow) over ``PrefixStore("<run>/data/<number>", store)``: the pattern that rebuilds a group without the
 ranks that died or froze, with no collective over the old group (a dead member would hang it).
+
+:meth:`DataGroup.all_gather_objects` pickles, as ``torch.distributed.all_gather_object`` does under ``ddp``: it
+carries Lightning's collectives, and a broadcast carries whatever object its caller passes (a checkpoint path, a
+user's own object), which no fixed schema covers. Its bytes travel over the group's own connections among the
+members, never through the store (whose messages are plain data: :mod:`~lightning_pgc.runtime.wire`).
 """
 
 from __future__ import annotations

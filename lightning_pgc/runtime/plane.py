@@ -171,10 +171,10 @@ class CollectiveRuntime(Rejoins, CommLoop):
         # every connection this rank uses, opened now (see :mod:`~lightning_pgc.runtime.control`): the training
         # thread's, the comm thread's, the heartbeat thread's, one for leading (rank 0, or any successor), and the
         # one the comm thread builds each data group over
-        self._ctl = Channel(store, self.prefix)
-        self._chan = Channel(store, self.prefix)
-        self._beat_chan = Channel(store, self.prefix)
-        self._lead_chan: Optional[Channel] = Channel(store, self.prefix) if rank == 0 or failover else None
+        self._ctl = Channel(store, self.prefix, world_size)
+        self._chan = Channel(store, self.prefix, world_size)
+        self._beat_chan = Channel(store, self.prefix, world_size)
+        self._lead_chan: Optional[Channel] = Channel(store, self.prefix, world_size) if rank == 0 or failover else None
         self._channels = [c for c in (self._ctl, self._chan, self._beat_chan, self._lead_chan) if c is not None]
         self._group_store: Optional[dist.Store] = store.clone()
         self._xfer_store: Optional[dist.Store] = store.clone()  # the training thread's, for state transfers' rendezvous
@@ -224,7 +224,7 @@ class CollectiveRuntime(Rejoins, CommLoop):
         opens another)."""
         chan, self._lead_chan = self._lead_chan, None
         if chan is None:
-            chan = Channel(live_store(self.store), self.prefix)
+            chan = Channel(live_store(self.store), self.prefix, self.world_size)
             self._channels.append(chan)
         return chan
 

@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from lightning_pgc.runtime.collectives import Contribution
 from lightning_pgc.runtime.control import Channel, live_store
-from lightning_pgc.runtime.transfer import Pair, TransferFailed, flatten, receive, send
+from lightning_pgc.runtime.transfer import Pair, TransferFailed, Unsendable, flatten, receive, send
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,8 @@ class Rejoins(RejoinHost):
 
         Raises:
             RuntimeError: every attempt failed, or the leader failed.
+            StateRefused: the donor's state holds something else than plain data (its reason).
+            StateMismatch: the donor's state does not fit this rank's (the path named).
         """
         for attempt in range(1, TRANSFER_ATTEMPTS + 1):
             self._attached.clear()
@@ -184,6 +186,9 @@ class Rejoins(RejoinHost):
                 sent = send(pair, version, {"training": state, "collectives": history, "bytes": _bytes(state)})
         except TransferFailed as exc:
             log.warning("PGC rank %d: the state transfer to rank %d failed (%s); it asks again", self.rank, rank, exc)
+            return
+        except Unsendable as exc:  # (the recipient was told why: it fails naming it)
+            log.error("PGC rank %d: cannot send its state to rank %d: %s", self.rank, rank, exc)
             return
         done = time.monotonic()
         self.transfers.append(

@@ -67,7 +67,9 @@ class Succession:
         """Comm thread: compete for the next term (the store keeps the first claim) and follow whoever won it."""
         rt = self.rt
         term = rt.term + 1
-        winner = int(chan.claim(term_key(term), str(rt.rank)))
+        winner = chan.claim(term_key(term), rt.rank)
+        if winner is None:  # the term's key holds no rank (dropped and logged): nobody leads it
+            return
         log.warning(
             "PGC rank %d: the leader (rank %d) is silent at version %d (no heartbeat for %.1f s: its process is "
             "gone or frozen); rank %d takes over",
@@ -83,7 +85,7 @@ class Succession:
         """A message of ``term`` (newer than this rank's) arrived: follow the leader the store names for it."""
         winner = chan.read(term_key(term))
         if winner is not None:
-            self._enter(chan, term, int(winner))
+            self._enter(chan, term, winner)
 
     def settle(self, chan: Channel) -> None:
         """Any thread of a leader that may have been replaced (its process stopped): follow every newer term."""
@@ -92,7 +94,7 @@ class Succession:
             winner = chan.read(term_key(term))
             if winner is None:
                 return
-            self._enter(chan, term, int(winner))
+            self._enter(chan, term, winner)
 
     def _enter(self, chan: Channel, term: int, winner: int) -> None:
         rt = self.rt

@@ -6,12 +6,16 @@ store)`` (the rendezvous is the only use of the store: two keys of a few dozen b
 ends). On that group travel, in order:
 
 1. a header: one int64 tensor ``[version, metadata bytes, tensor bytes]``;
-2. the metadata: the state's tree, pickled, with every tensor replaced by its :class:`Slot` (path, shape, dtype).
-   Its size grows with the number of tensors, not with their size; non-tensor leaves (an optimizer's
-   hyperparameters, a scheduler's counters, a metric's Python values) travel in it;
+2. the metadata: the state's tree as plain data, JSON with every tensor replaced by its :class:`Slot` (path,
+   shape, dtype; :mod:`~lightning_pgc.runtime.skeleton`: no pickle). Its size grows with the number of tensors,
+   not with their size; non-tensor leaves (an optimizer's hyperparameters, a scheduler's counters, a metric's
+   Python values) travel in it. A state holding anything else than plain data is refused on the donor, which tells
+   the recipient why instead (:class:`StateRefused` there);
 3. every tensor's bytes, in chunks of at most ``chunk_bytes``, each under a tag of its own, all in flight at once
    (host memory). The recipient receives each one straight into its own tensor of the same path, shape and dtype
-   when it has one (its parameters, buffers and optimizer state: no copy), else into a new tensor.
+   when it has one (its parameters, buffers and optimizer state: no copy), else into a new tensor. A tensor of
+   the recipient's whose path the donor's state has with another shape or dtype is a :class:`StateMismatch`
+   naming the path, before any tensor's bytes are received.
 
 CUDA tensors travel through one host buffer of ``chunk_bytes`` on each side (gloo sends host memory), so a transfer
 never holds a second copy of the state on either side. Either side that fails (the peer died, froze past the
@@ -21,9 +25,8 @@ either way.
 
 from __future__ import annotations
 
-import pickle
+import math
 from collections import OrderedDict
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Optional
 
@@ -31,12 +34,17 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from lightning_pgc.runtime.skeleton import MalformedState, Slot, Unsendable, from_json, to_json
+
 __all__ = [
     "CHUNK_BYTES",
     "ForwardingStore",
     "Pair",
     "Slot",
+    "StateMismatch",
+    "StateRefused",
     "TransferFailed",
+    "Unsendable",
     "flatten",
     "paths",
     "receive",
@@ -48,18 +56,21 @@ __all__ = [
 CHUNK_BYTES = 16 << 20
 
 
+#: The largest metadata a recipient reads (JSON of the state's tree: about a hundred bytes per tensor).
+META_LIMIT = 256 << 20
+
+
 class TransferFailed(RuntimeError):
-    """A state transfer did not complete (the peer died or froze, or the two sides disagreed)."""
+    """A state transfer did not complete (the peer died or froze, or sent something else than a state): it may be
+    asked for again."""
 
 
-@dataclass(frozen=True)
-class Slot:
-    """Where a tensor was in the state's tree (``path``: the keys and indices from the root), its shape and dtype."""
+class StateRefused(RuntimeError):
+    """The donor cannot send its state (it holds a value that is not plain data; the donor's reason is the message)."""
 
-    index: int
-    path: tuple[Any, ...]
-    shape: tuple[int, ...]
-    dtype: torch.dtype
+
+class StateMismatch(RuntimeError):
+    """The donor's state does not fit the recipient's own (a tensor of another shape or dtype at the same path)."""
 
 
 def _rebuild(node: Any, items: list[tuple[Any, Any]]) -> Any:
@@ -294,9 +305,16 @@ def send(pair: Pair, version: int, tree: Any, chunk_bytes: int = CHUNK_BYTES) ->
 
     Raises:
         TransferFailed: the recipient died or froze.
+        Unsendable: ``tree`` holds a value that is not plain data (the recipient was told why).
     """
     skeleton, tensors = flatten(tree)
-    meta = pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
+    try:
+        meta = to_json(skeleton)
+    except Unsendable as exc:
+        reason = str(exc).encode()[:65536]
+        pair.send(torch.tensor([version, -len(reason), 0], dtype=torch.int64))
+        pair.send(torch.frombuffer(bytearray(reason), dtype=torch.uint8))
+        raise
     total = sum(t.numel() * t.element_size() for t in tensors)
     pair.send(torch.tensor([version, len(meta), total], dtype=torch.int64))
     pair.send(torch.frombuffer(bytearray(meta), dtype=torch.uint8))
@@ -317,6 +335,57 @@ def send(pair: Pair, version: int, tree: Any, chunk_bytes: int = CHUNK_BYTES) ->
     return total
 
 
+def _metadata(pair: Pair, version: int) -> tuple[Any, int]:
+    """The donor's header and skeleton: ``(skeleton, tensor bytes)``, checked."""
+    header = torch.zeros(3, dtype=torch.int64)
+    pair.recv(header)
+    sent_for, meta_bytes, total = (int(x) for x in header.tolist())
+    if sent_for != version:
+        raise TransferFailed(f"the donor sent the state of version {sent_for}, not of version {version}")
+    if not -65536 <= meta_bytes <= META_LIMIT or total < 0:
+        raise TransferFailed(f"the donor's header is not a state's: {header.tolist()}")
+    meta = torch.empty(abs(meta_bytes), dtype=torch.uint8)
+    pair.recv(meta)
+    data = meta.numpy().tobytes()
+    if meta_bytes < 0:
+        raise StateRefused(f"the donor cannot send its state: {data.decode(errors='replace')}")
+    try:
+        skeleton = from_json(data)
+    except MalformedState as exc:
+        raise TransferFailed(f"the donor's metadata is not a state tree: {exc}") from exc
+    slots = _slots(skeleton)
+    if [s.index for s in slots] != list(range(len(slots))):
+        raise TransferFailed("the donor's metadata numbers its tensors wrongly")
+    if sum(_nbytes(s) for s in slots) != total:
+        raise TransferFailed(f"the donor's tensors add up to {sum(_nbytes(s) for s in slots)} bytes, not {total}")
+    return skeleton, total
+
+
+def _nbytes(slot: Slot) -> int:
+    return math.prod(slot.shape) * torch.empty((), dtype=slot.dtype).element_size()
+
+
+def _target(slot: Slot, targets: dict[tuple[Any, ...], Tensor], device: torch.device) -> Tensor:
+    """Where ``slot``'s bytes land: the recipient's own tensor at its path (which must have its shape and dtype),
+    else a new one on ``device``."""
+    dst = targets.get(slot.path)
+    if isinstance(dst, Tensor):
+        if tuple(dst.shape) != slot.shape or dst.dtype != slot.dtype:
+            where = "/".join(str(p) for p in slot.path)
+            raise StateMismatch(
+                f"the donor's state does not fit this rank's: {where} is {_dtype(slot.dtype)} {list(slot.shape)} "
+                f"there, {_dtype(dst.dtype)} {list(dst.shape)} here (is every rank running the same model and "
+                "optimizer?)"
+            )
+        if dst.is_contiguous():
+            return dst
+    return torch.empty(slot.shape, dtype=slot.dtype, device=device)
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def receive(
     pair: Pair,
     version: int,
@@ -325,33 +394,20 @@ def receive(
     chunk_bytes: int = CHUNK_BYTES,
 ) -> Any:
     """Receive the tree the pair's donor sends for ``version``. Each tensor lands in the tensor of ``into`` at the
-    same path when that one has the same shape and dtype and is contiguous (in place), else in a new one on
-    ``device``.
+    same path when that one is contiguous (in place), else in a new one on ``device``.
 
     Raises:
-        TransferFailed: the donor died or froze, or sent the state of another version.
+        TransferFailed: the donor died or froze, or sent the state of another version, or something else than a
+            state.
+        StateRefused: the donor's state holds something else than plain data (the donor's reason).
+        StateMismatch: a tensor of ``into`` whose path the donor's state has with another shape or dtype (named).
     """
-    header = torch.zeros(3, dtype=torch.int64)
-    pair.recv(header)
-    sent_for, meta_bytes, total = (int(x) for x in header.tolist())
-    if sent_for != version:
-        raise TransferFailed(f"the donor sent the state of version {sent_for}, not of version {version}")
-    meta = torch.empty(meta_bytes, dtype=torch.uint8)
-    pair.recv(meta)
-    skeleton = pickle.loads(meta.numpy().tobytes())
+    skeleton, total = _metadata(pair, version)
     targets = paths(into) if into is not None else {}
+    tensors = [_target(slot, targets, device) for slot in _slots(skeleton)]  # (every mismatch before any byte)
     staging = _staging(chunk_bytes)
-    tensors: list[Tensor] = []
     pending, got, tag = [], 0, 1
-    for slot in _slots(skeleton):
-        dst = targets.get(slot.path)
-        if not (
-            isinstance(dst, Tensor)
-            and tuple(dst.shape) == slot.shape
-            and dst.dtype == slot.dtype
-            and dst.is_contiguous()
-        ):
-            dst = torch.empty(slot.shape, dtype=slot.dtype, device=device)
+    for dst in tensors:
         flat = _bytes_of(dst)
         with torch.no_grad():
             for start in range(0, flat.numel(), chunk_bytes):
@@ -364,7 +420,6 @@ def receive(
                     piece.copy_(host)
                 tag += 1
         got += flat.numel()
-        tensors.append(dst)
     pair.finish(pending)
     if got != total:
         raise TransferFailed(f"received {got} bytes of tensors, the donor sent {total}")

@@ -149,10 +149,10 @@ class Gradients:
         _linear_combination(head[self.grad_numel :], losses)
         return out
 
-    def finite(self, code: Tensor) -> bool:
-        """Whether the gradient and loss of ``code`` are finite (one read pass: a NaN or inf in any entry it sums
-        reaches the sum)."""
-        return bool(torch.isfinite(code.reshape(-1)[: self.grad_numel + 1].sum()))
+    def finite(self, code: Tensor, buffers: bool = True) -> bool:
+        """Whether the payload in ``code`` is finite: gradient, loss and (with ``buffers``) the buffers (one read pass:
+        a NaN or inf in any entry it sums reaches the sum)."""
+        return bool(torch.isfinite(code.reshape(-1)[: self.numel if buffers else self.grad_numel + 1].sum()))
 
     def nonfinite(self, entries: Mapping[int, Entry]) -> list[int]:
         """The partitions of ``entries`` whose gradient or loss holds NaN or inf, sorted (a read of each: only once

@@ -169,8 +169,9 @@ class PGCStrategy(DDPStrategy):
         stragglers: ``s``, how many of the slowest ranks each step may ignore (``c = s + 1`` copies per partition).
             Not used by ``bounded`` (``coordinator.replication`` sets its copies) nor ``auto``.
         seed: seed of the partition split and of each partition's mini-batch stream.
-        nonfinite: what to do with a gradient that contains NaN or inf: ``"skip"`` drops it (the rank is a
-            straggler for that step, its cache entry is evicted, ``pgc/rejected/rank{k}`` counts it; once more
+        nonfinite: what to do with a gradient, loss or buffer (BatchNorm statistics) that contains NaN or inf:
+            ``"skip"`` drops the rank's code (the rank is a straggler for that step, a bad gradient's cache entry is
+            evicted, bad buffers are replaced by the aggregate's, ``pgc/rejected/rank{k}`` counts it; once more
             ranks than the scheme tolerates drop theirs at one step, every rank fails with ``DivergedError``:
             lower the learning rate); ``"raise"`` stops training with an error on that rank. Non-zero
             ``pgc/rejected/rank{k}`` means lower the learning rate or clip gradients.
@@ -793,7 +794,40 @@ class PGCStrategy(DDPStrategy):
         entries = self._staleness.compensate(entries, cache.versions(), version, gradients.grad_numel)
         code = runtime.new_code(version)
         gradients.encode(scheme.code_coefficients(self.global_rank, tuple(entries)), entries, code.flat)
-        if not gradients.finite(code.flat):  # the one finite check: a NaN or inf in any entry reaches the code
+        if gradients.buffers:
+            code.write(gradients.grad_numel + 1, gradients.flat_buffers(code.rows.dtype))
+        if not gradients.finite(code.flat):  # the one finite check: a NaN or inf in any entry or buffer reaches it
+            self._reject(version, code.flat, valid)
+            return time.monotonic()
+        sent = time.monotonic()
+        partition = self._evaluations[0] if isinstance(scheme, BoundedScheme) else -1
+        runtime.submit(
+            version, code, tuple(cache.ages(version).values()), partition=partition, busy_s=sent - self._step_began
+        )
+        cache.evict(version + 1)  # entries no later version can use: freed now, not when they are replaced
+        return sent
+
+    def _reject(self, version: int, code: Tensor, valid: Mapping[int, Any]) -> None:
+        """This rank's code for ``version`` is not finite: raise (``nonfinite="raise"``), or evict the gradients that
+        made it so and tell the leader (a straggler for this version). Buffers that are not finite (e.g. BatchNorm
+        statistics) are replaced by the aggregate's, the other ranks' mean."""
+        runtime, cache, gradients = self.runtime, self.cache, self.gradients
+        assert runtime is not None and cache is not None
+        if gradients.finite(code, buffers=False):
+            if self.nonfinite == "raise":
+                raise FloatingPointError(
+                    f"PGC rank {self.global_rank}: the buffers (e.g. BatchNorm running statistics) at step {version} "
+                    "contain NaN or inf; pass PGCStrategy(nonfinite='skip') to drop such codes and go on (the rank "
+                    "then takes the other ranks' buffers)"
+                )
+            bad: list[int] = []
+            log.warning(
+                "PGC rank %d: non-finite buffers at step %d (e.g. BatchNorm running statistics): not sent; this rank "
+                "takes the other ranks' buffers with the aggregate",
+                self.global_rank,
+                version,
+            )
+        else:
             bad = gradients.nonfinite(valid) or sorted(gradients.fresh)  # (none alone: the sum overflowed)
             if self.nonfinite == "raise":
                 raise FloatingPointError(
@@ -807,20 +841,10 @@ class PGCStrategy(DDPStrategy):
                 version,
                 bad,
             )
-            for p in bad:
-                cache.discard(p)
-            runtime.reject(version)  # a straggler for this version: no code
-            cache.evict(version + 1)
-            return time.monotonic()
-        if gradients.buffers:
-            code.write(gradients.grad_numel + 1, gradients.flat_buffers(code.rows.dtype))
-        sent = time.monotonic()
-        partition = self._evaluations[0] if isinstance(scheme, BoundedScheme) else -1
-        runtime.submit(
-            version, code, tuple(cache.ages(version).values()), partition=partition, busy_s=sent - self._step_began
-        )
-        cache.evict(version + 1)  # entries no later version can use: freed now, not when they are replaced
-        return sent
+        for p in bad:
+            cache.discard(p)
+        runtime.reject(version)  # a straggler for this version: no code
+        cache.evict(version + 1)
 
     # ------------------------------------------------------------------------------------------ registry
     @classmethod

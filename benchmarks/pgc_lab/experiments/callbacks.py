@@ -454,6 +454,9 @@ class JobRecorder(pl.Callback):
             "rank": rank,
             "global_step": trainer.global_step,
             "checksum": parameter_checksum(pl_module),
+            "state_finite": all(
+                bool(t.isfinite().all()) for t in pl_module.state_dict().values() if t.is_floating_point()
+            ),
             "skipped_steps": getattr(strategy, "skipped_steps", 0),
             "injected_sleep_s": injector.total_sleep_s if injector is not None else 0.0,
             "fit_wall_s": (self.fit_end or 0.0) - (self.fit_start or 0.0),

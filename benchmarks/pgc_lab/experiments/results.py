@@ -7,7 +7,8 @@ The writers are the callbacks of :mod:`pgc_lab.experiments.callbacks`; they take
 - ``job.yaml``: the LightningCLI config the job ran (``lightning-pgc fit --config <recipe> --config job.yaml``
   reproduces it);
 - ``job.log``: stdout and stderr of every rank; ``job_done.json``: exit status and wall time of the launch;
-- ``rank{k}.json`` from every rank: final step, parameter checksum, skipped steps, injected sleep, batch sizes,
+- ``rank{k}.json`` from every rank: final step, parameter checksum, whether every floating-point
+  parameter and buffer is finite, skipped steps, injected sleep, batch sizes,
   message-buffer high-water marks, ``rank_stats`` (when the strategy has them), ``measure`` (with ``measure``),
   ``resources`` (with ``resources``: resident memory and thread count after given steps and at the end);
 - ``valve_rank{k}.json`` from every rank with a :class:`~lightning_pgc.StalenessValve`;

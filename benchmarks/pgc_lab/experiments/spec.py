@@ -21,7 +21,7 @@ Spec keys (all optional; :data:`DEFAULTS` has the values):
 - ``lr`` (``model.init_args.lr``), ``batch_size`` (``data.init_args.batch_size``), ``model`` and ``data`` (dicts
   merged into ``model.init_args`` / ``data.init_args``); ``None`` keeps the recipe's value;
 - ``delay`` and ``delay_seed``: the :class:`~lightning_pgc.StragglerInjector` (replaces the recipe's callbacks);
-- ``faults``: a list of ``{"kind": "Stall" | "Freeze" | "Kill" | "Terminate" | "NaNGradient", "rank", "step",
+- ``faults``: a list of ``{"kind": "Stall" | "Freeze" | "Kill" | "Terminate" | "NaNGradient" | "NaNBuffers", "rank", "step",
   ...}``, the :mod:`lightning_pgc.callbacks.faults` callbacks with those arguments;
 - ``sync_loss``: :class:`LossRecorder` averages the logged loss over ranks under non-PGC strategies;
 - ``compute_s_per_eval``: :class:`SimulatedCompute` seconds per gradient evaluation (0: none);

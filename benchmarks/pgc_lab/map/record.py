@@ -93,7 +93,7 @@ def load(out: str | Path) -> tuple[list[Version], torch.Tensor, torch.Tensor]:
     """``(schedule, initial parameters, final parameters)`` written by :class:`ScheduleRecorder` into ``out``."""
     out = Path(out)
     rows = json.loads((out / "schedule.json").read_text())["versions"]
-    params = torch.load(out / "params.pt")
+    params = torch.load(out / "params.pt", weights_only=True)
     return from_json(rows), params["initial"], params["final"]
 
 
@@ -101,5 +101,5 @@ def load_trajectory(out: str | Path) -> tuple[torch.Tensor, torch.Tensor]:
     """``(parameters, aggregates)`` written by ``ScheduleRecorder(trajectory=True)`` into ``out``: row ``i`` holds the
     flat parameters at the start of the ``i``-th recorded version and the aggregate applied at it (gradient, then the
     decoded loss)."""
-    saved = torch.load(Path(out) / "trajectory.pt")
+    saved = torch.load(Path(out) / "trajectory.pt", weights_only=True)
     return saved["params"], saved["aggregates"]
