@@ -237,6 +237,14 @@ class CommLoop(CommHost):
         self._waiting = True
         chan.push(self._leader_box(), ("report", self.rank, self.config, self.completed))
 
+    def _abandon_group(self) -> None:
+        """A collective of this group failed or did not finish in time: close the group now (NCCL: abort, which ends
+        its kernels before NCCL's watchdog would), whatever it left in its buffers is never used, and report."""
+        group, self.group = self.group, None
+        if group is not None:
+            group.close()
+        self._leave_group(self._chan)
+
     def _configure(self, number: int, members: list[int], version: int) -> None:
         """Join configuration ``number`` (its group, from ``version`` on), or stay out of it."""
         if self.group is not None:
@@ -304,7 +312,7 @@ class CommLoop(CommHost):
                 code.read = read
         try:
             started = time.monotonic()
-            self.group.all_reduce(buf)
+            self.group.all_reduce(buf, f"the all-reduce of version {version}")  # (until it finished on the device)
             self.allreduce_s, self.allreduces = time.monotonic() - started, self.allreduces + 1
         except Exception as exc:
             log.warning(
@@ -313,8 +321,9 @@ class CommLoop(CommHost):
                 version,
                 exc,
             )
-            self._leave_group(self._chan)
+            self._abandon_group()
             return
+        # only now is the aggregate complete on this rank: reported (``completed``), published and applied from here
         self.completed, self._next = version, version + 1
         m = self.group.size
         self.data_bytes += 2 * (m - 1) * buf.numel() * buf.element_size() // m
@@ -353,7 +362,7 @@ class CommLoop(CommHost):
             got = self.group.all_gather_objects(mine)
         except Exception as exc:
             log.warning("PGC rank %d: collective %d failed (%r); the data group is reconfigured", self.rank, seq, exc)
-            self._leave_group(self._chan)
+            self._abandon_group()
             return
         finally:
             self._busy = False
