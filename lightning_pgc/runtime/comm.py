@@ -52,6 +52,7 @@ class CommHost(ABC):
     heartbeat_interval: float
     heartbeat_window: float
     group_timeout: timedelta
+    peer_timeout: float
     term: int
     leader_rank: int
     members: list[int]
@@ -185,6 +186,8 @@ class CommLoop(CommHost):
                     self._run_collective(msg[1])
             elif kind == "stop":
                 self._read_final_stats(msg[1])
+                if not self._stopping.is_set():  # (the leader gave up on this rank's BYE, or on it)
+                    self.fail(RuntimeError(f"PGC rank {self.rank}: the leader ended the run before this rank did"))
                 return
             elif kind == "lead":
                 self._resend(chan)
@@ -390,11 +393,21 @@ class CommLoop(CommHost):
         if replayed is not None:  # run by the others in a step this rank skipped to rejoin: their result
             return _checked(seq, replayed)
         self._ctl.push(self._leader_box(), ("coll", self.rank, seq))
+        # (the leader names the members that never call it, peer_timeout after the first caller: this comes later)
+        bound = self.peer_timeout + self.group_timeout.total_seconds()
+        deadline = time.monotonic() + bound
         with self._coll_cond:
             while seq not in self._coll_done:
                 failure = self.failure()
                 if failure is not None:
                     raise RuntimeError(f"PGC collective {seq} abandoned: {failure}") from failure
+                if time.monotonic() > deadline:
+                    exc = PGCTimeoutError(
+                        f"PGC rank {self.rank}: Lightning's collective {seq} (a barrier, broadcast or reduce) did not "
+                        f"run within {bound:g} s: the leader did not start it, so some member never called it"
+                    )
+                    self.fail(exc)
+                    raise exc
                 if not self._coll_cond.wait(self.heartbeat_interval):
                     self._coll_cond.release()
                     try:
