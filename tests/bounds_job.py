@@ -1,5 +1,5 @@
-"""Three ranks of the bare runtime (no Lightning) in real processes; rank 2 freezes itself by SIGSTOP inside one
-wait and is never resumed. ``python -m tests.bounds_job SCENARIO RANK STORE OUT``, ``SCENARIO`` one of:
+"""Three ranks of the bare runtime (no Lightning) in real processes, forked from the test (:func:`run_rank`); rank
+2 freezes itself by SIGSTOP inside one wait and is never resumed. The scenarios:
 
 - ``gather``: after two versions every rank calls a barrier; rank 2 freezes once it asked for it;
 - ``stop``: after three versions every rank stops; rank 2 freezes just before it says BYE;
@@ -7,17 +7,18 @@ wait and is never resumed. ``python -m tests.bounds_job SCENARIO RANK STORE OUT`
   donor's transfer to it fails.
 
 Ranks 0 and 1 write ``OUT/rank{k}.json``: the seconds their longest wait took (``longest_s``: the barrier, the
-stop, a version's aggregate), the sum of the aggregates they applied and the versions they ran.
+stop, a version's aggregate), the sum of the aggregates they applied and the versions they ran; every rank logs to
+``OUT/rank{k}.log``.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
-import sys
-import threading
 import time
+import traceback
 from datetime import timedelta
 from pathlib import Path
 
@@ -37,8 +38,7 @@ def _freeze() -> None:
 
 
 def _freeze_on(rt: CollectiveRuntime, kind: str) -> None:
-    """Rank 2 freezes when its training thread sends a message of ``kind``: just before a BYE, else just after (once
-    the leader may have acted on it)."""
+    """Rank 2 freezes when its training thread sends a message of ``kind``: just before a BYE, else just after it."""
     push = rt._ctl.push
 
     def pushing(box, message):
@@ -46,7 +46,7 @@ def _freeze_on(rt: CollectiveRuntime, kind: str) -> None:
             _freeze()
         push(box, message)
         if message[0] == kind:
-            threading.Timer(0.2, _freeze).start()
+            _freeze()
 
     rt._ctl.push = pushing  # type: ignore[method-assign]
 
@@ -99,5 +99,16 @@ def main(scenario: str, rank: int, addr: str, out: Path) -> None:
     (out / f"rank{rank}.json").write_text(json.dumps(result))
 
 
-if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), sys.argv[3], Path(sys.argv[4]))
+def run_rank(scenario: str, rank: int, addr: str, out: Path) -> None:
+    """A forked rank's whole life: :func:`main`, logging to ``OUT/rank{k}.log``; it ends with ``os._exit`` (0, or 1
+    after writing the traceback to the log), so nothing the test process held is torn down here."""
+    handler = logging.FileHandler(out / f"rank{rank}.log")
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    code = 0
+    try:
+        main(scenario, rank, addr, out)
+    except BaseException:
+        logging.getLogger(__name__).error("rank %d failed:\n%s", rank, traceback.format_exc())
+        code = 1
+    handler.flush()
+    os._exit(code)

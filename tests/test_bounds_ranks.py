@@ -5,21 +5,19 @@ the bounds on live ranks that never act are tested in threads in tests/test_boun
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from lightning_pgc.runtime.control import serve_store
 from tests import bounds_job as job
 
-ROOT = Path(__file__).resolve().parent.parent
 #: The longest wait a survivor may see: the group's timeout (2 s) for the collective the frozen rank holds, a
 #: heartbeat window (1 s) and the leader's wait for reports (2 s + 1 s) make 6 s; the rest is a loaded machine.
 LONGEST_S = 6.0 + 9.0
+JOB_TIMEOUT_S = 90.0  # (a hang fails the test here)
 
 
 @pytest.mark.parametrize("scenario", ["gather", "stop", "rejoin"])
@@ -28,29 +26,24 @@ def test_a_rank_frozen_inside_a_wait_costs_the_others_a_bounded_wait(tmp_path, s
     fails at the group's timeout). Ranks 0 and 1 finish (exit 0), their longest wait within ``LONGEST_S``, having
     applied the same aggregates; the frozen rank is killed afterwards."""
     server = serve_store()
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.bounds_job", scenario, str(r), f"127.0.0.1:{server.port}", str(tmp_path)],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(job.N)
-    ]
+    fork = multiprocessing.get_context("fork")  # (no start-up: the ranks have the test's imports)
+    addr = f"127.0.0.1:{server.port}"
+    procs = [fork.Process(target=job.run_rank, args=(scenario, r, addr, tmp_path)) for r in range(job.N)]
+    for p in procs:
+        p.start()
     try:
-        outs = [procs[r].communicate(timeout=120)[0] for r in (0, 1)]
-        assert [procs[r].returncode for r in (0, 1)] == [0, 0], outs
-        assert procs[job.FROZEN].poll() is None  # (frozen, not ended: the others did not wait for it to end)
+        for r in (0, 1):
+            procs[r].join(JOB_TIMEOUT_S)
+        logs = [(tmp_path / f"rank{r}.log").read_text() for r in range(job.N)]
+        assert [procs[r].exitcode for r in (0, 1)] == [0, 0], logs
+        assert procs[job.FROZEN].is_alive()  # (frozen, not ended: the others did not wait for it to end)
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
-                p.wait(10)
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)
+                p.join(10)
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert all(r["longest_s"] < LONGEST_S for r in ranks), ranks
     assert ranks[0]["applied"] == ranks[1]["applied"] and ranks[0]["versions"] == ranks[1]["versions"]
     if scenario == "rejoin":
-        assert "the state transfer to rank 2 failed" in outs[0], outs[0][-3000:]
+        assert "the state transfer to rank 2 failed" in logs[0], logs[0][-3000:]
