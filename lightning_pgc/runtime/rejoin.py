@@ -89,11 +89,9 @@ class Rejoins(RejoinHost):
         shape and dtype are received in place (no copy).
 
         A transfer that fails (the donor died or froze) is asked for again, up to :data:`TRANSFER_ATTEMPTS` times.
-        The leader names a donor as soon as a live rank can send the state; one that names none within
-        ``peer_timeout`` is given up on.
 
         Raises:
-            PGCTimeoutError: no donor was named within ``peer_timeout``.
+            PGCTimeoutError: the leader named no donor within ``peer_timeout`` (no live rank could send the state).
             RuntimeError: every attempt failed, or the leader failed.
         """
         for attempt in range(1, TRANSFER_ATTEMPTS + 1):
