@@ -22,6 +22,7 @@ import pytest
 
 REALRANK = {
     "test_auto_ranks.py",
+    "test_bounds_ranks.py",
     "test_cli.py",
     "test_demo.py",
     "test_faults.py",

@@ -52,6 +52,7 @@ class CommHost(ABC):
     heartbeat_interval: float
     heartbeat_window: float
     group_timeout: timedelta
+    peer_timeout: float
     term: int
     leader_rank: int
     members: list[int]
@@ -185,6 +186,8 @@ class CommLoop(CommHost):
                     self._run_collective(msg[1])
             elif kind == "stop":
                 self._read_final_stats(msg[1])
+                if not self._stopping.is_set():  # (the leader gave up on this rank's BYE, or on it)
+                    self.fail(RuntimeError(f"PGC rank {self.rank}: the leader ended the run before this rank did"))
                 return
             elif kind == "lead":
                 self._resend(chan)
@@ -236,6 +239,14 @@ class CommLoop(CommHost):
         """Tell the leader what this rank completed and wait for the next configuration."""
         self._waiting = True
         chan.push(self._leader_box(), ("report", self.rank, self.config, self.completed))
+
+    def _abandon_group(self) -> None:
+        """A collective of this group failed or did not finish in time: close the group now (NCCL: abort, which ends
+        its kernels before NCCL's watchdog would), whatever it left in its buffers is never used, and report."""
+        group, self.group = self.group, None
+        if group is not None:
+            group.close()
+        self._leave_group(self._chan)
 
     def _configure(self, number: int, members: list[int], version: int) -> None:
         """Join configuration ``number`` (its group, from ``version`` on), or stay out of it."""
@@ -304,7 +315,7 @@ class CommLoop(CommHost):
                 code.read = read
         try:
             started = time.monotonic()
-            self.group.all_reduce(buf)
+            self.group.all_reduce(buf, f"the all-reduce of version {version}")  # (until it finished on the device)
             self.allreduce_s, self.allreduces = time.monotonic() - started, self.allreduces + 1
         except Exception as exc:
             log.warning(
@@ -313,8 +324,9 @@ class CommLoop(CommHost):
                 version,
                 exc,
             )
-            self._leave_group(self._chan)
+            self._abandon_group()
             return
+        # only now is the aggregate complete on this rank: reported (``completed``), published and applied from here
         self.completed, self._next = version, version + 1
         m = self.group.size
         self.data_bytes += 2 * (m - 1) * buf.numel() * buf.element_size() // m
@@ -353,7 +365,7 @@ class CommLoop(CommHost):
             got = self.group.all_gather_objects(mine)
         except Exception as exc:
             log.warning("PGC rank %d: collective %d failed (%r); the data group is reconfigured", self.rank, seq, exc)
-            self._leave_group(self._chan)
+            self._abandon_group()
             return
         finally:
             self._busy = False
@@ -381,11 +393,21 @@ class CommLoop(CommHost):
         if replayed is not None:  # run by the others in a step this rank skipped to rejoin: their result
             return _checked(seq, replayed)
         self._ctl.push(self._leader_box(), ("coll", self.rank, seq))
+        # (the leader names the members that never call it, peer_timeout after the first caller: this comes later)
+        bound = self.peer_timeout + self.group_timeout.total_seconds()
+        deadline = time.monotonic() + bound
         with self._coll_cond:
             while seq not in self._coll_done:
                 failure = self.failure()
                 if failure is not None:
                     raise RuntimeError(f"PGC collective {seq} abandoned: {failure}") from failure
+                if time.monotonic() > deadline:
+                    exc = PGCTimeoutError(
+                        f"PGC rank {self.rank}: Lightning's collective {seq} (a barrier, broadcast or reduce) did not "
+                        f"run within {bound:g} s: the leader did not start it, so some member never called it"
+                    )
+                    self.fail(exc)
+                    raise exc
                 if not self._coll_cond.wait(self.heartbeat_interval):
                     self._coll_cond.release()
                     try:

@@ -109,7 +109,14 @@ Bye = tuple[str, int, int, bool]
 #: How long a blocking pop may wait in the store. Pops are woken by messages (every rank's own heartbeat thread ticks
 #: its inboxes), never by this timeout: a store wait that times out while a message arrives can leave the
 #: connection waiting for an answer that never comes (seen with pops of tens of milliseconds, and after SIGSTOP).
-_NEVER = timedelta(days=1)
+#: So the bound is long (torch's default process-group timeout): it expires only when no message at all came for
+#: that long, the ticks included, i.e. the store is frozen or unreachable, and the pop then raises
+#: :class:`ControlTimeout` (the connection is not used again).
+POP_BOUND = timedelta(minutes=30)
+
+
+class ControlTimeout(RuntimeError):
+    """A pop of the control plane got no message within its bound (:data:`POP_BOUND`)."""
 
 
 class Channel:
@@ -122,11 +129,13 @@ class Channel:
         store: the store (this channel clones it: one connection per thread).
         prefix: the namespace of this run (unique per runtime start).
         world_size: the run's ranks (a rank named in a message must be one of them).
+        bound: how long a pop waits for a message before it raises :class:`ControlTimeout`.
     """
 
-    def __init__(self, store: dist.Store, prefix: str, world_size: int) -> None:
+    def __init__(self, store: dist.Store, prefix: str, world_size: int, bound: timedelta = POP_BOUND) -> None:
         connection = store.clone()
-        connection.set_timeout(_NEVER)
+        connection.set_timeout(bound)
+        self.bound = bound
         self._connection: Optional[dist.Store] = connection
         self.prefix = prefix
         self.world_size = world_size
@@ -160,12 +169,27 @@ class Channel:
         self.bytes_sent += len(data) * len(boxes)
 
     def pop(self, box: str) -> Any:
-        """The next well-formed message of ``box``, waiting for it (the caller makes sure one comes: a tick, say)."""
+        """The next well-formed message of ``box``, waiting for it (the caller makes sure one comes: a tick, say).
+
+        Raises:
+            ControlTimeout: none came within the channel's bound.
+        """
         while True:
-            data = self.store.queue_pop(self._key(box))
+            data = self._pop_within_bound(box)
             message = self._read(box, data)
             if message is not None:
                 return message
+
+    def _pop_within_bound(self, box: str) -> bytes:
+        try:
+            return self.store.queue_pop(self._key(box))
+        except dist.DistStoreError as exc:
+            if "timeout" not in str(exc).lower():
+                raise
+            raise ControlTimeout(
+                f"PGC: no message in the control box {box!r} for {self.bound.total_seconds():g} s, not even this "
+                "rank's own heartbeat ticks: the store is frozen or unreachable, or this rank's heartbeat thread died"
+            ) from exc
 
     def drain(self, box: str) -> list[Any]:
         """Every well-formed message already in ``box`` (none waited for)."""

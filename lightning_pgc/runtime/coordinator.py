@@ -50,6 +50,7 @@ class CoordinatorHost(Protocol):
     heartbeat_interval: float
     heartbeat_window: float
     group_timeout: timedelta
+    peer_timeout: float
     kept_versions: int
     term: int
     members: list[int]
@@ -99,6 +100,8 @@ class Coordinator:
         self._rejoins: list[int] = []
         self._transfers = 0  # state transfers this term named (each gets a rendezvous of its own)
         self._colls: dict[int, set[int]] = {}  # seq -> ranks that asked for it
+        self._coll_waiting: tuple[int, float] = (0, 0.0)  # the next collective some rank asked for, and since when
+        self._stopping_since: Optional[float] = None  # when this rank's training ended (it said BYE)
         self._issued = 0  # last collective sent to the members
         self._last_beat = 0.0
         self._missing: set[int] = set()
@@ -182,18 +185,35 @@ class Coordinator:
                 rt.alive = len(leader.alive(now))
                 self._send_all(("beat", leader.version, rt.alive))
             leader.check(now)
-            if rt.stopping and all(
-                p in leader.byes or leader.gone(p, now) for p in range(rt.world_size) if p != rt.rank
-            ):
-                gone = [p for p in range(rt.world_size) if p not in leader.byes and p != rt.rank]
-                if gone:
-                    log.warning(
-                        "PGC: ranks %s did not finish (process gone, or no heartbeat for %.1f s)",
-                        gone,
-                        rt.heartbeat_window + rt.timeout,
-                    )
+            if rt.stopping and self._finished(now):
                 self._send_all(("stop", leader.stats_words()))
                 return
+
+    def _finished(self, now: float) -> bool:
+        """Whether every other rank said BYE or is gone, or the live ones that did not were waited for
+        ``peer_timeout`` since this rank's own BYE (logged, naming them: the run ends without them)."""
+        rt, leader = self.rt, self.leader
+        if self._stopping_since is None:
+            self._stopping_since = now
+        others = [p for p in range(rt.world_size) if p != rt.rank and p not in leader.byes]
+        live = [p for p in others if not leader.gone(p, now)]
+        if live and now - self._stopping_since <= rt.peer_timeout:
+            return False
+        if live:
+            log.warning(
+                "PGC: ranks %s did not finish within %g s of the leader's end (they still beat: a step or a "
+                "collective of theirs never ends); the run ends without them",
+                live,
+                rt.peer_timeout,
+            )
+        gone = [p for p in others if p not in live]
+        if gone:
+            log.warning(
+                "PGC: ranks %s did not finish (process gone, or no heartbeat for %.1f s)",
+                gone,
+                rt.heartbeat_window + rt.timeout,
+            )
+        return True
 
     def _handle(self, item: tuple, now: float) -> None:
         leader, kind = self.leader, item[0]
@@ -218,6 +238,8 @@ class Coordinator:
         elif kind == "bye":
             _, rank, skipped, leaving = item
             leader.on_bye(rank, skipped)
+            if rank in self._rejoins:  # (it gave up waiting for a donor)
+                self._rejoins.remove(rank)
             if leaving and rank in self.members:
                 log.warning(
                     "PGC: rank %d left at version %d (SIGTERM on that rank); training goes on with %d of %d ranks",
@@ -400,6 +422,24 @@ class Coordinator:
             self._issued += 1
             self._colls.pop(self._issued - 16, None)
             self._send_members(("coll", self._issued))
+        self._check_collective(now, pending)
+
+    def _check_collective(self, now: float, pending: list[int]) -> None:
+        """The next collective waits for members that never call it: ``peer_timeout`` after the first call was seen,
+        fail naming them (every rank's collective then raises with this error)."""
+        seq = self._issued + 1
+        if seq not in self._colls:
+            return
+        if self._coll_waiting[0] != seq:  # (a collective run again after a reconfiguration counts afresh)
+            self._coll_waiting = (seq, now)
+        if now - self._coll_waiting[1] <= self.rt.peer_timeout:
+            return
+        missing = sorted(set(pending) - self._colls.get(seq, set()))
+        raise CoordinatorError(
+            f"Lightning's collective {seq} (a barrier, broadcast or reduce): ranks {missing} did not call it within "
+            f"{self.rt.peer_timeout:g} s of the first rank that did; every rank must call the same collectives "
+            "(e.g. `self.log(..., sync_dist=True)` on every rank, not under `if self.global_rank == 0`)"
+        )
 
 
 def _compact(rec: StepRecord) -> list:

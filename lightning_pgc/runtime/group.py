@@ -15,12 +15,24 @@ members, never through the store (whose messages are plain data: :mod:`~lightnin
 from __future__ import annotations
 
 import pickle
+import time
 from datetime import timedelta
 from typing import Any, Literal, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+#: Seconds between two looks at a collective that has not finished on the device yet (the first look; each next one
+#: waits twice as long, up to :data:`POLL_MAX_S`).
+POLL_MIN_S = 1e-4
+POLL_MAX_S = 2e-3
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective of the data group did not finish on the device within the group's timeout (a member died or
+    froze inside it): the caller leaves the group, which is reconfigured without the lost members."""
+
 
 #: The data group's backends: ``nccl`` (CUDA tensors only) and ``gloo`` (CPU or CUDA tensors).
 DataBackend = Literal["nccl", "gloo"]
@@ -50,7 +62,9 @@ class DataGroup:
         store: a store connection of this rank's comm thread, for the group's rendezvous (the group keeps it; no
             other thread uses it); prefix: the run's namespace; number: the configuration's number.
         device: where the tensors live.
-        timeout: how long a collective (or building the group) waits for a member before it raises.
+        timeout: how long a collective (or building the group) waits for a member before it raises: a collective
+            that has not finished on the device by then raises :class:`CollectiveTimeout`. NCCL's own watchdog gets
+            twice as long, so this deadline expires first and the group is aborted by its caller, not by the watchdog.
         backend: ``nccl`` or ``gloo``; default :func:`data_backend_for` ``device`` (``cuda``: NCCL, else gloo).
             Gloo takes CUDA tensors too (it stages them through host memory): the way for several ranks to share
             one GPU.
@@ -74,19 +88,50 @@ class DataGroup:
         self.size = len(self.members)
         self.device = device
         self.backend = data_backend_for(device, backend)
+        self.timeout = timeout
+        # gloo's wait() blocks the host until the collective finished (or raises); NCCL's only makes the current
+        # stream wait for it, so its completion is polled (and its error read) before the result is used
+        self.waits_on_host = self.backend == "gloo"
         store.set_timeout(timeout)
         sub = dist.PrefixStore(f"{prefix}/data/{number}", store)
         if self.backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
-            options._timeout = timeout
+            options._timeout = 2 * timeout
             self.pg: Any = dist.ProcessGroupNCCL(sub, self.index, self.size, options)
         else:
             self.pg = dist.ProcessGroupGloo(sub, self.index, self.size, timeout)
 
-    def all_reduce(self, tensor: Tensor) -> None:
-        """Sum ``tensor`` over the members, in place (every member gets the same bits)."""
+    def all_reduce(self, tensor: Tensor, what: str = "an all-reduce") -> None:
+        """Sum ``tensor`` over the members, in place (every member gets the same bits). Returns once the sum is in
+        ``tensor`` on the device, not only queued.
+
+        Raises:
+            CollectiveTimeout: it did not finish within the group's timeout (``what`` names it in the message).
+            RuntimeError: it failed (a member died).
+        """
         if self.size > 1:
-            self.pg.allreduce([tensor]).wait()
+            deadline = time.monotonic() + self.timeout.total_seconds()
+            self._finish(self.pg.allreduce([tensor]), what, deadline)
+
+    def _finish(self, work: Any, what: str, deadline: float) -> None:
+        """Wait until ``work`` finished on the device, by ``deadline`` (monotonic seconds)."""
+        work.wait()  # gloo: until it finished, or it raises; NCCL: the current stream waits, the host does not
+        pause = POLL_MIN_S
+        while not work.is_completed():
+            if time.monotonic() >= deadline:
+                raise CollectiveTimeout(
+                    f"PGC rank {self.rank}: {what} on the data group of ranks {self.members} (configuration "
+                    f"{self.number}) did not finish on the device within {self.timeout.total_seconds():g} s; a member "
+                    "died or froze inside it"
+                )
+            time.sleep(pause)
+            pause = min(2 * pause, POLL_MAX_S)
+        if not self.waits_on_host:  # (NCCL: completed also counts a collective that failed)
+            error = work.exception()
+            if error is not None:
+                raise RuntimeError(
+                    f"PGC rank {self.rank}: {what} on the data group of ranks {self.members} failed: {error}"
+                ) from error
 
     def all_gather_objects(self, obj: Any) -> dict[int, Any]:
         """``{global rank: obj}`` of every member (pickled; two all-gathers: the sizes, then the padded bytes)."""
@@ -96,12 +141,13 @@ class DataGroup:
         dev = self.device
         size = torch.tensor([data.numel()], dtype=torch.int64, device=dev)
         sizes = [torch.zeros_like(size) for _ in range(self.size)]
-        self.pg.allgather([sizes], [size]).wait()
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        self._finish(self.pg.allgather([sizes], [size]), "a collective's all-gather", deadline)
         longest = max(int(s.item()) for s in sizes)
         padded = torch.zeros(longest, dtype=torch.uint8, device=dev)
         padded[: data.numel()] = data.to(dev)
         got = [torch.empty_like(padded) for _ in range(self.size)]
-        self.pg.allgather([got], [padded]).wait()
+        self._finish(self.pg.allgather([got], [padded]), "a collective's all-gather", deadline)
         return {
             r: pickle.loads(g[: int(s.item())].cpu().numpy().tobytes()) for r, g, s in zip(self.members, got, sizes)
         }

@@ -181,6 +181,9 @@ class CollectiveRuntime(Rejoins, CommLoop):
         # for the ranks to meet (the store's: the process group's timeout); torch's stubs leave out the `timeout`
         # property that its Store has
         self._start_timeout: timedelta = store.timeout  # type: ignore[attr-defined]
+        # how long this rank waits for what other live ranks must do (call a Lightning collective, say BYE, donate
+        # its state): the store's timeout too, which is the process group's (``process_group_timeout``) as under ddp
+        self.peer_timeout = self._start_timeout.total_seconds()
         self.allreduce_s, self.allreduces = 0.0, 0  # the last all-reduce's seconds (read by scheme="auto"), how many
         self.data_bytes = 0  # bytes this rank's all-reduces sent (as many are received): a ring's 2 (m-1)/m payloads
         # comm thread state

@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
+from lightning_pgc.runtime.aggregates import PGCTimeoutError
 from lightning_pgc.runtime.collectives import Contribution
 from lightning_pgc.runtime.control import Channel, live_store
 from lightning_pgc.runtime.transfer import Pair, TransferFailed, Unsendable, flatten, receive, send
@@ -53,6 +54,7 @@ class RejoinHost(ABC):
     prefix: str
     heartbeat_interval: float
     group_timeout: timedelta
+    peer_timeout: float
     transfers: list[dict[str, object]]
     _ctl: Channel
     _xfer_store: Optional[dist.Store]
@@ -71,6 +73,9 @@ class RejoinHost(ABC):
     @abstractmethod
     def _check_leader(self, doing: str) -> None: ...
 
+    @abstractmethod
+    def fail(self, exc: BaseException) -> None: ...
+
 
 class Rejoins(RejoinHost):
     """The worker API of state transfer (mixed into :class:`~lightning_pgc.runtime.plane.CollectiveRuntime`, which
@@ -86,6 +91,7 @@ class Rejoins(RejoinHost):
         A transfer that fails (the donor died or froze) is asked for again, up to :data:`TRANSFER_ATTEMPTS` times.
 
         Raises:
+            PGCTimeoutError: the leader named no donor within ``peer_timeout`` (no live rank could send the state).
             RuntimeError: every attempt failed, or the leader failed.
             StateRefused: the donor's state holds something else than plain data (its reason).
             StateMismatch: the donor's state does not fit this rank's (the path named).
@@ -94,8 +100,7 @@ class Rejoins(RejoinHost):
             self._attached.clear()
             self._rejoining = version
             self._ctl.push(self._leader_box(), ("rejoin", self.rank, version))
-            while not self._attached.wait(self.heartbeat_interval):
-                self._check_leader(f"rejoining at version {version}")
+            self._wait_for_donor(version)
             assert self._attach_info is not None
             u, donor, transfer = self._attach_info
             self._rejoining = None
@@ -142,6 +147,20 @@ class Rejoins(RejoinHost):
         raise RuntimeError(
             f"PGC rank {self.rank}: {TRANSFER_ATTEMPTS} state transfers failed while rejoining at version {version}"
         )
+
+    def _wait_for_donor(self, version: int) -> None:
+        deadline = time.monotonic() + self.peer_timeout
+        while not self._attached.wait(self.heartbeat_interval):
+            self._check_leader(f"rejoining at version {version}")
+            if time.monotonic() > deadline:
+                self._rejoining = None
+                exc = PGCTimeoutError(
+                    f"PGC rank {self.rank}: no donor for its rejoin at version {version} within "
+                    f"{self.peer_timeout:g} s: no live rank could send it the training state (every other one is "
+                    "detached, rejoining, finished or gone)"
+                )
+                self.fail(exc)
+                raise exc
 
     def serve_rejoins(self, version: int, state_fn: StateFn) -> None:
         """Send the state (``state_fn()``, the state at the start of ``version``) to every rank that rejoins at
