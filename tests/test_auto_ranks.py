@@ -40,6 +40,34 @@ def test_a_forced_slowdown_switches_once_on_every_rank_at_the_same_version(tmp_p
     assert {(a, s) for step, a, s in arms if step < version} == {(0.0, 0.0)}
 
 
+def test_the_end_of_a_slow_spell_switches_back_once_on_every_rank(tmp_path):
+    """Rank 3 is 0.1 s slower on its steps 0-2 (about 10x). Left out, it computes few of them and skips the versions that closed
+    without it, so the cluster sees the spell end at the first version it computes fast: the slow steps it computed
+    plus the versions it skipped. One switch back follows, on every rank at the same version (how soon depends on
+    how evenly the healthy ranks share the 2 cores: the synthetic and emulated tests bound it where jitter is
+    known)."""
+    job = run_job(
+        tmp_path,
+        "spell",
+        strategy="pgc_auto",
+        devices=4,
+        max_steps=40,
+        check_val_every_n_epoch=100,
+        delay="slowranks(ranks=[3], seconds=0.1, steps=[0, 3])",
+    )
+    switches = [r["auto_switches"] for r in job["ranks"]]
+    assert all(s == switches[0] for s in switches), switches  # every rank, the same versions
+    assert [(old, new) for _, old, new in switches[0]] == [
+        ("dgd", "ignore_stragglers s=1"),
+        ("ignore_stragglers s=1", "dgd"),
+    ], switches
+    (into, _, _), (back, _, _) = switches[0]
+    slow = job["ranks"][3]
+    end = max(3, round(slow["injected_sleep_s"] / 0.1) + slow["skipped_steps"])
+    assert 2 <= into <= 6 and end < back, (switches, end)
+    _identical(job)
+
+
 def test_a_healthy_run_never_switches_and_runs_dgd(tmp_path):
     job = run_job(
         tmp_path,
