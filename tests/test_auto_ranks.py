@@ -16,16 +16,15 @@ def _identical(job) -> None:
     assert len({r["global_step"] for r in ranks}) == 1
 
 
-def test_a_forced_slowdown_switches_once_on_every_rank_at_the_same_version(tmp_path):
-    job = run_job(
-        tmp_path,
-        "slow",
-        strategy="pgc_auto",
-        devices=4,
-        max_steps=16,
-        check_val_every_n_epoch=100,
-        delay="slowranks(ranks=[3], seconds=0.3)",
+def _auto_job(tmp_path, name: str, max_steps: int, **spec):
+    """pgc_auto with its defaults on 4 ranks, no validation."""
+    return run_job(
+        tmp_path, name, strategy="pgc_auto", devices=4, max_steps=max_steps, check_val_every_n_epoch=100, **spec
     )
+
+
+def test_a_forced_slowdown_switches_once_on_every_rank_at_the_same_version(tmp_path):
+    job = _auto_job(tmp_path, "slow", 16, delay="slowranks(ranks=[3], seconds=0.3)")
     switches = [r["auto_switches"] for r in job["ranks"]]
     assert len(switches[0]) == 1, switches
     version, old, new = switches[0][0]
@@ -41,20 +40,12 @@ def test_a_forced_slowdown_switches_once_on_every_rank_at_the_same_version(tmp_p
 
 
 def test_the_end_of_a_slow_spell_switches_back_once_on_every_rank(tmp_path):
-    """Rank 3 is 0.1 s slower on its steps 0-2 (about 10x). Left out, it computes few of them and skips the versions that closed
-    without it, so the cluster sees the spell end at the first version it computes fast: the slow steps it computed
+    """Rank 3 is 0.1 s slower on its steps 0-2 (about 10x). Left out, it computes few of them and skips the versions
+    that closed without it, so the cluster sees the spell end at the first version it computes fast: the slow steps it computed
     plus the versions it skipped. One switch back follows, on every rank at the same version (how soon depends on
     how evenly the healthy ranks share the 2 cores: the synthetic and emulated tests bound it where jitter is
     known)."""
-    job = run_job(
-        tmp_path,
-        "spell",
-        strategy="pgc_auto",
-        devices=4,
-        max_steps=40,
-        check_val_every_n_epoch=100,
-        delay="slowranks(ranks=[3], seconds=0.1, steps=[0, 3])",
-    )
+    job = _auto_job(tmp_path, "spell", 40, delay="slowranks(ranks=[3], seconds=0.1, steps=[0, 3])")
     switches = [r["auto_switches"] for r in job["ranks"]]
     assert all(s == switches[0] for s in switches), switches  # every rank, the same versions
     assert [(old, new) for _, old, new in switches[0]] == [
@@ -69,14 +60,7 @@ def test_the_end_of_a_slow_spell_switches_back_once_on_every_rank(tmp_path):
 
 
 def test_a_healthy_run_never_switches_and_runs_dgd(tmp_path):
-    job = run_job(
-        tmp_path,
-        "healthy",
-        strategy="pgc_auto",
-        devices=4,
-        max_steps=16,
-        check_val_every_n_epoch=100,
-    )
+    job = _auto_job(tmp_path, "healthy", 16)
     assert all(r["auto_switches"] == [] and r["auto_arm"] == "dgd" for r in job["ranks"])
     _identical(job)
     # dgd admits every rank's code at every version
