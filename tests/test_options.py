@@ -199,3 +199,13 @@ def test_the_groups_are_exported_and_their_module_needs_no_lightning() -> None:
         else:
             continue
         assert not [n for n in names if any(n == m or n.startswith(m + ".") for m in impure)], names
+
+
+def test_every_flat_keyword_of_old_records_names_a_field_of_its_group() -> None:
+    """The lab reads old records' flat strategy keywords into today's groups: each lands on a field that exists."""
+    from dataclasses import fields
+
+    from pgc_lab.experiments.spec import FLAT_KEYWORDS
+
+    for keyword, (group, field) in FLAT_KEYWORDS.items():
+        assert field in {f.name for f in fields(GROUPS[group])}, keyword
