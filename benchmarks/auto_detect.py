@@ -11,8 +11,8 @@ by ``tests/test_auto_detect.py``), 6 seeds per case:
   healthy one to the first under ``dgd`` again;
 * heavier jitter (10 %) with a rank 2x, 3x or 10x slower from version 30 on;
 * healthy runs, 500 versions, jitter 5 % and 10 %: switches;
-* rare stalls, 600 versions: one random rank 10x or 30x slower for one version every 30-50 versions: switches,
-  and the most within any 50 versions.
+* rare stalls, 600 versions: one random rank 10x or 30x slower for one version every 30-50 versions, and (12
+  seeds) at independent random versions at a rate of one per 40: switches, and the most within any 50 versions.
 
 Writes docs/results/auto_detect.json.
 """
@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-from pgc_lab.auto_scenarios import Switches, healthy, most_in_any, rare_stalls, simulate, slow_spell
+from pgc_lab.auto_scenarios import Switches, healthy, most_in_any, random_stalls, rare_stalls, simulate, slow_spell
 
 from lightning_pgc.strategy.options import AutoOptions
 
@@ -33,6 +33,7 @@ SEEDS = range(6)
 NS = (2, 4, 8, 16)
 SPELL = (30, 90)  # the slow versions of a spell: from the first to before the second
 HEALTHY_RUN, STALL_RUN, GAPS, PER = 500, 600, (30, 50), 50
+RATE, RANDOM_SEEDS = 1 / 40, range(12)  # stalls at independent random versions
 
 
 def _delay(switches: Switches, index: int, since: int) -> Optional[int]:
@@ -69,10 +70,20 @@ def quiet() -> dict[str, Any]:
             for sigma in (0.05, 0.1)
         ],
         "stalls": [],
+        "random_stalls": [],
     }
     for n in NS:
         for factor in (10.0, 30.0):
             found = [simulate(n, rare_stalls(n, factor, seed, GAPS), STALL_RUN, seed) for seed in SEEDS]
+            scattered = [simulate(n, random_stalls(n, factor, seed, RATE), STALL_RUN, seed) for seed in RANDOM_SEEDS]
+            runs["random_stalls"].append(
+                {
+                    "n": n,
+                    "factor": factor,
+                    "switches": [len(s) for s in scattered],
+                    "most_in_50": max(most_in_any(s, PER) for s in scattered),
+                }
+            )
             runs["stalls"].append(
                 {
                     "n": n,
@@ -97,6 +108,8 @@ def main() -> None:
             "healthy_run": HEALTHY_RUN,
             "stall_run": STALL_RUN,
             "stall_gaps": list(GAPS),
+            "random_stall_rate": RATE,
+            "random_stall_seeds": len(RANDOM_SEEDS),
             "per_versions": PER,
             "jitter": [0.05, 0.1],
         },
@@ -106,7 +119,7 @@ def main() -> None:
     OUT.write_text(json.dumps(result, indent=1) + "\n")
     for row in result["spells"]:
         print(row)
-    for row in result["healthy"] + result["stalls"]:
+    for row in result["healthy"] + result["stalls"] + result["random_stalls"]:
         print(row)
 
 

@@ -11,7 +11,7 @@ import random
 from typing import Optional
 
 import pytest
-from pgc_lab.auto_scenarios import jittered, healthy, most_in_any, rare_stalls, simulate, slow_spell
+from pgc_lab.auto_scenarios import healthy, jittered, most_in_any, random_stalls, rare_stalls, simulate, slow_spell
 
 from lightning_pgc.decisions.auto import AutoCandidate
 from lightning_pgc.decisions.auto_detect import REACH, StallRate
@@ -135,3 +135,24 @@ def test_a_slowness_of_more_than_reach_versions_is_a_level_not_a_stall() -> None
     for v in range(30):
         stalls.judge(times, v)
     assert stalls.count() == 0
+
+
+@pytest.mark.parametrize("n", [2, 4, 8, 16])
+@pytest.mark.parametrize("factor", [10.0, 30.0])
+def test_stalls_at_random_versions_switch_at_most_once_per_50_versions(n: int, factor: float) -> None:
+    """Stalls at a rate of one per 40 versions, at independent random versions: two may come in consecutive
+    versions, on other ranks or the same one. Still at most one switch in any 50 versions."""
+    for seed in range(12):
+        switches = simulate(n, random_stalls(n, factor, seed), 600, seed)
+        assert most_in_any(switches, 50) <= 1, (seed, switches)
+
+
+def test_two_stalls_of_other_ranks_in_consecutive_versions_are_no_onset() -> None:
+    """Each is a version that alone says switch (capped at 60 % of the threshold), but they leave out other ranks:
+    the second starts the evidence again. The same rank slow in two consecutive versions does switch."""
+    other = [[0.1] * 4 for _ in range(40)]
+    other[20][1] = other[21][2] = 1.0
+    assert simulate(4, lambda v, rng: list(other[v]), 40, 0) == []
+    same = [[0.1] * 4 for _ in range(40)]
+    same[20][1] = same[21][1] = 1.0
+    assert [v for v, _ in simulate(4, lambda v, rng: list(same[v]), 40, 0)][:1] == [22]

@@ -72,6 +72,20 @@ def rare_stalls(n: int, factor: float, seed: int, gaps: tuple[int, int] = (30, 5
     return times
 
 
+def random_stalls(n: int, factor: float, seed: int, rate: float = 1 / 40, sigma: float = 0.1) -> Times:
+    """At each version, with probability ``rate``, one random rank ``factor`` times slower for that version (so two
+    stalls, of one rank or two, may come in consecutive versions)."""
+    plan = random.Random(2000 + seed)
+
+    def times(u: int, rng: random.Random) -> list[float]:
+        row = jittered(n, rng, sigma)
+        if plan.random() < rate:
+            row[plan.randrange(n)] *= factor
+        return row
+
+    return times
+
+
 def most_in_any(switches: Switches, versions: int) -> int:
     """The most switches within any ``versions`` consecutive versions."""
     starts = [v for v, _ in switches]

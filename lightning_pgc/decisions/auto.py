@@ -15,7 +15,8 @@ arm's versions-to-target relative to ``dgd``, read from the table derived from t
 
 The change-point test (:class:`~lightning_pgc.decisions.auto_detect.Evidence`): every version adds, for each other
 candidate, its predicted saving ``(1 - margin) * cost(current) - cost(candidate)`` in seconds to that candidate's
-evidence, which never goes below zero, and no version adds more than 60 % of the threshold; a candidate whose
+evidence, which never goes below zero, and no version adds more than 60 % of the threshold (40 % once stalls were
+seen; a capped version that leaves out other ranks than the last one restarts the evidence); a candidate whose
 evidence reaches ``threshold`` times its predicted step time is switched to, and every evidence starts again from
 zero. A slowdown the table says pays well switches in two versions, a marginal one in many or never; the end of a
 slowness switches back the same way. Stalls (:class:`~lightning_pgc.decisions.auto_detect.StallRate`) are judged
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Optional, Sequence
 
-from lightning_pgc.decisions.auto_detect import REACH, Evidence, StallRate, kth
+from lightning_pgc.decisions.auto_detect import MOST_PER_VERSION, MOST_WITH_STALLS, REACH, Evidence, StallRate, kth
 
 __all__ = [
     "ARM_CODES",
@@ -363,9 +364,12 @@ class AutoRule:
             return Decision(self.arm, False)
         steps, costs = self.step_times(v), self.costs(v)
         current = costs[self.arm]
+        slowest = sorted(range(self.n), key=self.window.row(v).__getitem__, reverse=True)
+        self.evidence.most = MOST_WITH_STALLS if self.stalls.count() else MOST_PER_VERSION
         ready = []
         for arm in self.arms:
-            if arm != self.arm and self.evidence.add(arm, v, current, costs[arm], steps[arm]):
+            who = tuple(sorted(slowest[: arm.s]))
+            if arm != self.arm and self.evidence.add(arm, v, current, costs[arm], steps[arm], who):
                 ready.append(arm)
         if not ready:
             return Decision(self.arm, False)
@@ -408,7 +412,8 @@ class AutoRule:
             "window": self.window.state_dict(),
             "stalls": self.stalls.state_dict(),
             "evidence": [
-                [a.scheme, a.s, total, self.evidence.since.get(a, -1)] for a, total in self.evidence.sums.items()
+                [a.scheme, a.s, total, self.evidence.since.get(a, -1), list(self.evidence.who.get(a, ()))]
+                for a, total in self.evidence.sums.items()
             ],
         }
 
@@ -421,9 +426,11 @@ class AutoRule:
         if state.get("stalls") is not None:
             self.stalls.load_state_dict(state["stalls"])
         self.evidence.clear()
-        for scheme, s, total, since in state.get("evidence", []):
+        for scheme, s, total, since, *who in state.get("evidence", []):
             cand = AutoCandidate(str(scheme), int(s))
             if cand in self.arms and cand != self.arm:
                 self.evidence.sums[cand] = float(total)
                 if int(since) >= 0:
                     self.evidence.since[cand] = int(since)
+                if who and who[0]:
+                    self.evidence.who[cand] = tuple(int(r) for r in who[0])

@@ -4,7 +4,8 @@
 candidate is predicted to make over the current arm, beyond the margin, in seconds, and the sum never goes below
 zero (a version that argues the other way takes its amount off, down to zero). No version adds more than
 :data:`MOST_PER_VERSION` of the threshold, so one version alone (a stall) never switches; a large persistent slowdown
-crosses it in two versions, a marginal one in many or never.
+of the same ranks crosses it in two versions (three where stalls were seen within the horizon:
+:data:`MOST_WITH_STALLS`), a marginal one in many or never.
 
 :class:`StallRate` treats what a change-point test must not react to: a rank whose own time at a version is more
 than :data:`STALL_RATIO` times its level (the median of its reported times over the :data:`REACH` versions either
@@ -18,10 +19,12 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-__all__ = ["MOST_PER_VERSION", "REACH", "STALL_RATIO", "Evidence", "StallRate", "kth"]
+__all__ = ["MOST_PER_VERSION", "MOST_WITH_STALLS", "REACH", "STALL_RATIO", "Evidence", "StallRate", "kth"]
 
 #: the largest share of the threshold one version's saving adds to the evidence (below 1: no single version switches)
 MOST_PER_VERSION = 0.6
+#: the same where the horizon holds stalls: two slow versions in a row may then be two stalls, so it takes three
+MOST_WITH_STALLS = 0.4
 #: a rank's time more than this many times its level (its median over the neighbouring versions) is a stall
 STALL_RATIO = 3.0
 #: versions either side of a version whose reported times give a rank's level there (a version is judged once
@@ -121,19 +124,33 @@ class Evidence:
         self.threshold, self.margin = float(threshold), float(margin)
         self.sums: dict[Any, float] = {}
         self.since: dict[Any, int] = {}  # the version each positive run began
+        self.who: dict[Any, tuple[int, ...]] = {}  # the ranks left out at the run's last capped version
+        self.most = MOST_PER_VERSION  # the share of the threshold one version adds at most
 
-    def add(self, arm: Any, version: int, current: float, cost: float, step_s: float) -> bool:
+    def add(
+        self, arm: Any, version: int, current: float, cost: float, step_s: float, who: tuple[int, ...] = ()
+    ) -> bool:
         """One version's evidence for ``arm`` (predicted ``cost`` per unit of progress against the current arm's
-        ``current``; ``step_s``: its predicted seconds per version): whether its sum reached the threshold."""
+        ``current``; ``step_s``: its predicted seconds per version; ``who``: the ranks it would leave out at this
+        version): whether its sum reached the threshold. A version capped at :attr:`most` that leaves
+        out other ranks than the run's last capped one starts the run again: stalls of different ranks in
+        consecutive versions are no onset."""
         bar = self.threshold * step_s
         saving = (1.0 - self.margin) * current - cost
-        total = max(0.0, self.sums.get(arm, 0.0) + min(saving, MOST_PER_VERSION * bar))
+        before = self.sums.get(arm, 0.0)
+        if saving >= self.most * bar > 0:
+            if self.who.get(arm, who) != who:
+                before = 0.0
+                self.since.pop(arm, None)
+            self.who[arm] = who
+        total = max(0.0, before + min(saving, self.most * bar))
         if total > 0 and arm not in self.since:
             self.since[arm] = version
         elif total <= 0:
             self.since.pop(arm, None)
+            self.who.pop(arm, None)
         self.sums[arm] = total
         return total > 0 and total >= bar
 
     def clear(self) -> None:
-        self.sums, self.since = {}, {}
+        self.sums, self.since, self.who = {}, {}, {}
