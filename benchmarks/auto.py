@@ -42,6 +42,8 @@ from pgc_lab.experiments.launch import launch, launch_script
 from pgc_lab.experiments.report import write_report
 from pgc_lab.experiments.stats import seconds_per_step
 
+from lightning_pgc.strategy.options import AutoOptions
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs" / "results"
 OUT = ROOT / "outputs" / "auto"
@@ -265,6 +267,20 @@ def _f(values: list[Any], digits: int = 2) -> str:
     return ", ".join("missed" if v is None else f"{v:.{digits}f}" for v in values) or "-"
 
 
+#: what results files recorded before the part of stragglers kept its rule's options ran
+EARLIER_RULE = "a window of 30 versions, patience 10, margin 10 %"
+
+
+def _rule(options: Optional[dict[str, Any]]) -> str:
+    """The sentence naming the rule ``pgc_auto`` ran: the options the results file recorded, else the earlier rule."""
+    if options is None:
+        return (
+            f"`pgc_auto` ran the rule of that time ({EARLIER_RULE}), not today's change-point rule "
+            "(docs/guide.md, pgc_auto)."
+        )
+    return "`pgc_auto` runs with its defaults (" + ", ".join(f"{k} {v:g}" for k, v in options.items()) + ")."
+
+
 def render(res: dict[str, Any]) -> str:
     """docs/results/auto.md from the results file."""
     md = [
@@ -306,8 +322,8 @@ def render(res: dict[str, Any]) -> str:
         "",
         f"The digits CNN recipe, every gradient evaluation {COMPUTE_S:g} s of simulated compute (a sleep, which frees "
         f"a core: on 2 shared cores that flatters every arm that waits less), validation loss every {VAL_EVERY} steps "
-        f"on rank 0, target {TARGET:g}, at most {MAX_STEPS} steps. `pgc_auto` runs with its defaults (window "
-        "30 versions, patience 10, margin 10 %). The best fixed arm is the fastest of `dgd`, `ignore_stragglers` "
+        f"on rank 0, target {TARGET:g}, at most {MAX_STEPS} steps. {_rule(res.get('stragglers_rule'))} The best "
+        "fixed arm is the fastest of `dgd`, `ignore_stragglers` "
         "and `pgc` (`pgc_cr`, s = 1) in the same scenario and seed. Goals: within "
         f"{GOALS['vs best fixed']:g}x the best fixed arm, at most {GOALS['vs ddp']:g}x `ddp`.",
         "",
@@ -362,13 +378,15 @@ def main() -> None:
     previous = DOCS / "auto.json"
     if args.part != "both" and previous.exists():  # one part again: keep the other, and the command that ran it
         old = json.loads(previous.read_text())
-        res.update({k: v for k, v in old.items() if k in ("overhead", "stragglers")})
+        res.update({k: v for k, v in old.items() if k in ("overhead", "stragglers", "stragglers_rule")})
         kept = "overhead" if args.part == "stragglers" else "stragglers"
         res[f"{kept}_command"] = old.get(f"{kept}_command", old["command"])
     if args.part in ("both", "overhead"):
         res["overhead"] = overhead(args.rounds)
     if args.part in ("both", "stragglers"):
         res["stragglers"] = stragglers(1, args.seeds)  # seeds are the repeats here
+        defaults = AutoOptions()
+        res["stragglers_rule"] = {f: getattr(defaults, f) for f in ("margin", "threshold", "horizon")}
     loads = [r["load1"] for rows in res["overhead"]["runs"].values() for r in rows]
     loads += [x for s in res["stragglers"]["summary"].values() for x in s["load1"]]
     res["load1_min"], res["load1_max"] = min(loads), max(loads)

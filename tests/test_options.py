@@ -49,9 +49,11 @@ def test_the_constructor_stays_small_and_every_group_is_a_parameter() -> None:
         (CoordinatorOptions, {"choice": "newest"}, ValueError, r"coordinator\.choice must be one of 'round_robin'"),
         (CoordinatorOptions, {"staleness": "3"}, TypeError, r"coordinator\.staleness must be int, got str '3'"),
         (AutoOptions, {"max_stragglers": 0}, ValueError, r"auto\.max_stragglers must be an int >= 1, got 0"),
-        (AutoOptions, {"margin": 1.0}, ValueError, r"auto\.margin must be in \(0, 1\), got 1\.0"),
-        (AutoOptions, {"patience": 0}, ValueError, r"auto\.patience must be an int >= 1"),
-        (AutoOptions, {"window": 2.5}, TypeError, r"auto\.window must be int, got float 2\.5"),
+        (AutoOptions, {"margin": 1.0}, ValueError, r"auto\.margin must be in \[0, 1\), got 1\.0"),
+        (AutoOptions, {"threshold": 0}, ValueError, r"auto\.threshold must be a finite number > 0"),
+        (AutoOptions, {"threshold": "1"}, TypeError, r"auto\.threshold must be float, got str"),
+        (AutoOptions, {"horizon": 0}, ValueError, r"auto\.horizon must be an int >= 1"),
+        (AutoOptions, {"horizon": 2.5}, TypeError, r"auto\.horizon must be int, got float 2\.5"),
         (CodingOptions, {"warmup": "lazy"}, ValueError, r"coding\.warmup must be one of 'full', 'gradual'"),
         (CodingOptions, {"staleness_correction": "dc"}, ValueError, r"coding\.staleness_correction must be one of"),
         (
@@ -129,7 +131,7 @@ def test_what_depends_on_the_scheme_is_checked_at_construction() -> None:
     ):
         PGCStrategy(scheme="pgc_cr", coordinator={"staleness": 3})
     with pytest.raises(ValueError, match=r"auto options apply to scheme='auto' only"):
-        PGCStrategy(scheme="dgd", stragglers=0, auto={"window": 5})
+        PGCStrategy(scheme="dgd", stragglers=0, auto={"horizon": 5})
     with pytest.raises(ValueError, match=r"use coding\.warmup='full'"):
         PGCStrategy(scheme="pgc_cr_naive", coding={"warmup": "gradual"})
     with pytest.raises(ValueError, match="there is no staleness to correct"):
@@ -197,3 +199,13 @@ def test_the_groups_are_exported_and_their_module_needs_no_lightning() -> None:
         else:
             continue
         assert not [n for n in names if any(n == m or n.startswith(m + ".") for m in impure)], names
+
+
+def test_every_flat_keyword_of_old_records_names_a_field_of_its_group() -> None:
+    """The lab reads old records' flat strategy keywords into today's groups: each lands on a field that exists."""
+    from dataclasses import fields
+
+    from pgc_lab.experiments.spec import FLAT_KEYWORDS
+
+    for keyword, (group, field) in FLAT_KEYWORDS.items():
+        assert field in {f.name for f in fields(GROUPS[group])}, keyword

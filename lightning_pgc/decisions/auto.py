@@ -1,21 +1,26 @@
 """The choice of ``scheme="auto"``: which arm (scheme and ``s``) to run, from the step times the leader measures.
 
 Pure decisions (no Lightning, no torch.distributed, no I/O but reading the shipped factor table). The leader
-(:class:`~lightning_pgc.decisions.auto_leader.AutoLeader`) feeds a :class:`StepWindow` every rank's own compute time
-per version (what each code's announcement says the rank spent between applying its previous aggregate and sending
-this code, so waiting is not counted) and the measured time of the all-reduce; :class:`AutoRule` predicts, for each
-candidate arm (:class:`AutoCandidate`), the time per unit of training progress
+(:class:`~lightning_pgc.decisions.auto_leader.AutoLeader`) feeds the rule every rank's own compute time per version
+(what each code's announcement says the rank spent between applying its previous aggregate and sending this code,
+so waiting is not counted) and the measured time of the all-reduce. After each closed version :class:`AutoRule`
+predicts, for each candidate arm (:class:`AutoCandidate`), its time per unit of training progress
 
-    cost(arm) = (E[(n - s)-th fastest own time of a version] + all-reduce) * factor(arm)
+    cost(arm) = (step(arm) + stalls(arm)) * factor(arm),  step(arm) = (n - s)-th fastest own time + all-reduce
 
-where the expectation is the mean over the window's versions (a rank that sent no code for a version counts with
-its latest time) and ``factor`` is the arm's versions-to-target relative to ``dgd``, read from the table derived
-from the emulated map (:class:`FactorTable`, ``lightning_pgc/auto_factors.json``, ``benchmarks/auto_table.py``).
+from that version's times (a rank that sent no code for it counts with its latest time); ``stalls`` is what rare
+stalls add to that order statistic per version at the rate of the last ``horizon`` versions, and ``factor`` the
+arm's versions-to-target relative to ``dgd``, read from the table derived from the emulated map
+(:class:`FactorTable`, ``lightning_pgc/auto_factors.json``, ``benchmarks/auto_table.py``).
 
-Hysteresis: the rule switches from the current arm to the cheapest one only once that one has been predicted at
-most ``(1 - margin)`` of the current arm's cost for ``patience`` consecutive versions, with a full window; the same
-condition brings it back (to ``dgd`` when the slowness ends). A cost ratio inside the band ``(1 - margin, 1 /
-(1 - margin))`` never switches either way, so costs that wander around the margin cannot make it flap.
+The change-point test (:class:`~lightning_pgc.decisions.auto_detect.Evidence`): every version adds, for each other
+candidate, its predicted saving ``(1 - margin) * cost(current) - cost(candidate)`` in seconds to that candidate's
+evidence, which never goes below zero, and no version adds more than 60 % of the threshold (40 % once stalls were
+seen; a capped version that leaves out other ranks than the last one restarts the evidence); a candidate whose
+evidence reaches ``threshold`` times its predicted step time is switched to, and every evidence starts again from
+zero. A slowdown the table says pays well switches in two versions, a marginal one in many or never; the end of a
+slowness switches back the same way. Stalls (:class:`~lightning_pgc.decisions.auto_detect.StallRate`) are judged
+once the versions after them are known and counted as a rate, never as an onset.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ import math
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, Optional, Sequence
+
+from lightning_pgc.decisions.auto_detect import MOST_PER_VERSION, MOST_WITH_STALLS, REACH, Evidence, StallRate, kth
 
 __all__ = [
     "ARM_CODES",
@@ -39,6 +46,9 @@ __all__ = [
 
 #: ``pgc/auto_arm``: the metric's value of each scheme an arm may run (``pgc/auto_s`` carries its ``s``).
 ARM_CODES: dict[str, int] = {"dgd": 0, "ignore": 1, "pgc_cr": 2, "pgc_fr": 3, "gc_cr": 4, "gc_fr": 5}
+
+#: Versions of per-rank times the rule keeps (a code later than this is not counted).
+RECENT = 64
 
 #: The table file shipped in the package (written by ``benchmarks/auto_table.py``).
 TABLE_FILE = "auto_factors.json"
@@ -170,14 +180,35 @@ class StepWindow:
     def __len__(self) -> int:
         return len(self.times)
 
-    @property
-    def full(self) -> bool:
-        """``size`` versions reported and every rank reported at least once."""
-        if len(self.times) < self.size:
-            return False
+    def known(self) -> bool:
+        """Whether every rank reported at least once (within the window or before it)."""
         return all(
             self.before[r] is not None or any(row[r] is not None for row in self.times.values()) for r in range(self.n)
         )
+
+    def newest(self) -> int:
+        """The newest version reported (-1: none)."""
+        return max(self.times) if self.times else -1
+
+    def row(self, version: int) -> list[float]:
+        """Every rank's time at ``version``: a rank that sent none there counts with its latest earlier one (it is
+        as slow as it last was), else its time before the window, else its first later one."""
+        oldest = min(self.times) if self.times else version
+        out: list[float] = []
+        for r in range(self.n):
+            known: Optional[float] = None
+            for u in range(version, oldest - 1, -1):
+                row = self.times.get(u)
+                if row is not None and row[r] is not None:
+                    known = row[r]
+                    break
+            if known is None:
+                known = self.before[r]
+            if known is None:
+                later = [t for u, row in sorted(self.times.items()) if u > version for t in [row[r]] if t is not None]
+                known = later[0] if later else 0.0
+            out.append(float(known))
+        return out
 
     def rows(self) -> list[list[float]]:
         """One row per version of the window: every rank's time, missing ones filled forward (from its time before the
@@ -247,9 +278,9 @@ class AutoRule:
         n: ranks.
         arms: the candidates (``dgd`` first); arms without a factor in ``table`` are left out.
         table: versions-to-target factors.
-        margin: the least predicted gain that switches (0.1: the new arm costs at most 90 % of the current one).
-        patience: consecutive versions the gain must hold, with a full window, before a switch.
-        window: versions in the window.
+        margin: the least relative gain a version must predict to count as evidence for a candidate.
+        threshold: the evidence that switches, in versions of the candidate's predicted step time.
+        horizon: versions over which the stall rate is estimated.
         start: the arm at the start (``dgd``).
     """
 
@@ -258,71 +289,113 @@ class AutoRule:
         n: int,
         arms: Sequence[AutoCandidate],
         table: FactorTable,
-        margin: float = 0.1,
-        patience: int = 10,
-        window: int = 30,
+        margin: float = 0.05,
+        threshold: float = 1.0,
+        horizon: int = 200,
         start: AutoCandidate = DGD,
     ) -> None:
-        if not 0.0 < margin < 1.0:
-            raise ValueError(f"margin must be in (0, 1), got {margin!r}")
-        if patience < 1:
-            raise ValueError(f"patience must be >= 1, got {patience!r}")
+        if not 0.0 <= margin < 1.0:
+            raise ValueError(f"margin must be in [0, 1), got {margin!r}")
+        if not (math.isfinite(threshold) and threshold > 0):
+            raise ValueError(f"threshold must be a finite number > 0, got {threshold!r}")
         for arm in arms:
             if arm.s >= n:
                 raise ValueError(f"arm {arm.label} needs s < n = {n}")
-        self.n, self.margin, self.patience = n, float(margin), int(patience)
+        self.n, self.margin, self.threshold = n, float(margin), float(threshold)
         self.table = table
         self.arms = [a for a in arms if table.factor(a) is not None]
         self.left_out = [a for a in arms if table.factor(a) is None]
         if DGD not in self.arms:
             self.arms.insert(0, DGD)
-        self.window = StepWindow(n, window)
+        self.window = StepWindow(n, RECENT)
+        self.stalls = StallRate(n, [n - a.s for a in self.arms], horizon)
+        self.evidence = Evidence(threshold, margin)
         self.arm = start if start in self.arms else DGD
-        self._pending: Optional[AutoCandidate] = None
-        self._count = 0
+        self._late: set[int] = set()  # judged versions a late code changed
+
+    # ------------------------------------------------------------------------------------------ inputs
+    def add(self, rank: int, version: int, seconds: float) -> None:
+        """Rank ``rank`` spent ``seconds`` of its own time on ``version`` (in any order; late codes included)."""
+        self.window.add(rank, version, seconds)
+        if version <= self.stalls.judged and version in self.window.times:
+            self._late.update(range(version - REACH, version + REACH + 1))
+
+    def _judge(self, version: int) -> None:
+        """Judge the versions whose later neighbours are now known, and those a late code changed."""
+        frontier = version - REACH
+        todo = sorted(u for u in self._late if u <= self.stalls.judged) + list(
+            range(self.stalls.judged + 1, frontier + 1)
+        )
+        self._late.clear()
+        for u in todo:
+            if u in self.window.times:
+                self.stalls.judge(self.window.times, u)
+        self.stalls.judged = max(self.stalls.judged, frontier)
+        self.stalls.forget_before(version - self.stalls.horizon + 1)
 
     # ------------------------------------------------------------------------------------------ predictions
-    def costs(self) -> dict[AutoCandidate, float]:
-        """Predicted seconds per unit of progress (``dgd``'s versions) of every candidate, from the window."""
-        rows = self.window.rows()
+    def step_times(self, version: int) -> dict[AutoCandidate, float]:
+        """Predicted seconds per version of every candidate at ``version``: the ``(n - s)``-th fastest own time
+        plus the all-reduce."""
+        row = self.window.row(version)
         reduce_s = self.window.allreduce_s()
+        return {arm: kth(row, self.n - arm.s) + reduce_s for arm in self.arms}
+
+    def costs(self, version: Optional[int] = None) -> dict[AutoCandidate, float]:
+        """Predicted seconds per unit of progress (``dgd``'s versions) of every candidate at ``version`` (default:
+        the newest): its step time plus what stalls add per version at their rate, times its factor."""
+        v = self.window.newest() if version is None else version
         out = {}
-        for arm in self.arms:
+        for arm, step_s in self.step_times(v).items():
             factor = self.table.factor(arm)
             assert factor is not None
-            out[arm] = (order_statistic_mean(rows, self.n - arm.s) + reduce_s) * factor
+            out[arm] = (step_s + self.stalls.per_version(self.n - arm.s)) * factor
         return out
 
     # ------------------------------------------------------------------------------------------ the rule
-    def step(self) -> Decision:
-        """Called once per closed version, after its times entered the window: the arm for the next version."""
-        if not self.window.full:
-            self._pending, self._count = None, 0
+    def step(self, version: Optional[int] = None) -> Decision:
+        """Called once per closed ``version`` (default: the newest reported), after its times were added: the arm
+        for the next version."""
+        v = self.window.newest() if version is None else version
+        if v < 0 or v not in self.window.times:
             return Decision(self.arm, False)
-        costs = self.costs()
+        self._judge(v)
+        if not self.window.known():
+            return Decision(self.arm, False)
+        steps, costs = self.step_times(v), self.costs(v)
         current = costs[self.arm]
-        best = min(self.arms, key=lambda a: (costs[a], a != self.arm, a.s, a.code))
-        if best == self.arm or not costs[best] <= (1.0 - self.margin) * current:
-            self._pending, self._count = None, 0
+        slowest = sorted(range(self.n), key=self.window.row(v).__getitem__, reverse=True)
+        self.evidence.most = MOST_WITH_STALLS if self.stalls.count() else MOST_PER_VERSION
+        ready = []
+        for arm in self.arms:
+            who = tuple(sorted(slowest[: arm.s]))
+            if arm != self.arm and self.evidence.add(arm, v, current, costs[arm], steps[arm], who):
+                ready.append(arm)
+        if not ready:
             return Decision(self.arm, False)
-        if best != self._pending:
-            self._pending, self._count = best, 0
-        self._count += 1
-        if self._count < self.patience:
-            return Decision(self.arm, False)
+        best = max(ready, key=lambda a: (self.evidence.sums[a] / steps[a], -costs[a], -a.s))
         ratio = costs[best] / current if current > 0 else 0.0
-        reason = self.explain(self.arm, best, ratio)
-        self.arm, self._pending, self._count = best, None, 0
+        reason = self.explain(self.arm, best, ratio, v)
+        self.arm = best
+        self.evidence.clear()
         return Decision(best, True, reason, ratio)
 
-    def explain(self, old: AutoCandidate, new: AutoCandidate, ratio: float) -> str:
-        """A line a person can read: who is slow (or that nobody is any more), and the predicted gain."""
-        rows = self.window.rows()
+    def explain(self, old: AutoCandidate, new: AutoCandidate, ratio: float, version: Optional[int] = None) -> str:
+        """A line a person can read: who is slow (or that nobody is any more), or the stalls' rate, and the gain."""
+        v = self.window.newest() if version is None else version
+        since = self.evidence.since.get(new, v)
+        rows = [self.window.row(u) for u in range(since, v + 1) if u in self.window.times] or [self.window.row(v)]
         means = [sum(row[r] for row in rows) / len(rows) for r in range(self.n)]
         typical = sorted(means)[(self.n - 1) // 2]
         slow = sorted((r for r in range(self.n) if typical > 0 and means[r] >= 1.1 * typical), key=lambda r: -means[r])
         span = f"{len(rows)} steps"
-        if slow and new.s > old.s:
+        rate = {a: self.stalls.per_version(self.n - a.s) * (self.table.factor(a) or 1.0) for a in (old, new)}
+        costs = self.costs(v)
+        gain = f"switching to {new.label} (predicted {ratio:.2f}x {old.label}'s time per unit of progress)"
+        if rate[old] - rate[new] > 0.5 * (costs[old] - costs[new]):
+            count, horizon = self.stalls.count(), self.stalls.horizon
+            what = f"{count} stalls in the last {horizon} steps cost {old.label} {rate[old]:.3g} s per step on average"
+        elif slow and new.s > old.s:
             who = ", ".join(f"rank {r}" for r in slow[: new.s])
             factor = means[slow[0]] / typical
             what = f"{who} {'has' if len(slow[: new.s]) == 1 else 'have'} been {factor:.1f}x slower for {span}"
@@ -330,15 +403,18 @@ class AutoRule:
             what = f"the slowest rank (rank {slow[0]}) is {means[slow[0]] / typical:.1f}x slower over {span}"
         else:
             what = f"no rank has been more than 1.1x slower than the median for {span}"
-        return f"{what}: switching to {new.label} (predicted {ratio:.2f}x {old.label}'s time per unit of progress)"
+        return f"{what}: {gain}"
 
     # ------------------------------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         return {
             "arm": [self.arm.scheme, self.arm.s],
             "window": self.window.state_dict(),
-            "pending": None if self._pending is None else [self._pending.scheme, self._pending.s],
-            "count": self._count,
+            "stalls": self.stalls.state_dict(),
+            "evidence": [
+                [a.scheme, a.s, total, self.evidence.since.get(a, -1), list(self.evidence.who.get(a, ()))]
+                for a, total in self.evidence.sums.items()
+            ],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -347,6 +423,14 @@ class AutoRule:
         self.arm = arm if arm in self.arms else DGD
         if state.get("window") is not None:
             self.window.load_state_dict(state["window"])
-        pending = state.get("pending")
-        self._pending = None if pending is None else AutoCandidate(str(pending[0]), int(pending[1]))
-        self._count = int(state.get("count", 0))
+        if state.get("stalls") is not None:
+            self.stalls.load_state_dict(state["stalls"])
+        self.evidence.clear()
+        for scheme, s, total, since, *who in state.get("evidence", []):
+            cand = AutoCandidate(str(scheme), int(s))
+            if cand in self.arms and cand != self.arm:
+                self.evidence.sums[cand] = float(total)
+                if int(since) >= 0:
+                    self.evidence.since[cand] = int(since)
+                if who and who[0]:
+                    self.evidence.who[cand] = tuple(int(r) for r in who[0])

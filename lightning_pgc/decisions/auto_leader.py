@@ -39,7 +39,7 @@ class AutoLeader(Leader):
         rule: the switching rule (default: :class:`AutoRule` over ``dgd`` and ``ignore`` with ``s = 1 ..
             max_stragglers``, the shipped factor table's entry nearest ``n``).
         state: the rule's saved state to continue from (a resumed run), or just ``{"arm": [scheme, s]}`` (a
-            successor leader: it keeps the arm in effect and fills a fresh window).
+            successor leader: it keeps the arm in effect and gathers its evidence afresh).
         allreduce_s: the all-reduce time to assume until one is measured (:meth:`on_allreduce`).
     """
 
@@ -83,7 +83,7 @@ class AutoLeader(Leader):
         super().on_code(header, arrived)
         if header.busy_s >= 0:
             with self._rule_lock:
-                self.rule.window.add(header.sender, header.version, header.busy_s)
+                self.rule.add(header.sender, header.version, header.busy_s)
 
     def on_allreduce(self, seconds: float) -> None:
         """An all-reduce of the data group took ``seconds`` (measured on the leader's rank)."""
@@ -116,7 +116,7 @@ class AutoLeader(Leader):
             return None
         self._arms.append((rec.version, arm))
         with self._rule_lock:
-            decision: Decision = self.rule.step()
+            decision: Decision = self.rule.step(rec.version)
         if decision.switched:
             switch = Switch(rec.version + 1, arm, decision.arm, decision.reason)
             self.switches.append(switch)
@@ -140,6 +140,6 @@ class AutoLeader(Leader):
         return (arm.code, arm.s)
 
     def state_dict(self) -> dict[str, Any]:
-        """The rule's state (the arm and the window): what a checkpoint keeps."""
+        """The rule's state (the arm, the recent times, the stalls and the evidence): what a checkpoint keeps."""
         with self._rule_lock:
             return self.rule.state_dict()

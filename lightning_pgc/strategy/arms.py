@@ -65,8 +65,8 @@ class ArmLog:
 
     def leader_factory(self, saved: Optional[dict[str, Any]]) -> Callable[..., AutoLeader]:
         """How this rank builds its leader: the first one continues a checkpoint's rule (``saved``: the checkpoint's
-        ``pgc`` entry) or starts as ``dgd``; a successor keeps the arm this rank last applied and fills a fresh
-        window (the old leader's window died with it)."""
+        ``pgc`` entry) or starts as ``dgd``; a successor keeps the arm this rank last applied and gathers its
+        evidence afresh (the old leader's died with it)."""
         state = (saved or {}).get("auto")
         self.reset(DGD if state is None else AutoCandidate(str(state["arm"][0]), int(state["arm"][1])))
         options = self.strategy.auto
@@ -79,8 +79,8 @@ class ArmLog:
                 candidates(options.max_stragglers),
                 FactorTable.shipped(world_size),
                 margin=options.margin,
-                patience=options.patience,
-                window=options.window,
+                threshold=options.threshold,
+                horizon=options.horizon,
             )
             first = self._last_version < 0  # the fit's first leader (else a successor: this rank applied versions)
             if rule.left_out and first:

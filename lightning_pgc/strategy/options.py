@@ -127,31 +127,42 @@ class CoordinatorOptions(_Group):
 class AutoOptions(_Group):
     """``pgc_auto``'s switching rule (``scheme="auto"`` only; ``docs/guide.md``): it starts as ``dgd`` and switches
     to ignoring the ``s`` slowest ranks (``s`` up to ``max_stragglers``) and back, from the step times the leader
-    measures.
+    measures, by a change-point test on the predicted saving.
 
     Args:
         max_stragglers: the largest ``s`` it may switch to.
-        margin: the least predicted gain that switches: the new arm must cost at most ``1 - margin`` of the current
-            one per unit of progress.
-        patience: versions in a row the gain must hold (with a full window) before it switches.
-        window: versions of step times the prediction reads.
+        margin: the least relative gain a version must predict to count for a switch: the candidate must cost at
+            most ``1 - margin`` of the current arm per unit of progress. Raise it if a run switches for gains too
+            small to trust; lower it to catch smaller slowdowns.
+        threshold: the predicted saving, summed over the versions since it began, that switches, in versions of
+            the candidate's predicted step time. Lower it to switch sooner, raise it to need more evidence; one
+            version alone never switches.
+        horizon: versions over which the rate of stalls (one rank far slower than its neighbouring versions, for
+            a few versions at most) is estimated; each arm's predicted cost includes what stalls add at that rate.
     """
 
     group: ClassVar[str] = "auto"
 
     max_stragglers: int = 1
-    margin: float = 0.1
-    patience: int = 10
-    window: int = 30
+    margin: float = 0.05
+    threshold: float = 1.0
+    horizon: int = 200
 
     def __post_init__(self) -> None:
-        for name in ("max_stragglers", "patience", "window"):
+        for name in ("max_stragglers", "horizon"):
             self._type(name, Integral)
             if getattr(self, name) < 1:
                 self._fail(name, "an int >= 1")
-        self._type("margin", Real)
-        if not 0 < self.margin < 1:
-            self._fail("margin", "in (0, 1)")
+        for name in ("margin", "threshold"):
+            self._type(name, Real)
+        if not 0 <= self.margin < 1:
+            self._fail("margin", "in [0, 1)")
+        if not (math.isfinite(self.threshold) and self.threshold > 0):
+            self._fail(
+                "threshold",
+                "a finite number > 0 (versions of step time; 1 switches after about one "
+                "version's worth of predicted saving)",
+            )
 
 
 @dataclass(frozen=True, kw_only=True)

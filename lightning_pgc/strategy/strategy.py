@@ -183,7 +183,7 @@ class PGCStrategy(DDPStrategy):
             and the conditioning limit of Tandon decodes (:class:`~lightning_pgc.CodingOptions`).
         coordinator: ``scheme="bounded"`` only: the bounded-staleness coordinator's replication, window, freshness,
             widening and partition choice (:class:`~lightning_pgc.CoordinatorOptions`).
-        auto: ``scheme="auto"`` only: the switching rule's largest ``s``, margin, patience and window
+        auto: ``scheme="auto"`` only: the switching rule's largest ``s``, margin, threshold and horizon
             (:class:`~lightning_pgc.AutoOptions`).
         liveness: heartbeats, the timeout for missing ranks, how far a rank may lag, and leader failover
             (:class:`~lightning_pgc.LivenessOptions`).

@@ -109,8 +109,6 @@ FLAT_KEYWORDS: dict[str, tuple[str, str]] = {
     **{k: ("liveness", k) for k in ("timeout", "max_lag", "heartbeat_interval", "heartbeat_misses", "failover")},
     "max_stragglers": ("auto", "max_stragglers"),
     "auto_margin": ("auto", "margin"),
-    "auto_patience": ("auto", "patience"),
-    "auto_window": ("auto", "window"),
     "diagnostics_every": ("diagnostics", "every_n_steps"),
 }
 
