@@ -126,18 +126,17 @@ def test_a_successor_leader_keeps_the_arm_in_effect(tmp_path):
         max_steps=18,
         check_val_every_n_epoch=100,
         delay="slowranks(ranks=[3], seconds=0.3)",
-        strategy_kwargs={**FAST_LIVENESS, "auto": {"max_stragglers": 2}},
+        strategy_kwargs={**FAST_LIVENESS, "auto": {"max_stragglers": 1}},
         faults=[{"kind": "Kill", "rank": 0, "step": 12}],
     )
     ranks = job["ranks"]
     assert ranks[0] is None
     assert "takes over" in job["stderr"]
     assert len({r["checksum"] for r in ranks[1:]}) == 1 and {r["global_step"] for r in ranks[1:]} == {18}
-    # one switch, the same on every survivor, out of dgd to ignore_stragglers (s = 1 for the slow rank; s = 2 where
-    # contention on 2 shared cores makes a healthy rank look slow too: both have factors at n = 4), and the successor
-    # kept it to the end
+    # one switch, the same on every survivor, out of dgd to ignore_stragglers before the leader died, and the
+    # successor kept it to the end (s = 1 only: with s = 2 a healthy rank that contention on 2 shared cores makes look
+    # slow for a few versions is a second, legitimate switch, which is not what this test is about)
     switches = ranks[1]["auto_switches"]
     assert [r["auto_switches"] for r in ranks[1:]] == [switches] * 3
-    assert len(switches) == 1 and switches[0][1] == "dgd"
-    assert switches[0][2] in ("ignore_stragglers s=1", "ignore_stragglers s=2"), switches
+    assert switches == [[switches[0][0], "dgd", "ignore_stragglers s=1"]] and switches[0][0] < 12, switches
     assert [r["auto_arm"] for r in ranks[1:]] == [switches[0][2]] * 3
