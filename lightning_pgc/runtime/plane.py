@@ -247,6 +247,7 @@ class CollectiveRuntime(Rejoins, CommLoop):
         store.set(ready[self.rank], "1")
         store.wait(ready, self._start_timeout)
         self.group = self._open_group(0, list(range(self.world_size)))
+        store.delete_key(ready[self.rank])  # (every rank is past its wait: each built the group)
         now = time.monotonic()
         self._leader_heard = self._resumed_at = self._last_check = self._comm_free_at = now
         if self.leader is not None:
@@ -312,10 +313,12 @@ class CollectiveRuntime(Rejoins, CommLoop):
         if self.group is not None:
             self.group.close()
             self.group = None
-        if not alive:  # every connection to the store goes with this runtime (as ddp's do with its groups)
-            for chan in self._channels:
-                chan.close()
-            self.store = self._group_store = self._xfer_store = None
+        # every connection to the store goes with this runtime (as ddp's do with its groups), even one a thread
+        # above still holds: this drops the runtime's references, so a connection closes once no call of a thread
+        # is inside it, and a thread that goes on finds the runtime stopped (its next store call raises)
+        for chan in self._channels:
+            chan.close()
+        self.store = self._group_store = self._xfer_store = None
 
     # ------------------------------------------------------------------------------------------- worker API
     def published(self, version: int) -> bool:
