@@ -112,6 +112,7 @@ class Coordinator:
         self._last_beat = 0.0
         self._missing: set[int] = set()
         self._given_up: set[int] = set()  # ranks out of the data group and silent past the liveness window
+        self._told: set[int] = set()  # ranks sent a plan since the last heartbeat
         self._allreduces = 0  # all-reduces of this rank whose time the leader has read (scheme="auto")
         self._early_codes = DropLog(f"leader of term {self.term}")  # announcements of versions not open yet
 
@@ -193,16 +194,24 @@ class Coordinator:
             if self._reconf is None:
                 self._decide(now)
             if now - self._last_beat >= rt.heartbeat_interval:
-                self._last_beat = now
-                rt.alive = len(leader.alive(now))
-                beaten = [inbox(r) for r in range(rt.world_size) if r not in self._given_up]
-                self.chan.push_all(beaten, (self.term, ("beat", leader.version, rt.alive)))
+                self._beat(now)
             leader.check(now)
             if rt.stopping and self._finished(now):
                 self._send_all(("stop", leader.stats_words()))
                 for term in range(1, self.term + 1):  # (the run is over: nobody competes for a term any more)
                     self.chan.forget(term_key(term))
                 return
+
+    def _beat(self, now: float) -> None:
+        """The leader's heartbeat (the open version, the live ranks) to every rank that got no plan since the last
+        one (a plan is heard as the leader's heartbeat, and carries the open version) and is not given up on."""
+        rt, leader = self.rt, self.leader
+        self._last_beat = now
+        rt.alive = len(leader.alive(now))
+        skip = self._given_up | self._told
+        self._told = set()
+        beaten = [inbox(r) for r in range(rt.world_size) if r not in skip]
+        self.chan.push_all(beaten, (self.term, ("beat", leader.version, rt.alive)))
 
     def _finished(self, now: float) -> bool:
         """Whether every other rank said BYE or is gone, or the live ones that did not were waited for
@@ -444,6 +453,7 @@ class Coordinator:
             else:
                 notes = _table(rt, rec)
             self._send_members(("decide", rec.version, _compact(rec), notes))
+            self._told.update(self.members)
         pending = [rank for rank in self.members if rank not in leader.byes]
         while self._issued + 1 in self._colls and set(pending) <= self._colls[self._issued + 1]:
             self._issued += 1
