@@ -10,8 +10,10 @@ rank's threads send the leader, through their own store connections: every heart
 its own inbox and its heartbeat to the leader's box (rank 0: a tick to the leader's box), and once per step each
 rank's announcement of its code. A reader drains every inbox (what each rank's comm thread pops). A step is paced at
 ``--step-ms``: the next version's codes go out once the leader closed the last one and the step's time is up.
-Each n runs twice, interleaved: the leader as it is, and as it was before its heartbeat skipped the ranks it had
-just sent a plan (``before``).
+Each n runs twice, interleaved: the runtime as it is, and as it was before heartbeats skipped what carries them
+already (``before``: the leader beat to every inbox and every worker to the leader every interval; now the leader
+skips the ranks it sent a plan since its last heartbeat, and a worker that announced a code within the interval
+sends none).
 
 Measured over the steps after ``--skip``: the leader's store calls per step (every call of its connection), its CPU
 time per step (the leader thread's own CPU clock, ``pthread_getcpuclockid``), and the heartbeat store calls per
@@ -117,7 +119,7 @@ class FakeHost:
 
 class EveryInboxBeats(Coordinator):
     """The leader as it was before its heartbeat skipped the ranks it had just sent a plan: a heartbeat to every
-    inbox every interval (for the side-by-side comparison)."""
+    inbox every interval (for the side-by-side comparison; its workers beat every interval too)."""
 
     def _beat(self, now: float) -> None:
         self._told = set()
@@ -127,14 +129,18 @@ class EveryInboxBeats(Coordinator):
 VARIANTS = {"before": EveryInboxBeats, "after": Coordinator}
 
 
-def _beats(chan: Channel, n: int, done: threading.Event, count: list[int]) -> None:
-    """Every rank's heartbeat thread: a tick to its own inbox, a heartbeat (rank 0: a tick) to the leader's box."""
+def _beats(chan: Channel, n: int, done: threading.Event, count: list[int], announced: list[float]) -> None:
+    """Every rank's heartbeat thread: a tick to its own inbox, a heartbeat (rank 0: a tick) to the leader's box;
+    with ``announced`` (after) a worker that announced within the interval sends no heartbeat."""
     box = leader_box(0)
     while not done.wait(INTERVAL):
+        quiet = time.monotonic() - announced[0] < INTERVAL
         for r in range(n):
             chan.push(inbox(r), (-1, ("tick", time.monotonic())))
-            chan.push(box, ("tick",) if r == 0 else ("beat", r, 0))
-        count[0] += 2 * n
+            count[0] += 1
+            if r == 0 or not quiet:
+                chan.push(box, ("tick",) if r == 0 else ("beat", r, 0))
+                count[0] += 1
 
 
 def _readers(chan: Channel, n: int, done: threading.Event) -> None:
@@ -159,9 +165,10 @@ def measure(n: int, steps: int, skip: int, step_s: float, variant: str = "after"
     coordinator = VARIANTS[variant](host, leader)  # type: ignore[arg-type]
     codes, beats, reads = (Channel(server, prefix, n) for _ in range(3))
     done, beat_count = threading.Event(), [0]
+    announced = [0.0]  # when the workers last announced (before: every worker beats every interval all the same)
     threads = [
         threading.Thread(target=coordinator.run, name="leader", daemon=True),
-        threading.Thread(target=_beats, args=(beats, n, done, beat_count), daemon=True),
+        threading.Thread(target=_beats, args=(beats, n, done, beat_count, announced), daemon=True),
         threading.Thread(target=_readers, args=(reads, n, done), daemon=True),
     ]
     for t in threads:
@@ -173,7 +180,8 @@ def measure(n: int, steps: int, skip: int, step_s: float, variant: str = "after"
         started = time.monotonic()
         for r in range(n):
             codes.push(leader_box(0), ("code", r, v, (0,), 0, -1, 0.0))
-            host.progress = v if r == 0 else host.progress
+        host.progress = v
+        announced[0] = time.monotonic() if variant == "after" else 0.0
         while leader.version <= v:
             time.sleep(0.0005)
         time.sleep(max(0.0, step_s - (time.monotonic() - started)))
@@ -242,8 +250,9 @@ def render(result: dict[str, Any]) -> str:
             "measured per n and variant, the two variants interleaved. Store calls: every call of the leader's "
             "connection per step. Leader CPU: the leader thread's own CPU time per step. Heartbeat calls: store "
             "calls per second of the whole job for liveness (pushes and their pops). Each cell is before / after: "
-            "before, the leader's heartbeat went to every inbox every interval; after, it skips the ranks it sent "
-            "a plan since the last one (a plan is heard as a heartbeat).",
+            "before, the leader's heartbeat went to every inbox and every worker's to the leader every interval; "
+            "after, the leader skips the ranks it sent a plan since its last heartbeat and a worker that announced a "
+            "code within the interval sends none (each is heard as a heartbeat).",
             "",
             "| n | leader store calls / step | leader CPU ms / step | CPU of the step (after) | heartbeat calls / s |",
             "|---|---|---|---|---|",

@@ -243,6 +243,7 @@ class Coordinator:
         leader, kind = self.leader, item[0]
         if kind == "code":
             _, rank, version, ages, skipped, partition, busy_s = item
+            leader.on_beat(rank, version, now)  # (an announcement is its sender's heartbeat: it sends none with it)
             if self._stash is not None:
                 self._stash.append(item)
             elif version > leader.version:  # (no rank computes a version before the leader opened it)
