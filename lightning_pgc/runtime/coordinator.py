@@ -319,8 +319,8 @@ class Coordinator:
         """Ranks out of the data group that stayed silent past the liveness window (dead, or frozen) get no
         heartbeats until they are heard again, and their inboxes keep only what they need if they come back
         (:data:`LASTING`): an inbox nobody reads stays as small as the events it holds, however long the run."""
-        others = [r for r in range(self.rt.world_size) if r != self.rt.rank and r not in self.members]
-        given_up = {r for r in others if self.leader.gone(r, now)}  # (one that left alone, too: it said BYE)
+        out = set(range(self.rt.world_size)) - set(self.members) - {self.rt.rank}
+        given_up = {r for r in out if self.leader.gone(r, now)}  # (one that left alone, too: it said BYE)
         for r in sorted(given_up - self._given_up):
             removed = self.chan.prune(inbox(r), LASTING)
             log.info("PGC: rank %d is given up on: %d messages removed from its inbox", r, removed)
