@@ -56,7 +56,7 @@ NOT_A_QUANTITY = re.compile(
 RUN_AS_PASTED = {"README.md": "A complete example"}  # page -> the section whose code tests/test_readme.py runs
 GENERATED = {  # the pages a script writes whole
     f"docs/results/{name}.md"
-    for name in "auto demo demo_full gpu_check memory rejoin safety_valve stall step_time step_time_planes step_time_passes "
+    for name in "auto control_scale demo demo_full gpu_check memory rejoin safety_valve stall step_time step_time_planes step_time_passes "
     "staleness staleness_bounded staleness_emulated staleness_exponential staleness_stalls tasks".split()
 }
 

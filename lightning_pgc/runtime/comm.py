@@ -163,6 +163,7 @@ class CommLoop(CommHost):
             if kind == "beat":
                 self._frontier, self.alive = msg[1], msg[2]
             elif kind == "decide":
+                self._frontier = msg[1] + 1  # (the open version: the leader sends no heartbeat with a plan)
                 if not self._waiting and msg[1] == self._next:
                     self._run_version(msg[1], msg[2], msg[3])
             elif kind == "detach":

@@ -152,6 +152,11 @@ class Channel:
         """Drop this channel's connection (the runtime stopped: nothing pushes or pops on it any more)."""
         self._connection = None
 
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._connection is None
+
     def _key(self, box: str) -> str:
         return f"{self.prefix}/{box}"
 
@@ -194,15 +199,39 @@ class Channel:
     def drain(self, box: str) -> list[Any]:
         """Every well-formed message already in ``box`` (none waited for)."""
         out = []
-        for _ in range(self.store.queue_len(self._key(box))):
-            try:
-                data = self.store.queue_pop(self._key(box), False)
-            except dist.QueueEmptyError:
-                break
+        for data in self._take_all(box):
             message = self._read(box, data)
             if message is not None:
                 out.append(message)
         return out
+
+    def _take_all(self, box: str) -> list[bytes]:
+        """Pop what ``box`` holds now (raw, unread)."""
+        out = []
+        for _ in range(self.store.queue_len(self._key(box))):
+            try:
+                out.append(self.store.queue_pop(self._key(box), False))
+            except dist.QueueEmptyError:
+                break
+        return out
+
+    def prune(self, box: str, keep: frozenset[str]) -> int:
+        """Remove from ``box`` (an inbox) every message whose kind is not in ``keep`` (the others go back, in their
+        order); returns how many were removed. For the inbox of a rank no thread reads now (it died, or froze)."""
+        kept, removed = [], 0
+        for data in self._take_all(box):
+            message = self._read(box, data)
+            if message is not None and message[1][0] in keep:
+                kept.append(data)
+            else:
+                removed += 1
+        for data in kept:
+            self.store.queue_push(self._key(box), data)
+        return removed
+
+    def forget(self, key: str) -> None:
+        """Delete ``key`` from the store (a key of this run that nothing reads any more)."""
+        self.store.delete_key(self._key(key))
 
     def _read(self, box: str, data: bytes) -> Optional[tuple[Any, ...]]:
         """The message ``data`` carries, or None (dropped and logged: it does not fit ``box``'s schema)."""

@@ -37,6 +37,12 @@ from lightning_pgc.decisions.header import Header
 log = logging.getLogger(__name__)
 
 
+#: What a given-up rank's inbox keeps (see :meth:`Coordinator._give_up`): its own halt, and the events a rank that
+#: comes back acts on (who is detached or attached, a new term, the end); heartbeats, plans, queries and
+#: configurations it missed are of no use to it (it left the data group: it rejoins by state transfer).
+LASTING = frozenset({"halt", "detach", "attach", "lead", "stop", "abort"})
+
+
 class CoordinatorHost(Protocol):
     """What the control plane uses of its rank's runtime (:class:`~lightning_pgc.runtime.plane.CollectiveRuntime`):
     the run's layout, what the rank knows of the data group, and the state the training thread and the comm thread
@@ -105,6 +111,8 @@ class Coordinator:
         self._issued = 0  # last collective sent to the members
         self._last_beat = 0.0
         self._missing: set[int] = set()
+        self._given_up: set[int] = set()  # ranks out of the data group and silent past the liveness window
+        self._told: set[int] = set()  # ranks sent a plan since the last heartbeat
         self._allreduces = 0  # all-reduces of this rank whose time the leader has read (scheme="auto")
         self._early_codes = DropLog(f"leader of term {self.term}")  # announcements of versions not open yet
 
@@ -116,7 +124,7 @@ class Coordinator:
                 self._take_over(time.monotonic(), self.succeeds)
             self._loop()
         except BaseException as exc:
-            if not self._deposed():
+            if not self._deposed_or_stopped():
                 log.error("PGC rank %d: the leader failed: %s", rt.rank, exc)
                 rt.fail(exc)
                 try:
@@ -148,6 +156,11 @@ class Coordinator:
         )
         self._send_all(("lead", rt.rank))
         self._start(now, f"the leader (rank {old}) is silent")
+
+    def _deposed_or_stopped(self) -> bool:
+        """Whether this coordinator ended because its runtime stopped (its connections closed) or a newer term
+        replaced it: either way it has nobody to tell."""
+        return self.chan.closed or self._deposed()
 
     def _deposed(self) -> bool:
         """Whether a newer term replaced this coordinator (its rank froze, say): it then ends without a word."""
@@ -181,13 +194,24 @@ class Coordinator:
             if self._reconf is None:
                 self._decide(now)
             if now - self._last_beat >= rt.heartbeat_interval:
-                self._last_beat = now
-                rt.alive = len(leader.alive(now))
-                self._send_all(("beat", leader.version, rt.alive))
+                self._beat(now)
             leader.check(now)
             if rt.stopping and self._finished(now):
                 self._send_all(("stop", leader.stats_words()))
+                for term in range(1, self.term + 1):  # (the run is over: nobody competes for a term any more)
+                    self.chan.forget(term_key(term))
                 return
+
+    def _beat(self, now: float) -> None:
+        """The leader's heartbeat (the open version, the live ranks) to every rank that got no plan since the last
+        one (a plan is heard as the leader's heartbeat, and carries the open version) and is not given up on."""
+        rt, leader = self.rt, self.leader
+        self._last_beat = now
+        rt.alive = len(leader.alive(now))
+        skip = self._given_up | self._told
+        self._told = set()
+        beaten = [inbox(r) for r in range(rt.world_size) if r not in skip]
+        self.chan.push_all(beaten, (self.term, ("beat", leader.version, rt.alive)))
 
     def _finished(self, now: float) -> bool:
         """Whether every other rank said BYE or is gone, or the live ones that did not were waited for
@@ -219,6 +243,7 @@ class Coordinator:
         leader, kind = self.leader, item[0]
         if kind == "code":
             _, rank, version, ages, skipped, partition, busy_s = item
+            leader.on_beat(rank, version, now)  # (an announcement is its sender's heartbeat: it sends none with it)
             if self._stash is not None:
                 self._stash.append(item)
             elif version > leader.version:  # (no rank computes a version before the leader opened it)
@@ -285,9 +310,21 @@ class Coordinator:
         for r in sorted(self._missing - missing - leader.byes):
             log.warning("PGC: rank %d is alive again at version %d", r, leader.version)
         self._missing = missing
+        self._give_up(now)
         silent = sorted(r for r in missing if r in self.members)
         if silent and self._reconf is None:
             self._start(now, f"ranks {silent} are silent")
+
+    def _give_up(self, now: float) -> None:
+        """Ranks out of the data group that stayed silent past the liveness window (dead, or frozen) get no
+        heartbeats until they are heard again, and their inboxes keep only what they need if they come back
+        (:data:`LASTING`): an inbox nobody reads stays as small as the events it holds, however long the run."""
+        out = set(range(self.rt.world_size)) - set(self.members) - {self.rt.rank}
+        given_up = {r for r in out if self.leader.gone(r, now)}  # (one that left alone, too: it said BYE)
+        for r in sorted(given_up - self._given_up):
+            removed = self.chan.prune(inbox(r), LASTING)
+            log.info("PGC: rank %d is given up on: %d messages removed from its inbox", r, removed)
+        self._given_up = given_up
 
     def _reconfigure(self, now: float) -> None:
         rt, leader, rec = self.rt, self.leader, self._reconf
@@ -417,6 +454,7 @@ class Coordinator:
             else:
                 notes = _table(rt, rec)
             self._send_members(("decide", rec.version, _compact(rec), notes))
+            self._told.update(self.members)
         pending = [rank for rank in self.members if rank not in leader.byes]
         while self._issued + 1 in self._colls and set(pending) <= self._colls[self._issued + 1]:
             self._issued += 1

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from lightning_pgc.runtime.transfer import KeyLedger
+
 #: Seconds between two looks at a collective that has not finished on the device yet (the first look; each next one
 #: waits twice as long, up to :data:`POLL_MAX_S`).
 POLL_MIN_S = 1e-4
@@ -93,13 +95,19 @@ class DataGroup:
         # stream wait for it, so its completion is polled (and its error read) before the result is used
         self.waits_on_host = self.backend == "gloo"
         store.set_timeout(timeout)
-        sub = dist.PrefixStore(f"{prefix}/data/{number}", store)
-        if self.backend == "nccl":
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = 2 * timeout
-            self.pg: Any = dist.ProcessGroupNCCL(sub, self.index, self.size, options)
-        else:
-            self.pg = dist.ProcessGroupGloo(sub, self.index, self.size, timeout)
+        self._ledger: Optional[KeyLedger] = KeyLedger(store)  # (the rendezvous keys, deleted when it closes)
+        sub = dist.PrefixStore(f"{prefix}/data/{number}", self._ledger)
+        self.pg: Any = None
+        try:
+            if self.backend == "nccl":
+                options = dist.ProcessGroupNCCL.Options()
+                options._timeout = 2 * timeout
+                self.pg = dist.ProcessGroupNCCL(sub, self.index, self.size, options)
+            else:
+                self.pg = dist.ProcessGroupGloo(sub, self.index, self.size, timeout)
+        except Exception:
+            self._forget()
+            raise
 
     def all_reduce(self, tensor: Tensor, what: str = "an all-reduce") -> None:
         """Sum ``tensor`` over the members, in place (every member gets the same bits). Returns once the sum is in
@@ -153,10 +161,13 @@ class DataGroup:
         }
 
     def close(self) -> None:
-        """Release the group's connections (every member does it; a dead member's are gone already)."""
+        """Release the group's connections (every member does it; a dead member's are gone already) and delete its
+        rendezvous keys from the store (a member that has not built the group by now never will: its configuration
+        is over)."""
         pg, self.pg = self.pg, None
         if pg is None:
             return
+        self._forget()
         if self.backend == "nccl":
             try:
                 pg.abort()
@@ -165,6 +176,13 @@ class DataGroup:
         # gloo: dropping the last reference closes the connections, so a member still inside a collective of this
         # group (it was frozen) fails at once instead of after the timeout (``shutdown`` leaves them open)
         del pg
+
+    def _forget(self) -> None:
+        """Delete the rendezvous keys, and drop the group's store connection with them (a traceback that holds this
+        group, a logged error's say, then holds no connection)."""
+        ledger, self._ledger = self._ledger, None
+        if ledger is not None:
+            ledger.forget()
 
 
 def open_group(

@@ -160,6 +160,7 @@ class CollectiveRuntime(Rejoins, CommLoop):
         self.transfers: list[dict[str, object]] = []  # the state transfers this rank sent or received
         self._leader_heard = self._resumed_at = self._last_check = self._comm_free_at = time.monotonic()
         self._last_settle = 0.0
+        self._announced_at = 0.0  # when this rank last announced a code (monotonic seconds)
         self._announced: dict[int, Announcement] = {}  # version -> the announcement of the code kept for it
         self._rejoining: Optional[int] = None  # the version this rank asked to rejoin at (until attached)
         self._bye: Optional[Bye] = None  # the BYE this rank said
@@ -247,6 +248,7 @@ class CollectiveRuntime(Rejoins, CommLoop):
         store.set(ready[self.rank], "1")
         store.wait(ready, self._start_timeout)
         self.group = self._open_group(0, list(range(self.world_size)))
+        store.delete_key(ready[self.rank])  # (every rank is past its wait: each built the group)
         now = time.monotonic()
         self._leader_heard = self._resumed_at = self._last_check = self._comm_free_at = now
         if self.leader is not None:
@@ -312,10 +314,12 @@ class CollectiveRuntime(Rejoins, CommLoop):
         if self.group is not None:
             self.group.close()
             self.group = None
-        if not alive:  # every connection to the store goes with this runtime (as ddp's do with its groups)
-            for chan in self._channels:
-                chan.close()
-            self.store = self._group_store = self._xfer_store = None
+        # every connection to the store goes with this runtime (as ddp's do with its groups), even one a thread
+        # above still holds: this drops the runtime's references, so a connection closes once no call of a thread
+        # is inside it, and a thread that goes on finds the runtime stopped (its next store call raises)
+        for chan in self._channels:
+            chan.close()
+        self.store = self._group_store = self._xfer_store = None
 
     # ------------------------------------------------------------------------------------------- worker API
     def published(self, version: int) -> bool:
@@ -359,6 +363,7 @@ class CollectiveRuntime(Rejoins, CommLoop):
             self._codes[version] = code
             self._announced[version] = announcement
         self._ctl.push(self._leader_box(), announcement)
+        self._announced_at = time.monotonic()
 
     def reject(self, version: int) -> None:
         """This rank's code for ``version`` is not finite and is not used: the leader treats it as a straggler."""
@@ -484,12 +489,16 @@ class CollectiveRuntime(Rejoins, CommLoop):
     # --------------------------------------------------------------------------------------------- threads
     def _beat(self) -> None:
         """Heartbeats to the leader with the training thread's version (the leader's own: a tick to its loop), and a
-        tick to this rank's comm thread (its pops wait for messages only)."""
+        tick to this rank's comm thread (its pops wait for messages only). A worker that announced a code within the
+        interval sends none: the leader reads the announcement as its heartbeat."""
         chan = self._beat_chan
         while not self._beats_done.wait(self.heartbeat_interval):
             try:
                 chan.push(inbox(self.rank), (-1, ("tick", time.monotonic())))
-                chan.push(self._leader_box(), ("tick",) if self.is_leader else ("beat", self.rank, self.progress))
+                if self.is_leader:
+                    chan.push(self._leader_box(), ("tick",))
+                elif time.monotonic() - self._announced_at >= self.heartbeat_interval:  # (an announcement is one)
+                    chan.push(self._leader_box(), ("beat", self.rank, self.progress))
             except Exception as exc:  # the store is gone: the comm thread reports the lost leader
                 log.debug("PGC rank %d: heartbeat failed: %r", self.rank, exc)
 

@@ -210,9 +210,9 @@ class ForwardingStore(dist.Store):
         return self.inner.queue_len(key)
 
 
-class _Ledger(ForwardingStore):
-    """Remembers every key of one transfer's rendezvous, so that either side can delete them all when the transfer
-    ends, the peer's too if it died."""
+class KeyLedger(ForwardingStore):
+    """Remembers every key of one rendezvous (a transfer's pair, a configuration's data group), so that any member
+    can delete them all when the group ends, those of a member that died too (every member reads every other's)."""
 
     def __init__(self, inner: dist.Store) -> None:
         super().__init__(inner)
@@ -244,7 +244,7 @@ class Pair:
 
     def __init__(self, store: dist.Store, key: str, index: int, timeout: timedelta) -> None:
         self.index = index
-        self._ledger = _Ledger(store)
+        self._ledger = KeyLedger(store)
         self.pg: Any = None
         try:
             self.pg = dist.ProcessGroupGloo(dist.PrefixStore(key, self._ledger), index, 2, timeout)
