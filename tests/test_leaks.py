@@ -73,7 +73,10 @@ def test_dead_ranks_inboxes_and_the_stores_keys_stay_bounded_over_reconfiguratio
         held = {r: raw.queue_len(queued[r]) for r in gone}
         _versions(live, range(v, v + 10))
         time.sleep(1.0)  # (ten heartbeat intervals)
-        assert {r: raw.queue_len(queued[r]) for r in gone} == held
+        # ten versions and ten heartbeat intervals would add at least twenty messages to each; a reconfiguration that
+        # load on the 2 cores could cause meanwhile adds a few lasting ones (detach, attach) at most
+        grown = {r: raw.queue_len(queued[r]) - held[r] for r in gone}
+        assert all(g <= 4 for g in grown.values()), grown
         config = rts[0].config
         assert config >= 3
         keys = _keys(raw, prefix)
