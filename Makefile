@@ -40,11 +40,9 @@ $(COMPAT_STAMP): pyproject.toml
 demo: $(STAMP)
 	$(PY) benchmarks/demo.py
 
-# two workers, whole files each (module-scoped jobs are shared by a file's tests), in the order tests/conftest.py
-# sets (real-rank modules first: xdist's own order, most tests first, leaves the long files to the end); `pytest -q`
-# runs serially
+# two workers, whole files each (module-scoped jobs are shared by a file's tests); `pytest -q` runs serially
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # everything but the tests that start real ranks or take long (markers in tests/conftest.py)
 test-fast: $(STAMP)
@@ -52,7 +50,7 @@ test-fast: $(STAMP)
 
 # test-fast's tests and one 2-rank fit (the wheel's `lightning-pgc fit`, strategy pgc) on the lowest releases
 test-compat: $(COMPAT_STAMP)
-	$(COMPAT_PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not realrank and not slow"
+	$(COMPAT_PY) -m pytest -q -n 2 --dist loadfile -m "not realrank and not slow"
 	$(COMPAT_PY) -m pytest -q tests/test_packaging.py::test_wheel_installs_and_runs_a_packaged_recipe_from_any_directory
 
 lint: $(STAMP)

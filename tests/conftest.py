@@ -10,8 +10,7 @@ scenario helpers are plain modules next to this file: ``tests/runtime_scenarios.
 in-process queues), ``tests/bounded_scenarios.py`` (the bounded-staleness coordinator) and ``tests/jobs.py``
 (one job through the experiments harness).
 
-``make test`` runs the modules listed whole under ``REALRANK`` first (see the end of
-:func:`pytest_collection_modifyitems`). A whole module is listed by its file name, a single test by ``file::function`` (every parametrization of it).
+A whole module is listed by its file name, a single test by ``file::function`` (every parametrization of it).
 Collecting a listed module that lacks a listed test is an error, so a renamed test cannot silently lose its mark.
 """
 
@@ -78,9 +77,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.realrank)
         if _marks(SLOW, item):
             item.add_marker(pytest.mark.slow)
-    # the modules of real-rank jobs first (a stable sort: each module's own order is kept): `make test`'s workers
-    # take whole files in this order, so the long ones start early and the many short ones even out the end
-    items.sort(key=lambda item: item.path.name not in REALRANK)
 
 
 @pytest.fixture
